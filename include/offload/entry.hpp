@@ -1,0 +1,51 @@
+// SPDX-License-Identifier: MIT
+#pragma once
+/// @file
+/// The records policies exchange with the manager: a host buffer and one
+/// offloaded storage. Needed by authors of storage and sync policies.
+
+#include <cstdint>
+#include <optional>
+
+#include <ATen/core/Tensor.h>
+#include <c10/core/Device.h>
+#include <c10/core/Event.h>
+#include <c10/core/StorageImpl.h>
+#include <c10/util/intrusive_ptr.h>
+
+namespace offload {
+
+/// Host memory for one offloaded storage: a 1-D CPU tensor of dtype uint8
+/// with exactly `nbytes` elements, and whether it is page-locked.
+struct HostBuffer {
+  at::Tensor bytes;    ///< CPU, uint8, shape [nbytes], contiguous
+  bool pinned = false; ///< page-locked (eligible for asynchronous copies)
+};
+
+/// One device storage offloaded to the host. Shared (std::shared_ptr) by
+/// every saved tensor that views it; destroyed, with its host memory, when
+/// the last of them is released by autograd.
+///
+/// Thread-safety: fields are written by the manager under its lock or by
+/// the sync policy while it holds the entry; policies must not keep raw
+/// pointers past release().
+struct Entry {
+  c10::Device device{c10::DeviceType::CPU};  ///< where the storage lived (type and index)
+  std::int64_t nbytes = 0;                   ///< bytes of the storage
+  std::uint64_t seq = 0;                     ///< pack order within the manager (0, 1, 2, ...)
+  std::int64_t version = 0;                  ///< version counter of the saved tensor at pack
+  HostBuffer host;                           ///< the copy on the host
+  /// The storage that was copied (alias detection); weak, so it does not
+  /// keep device memory alive, yet its address cannot be reused while held.
+  std::optional<c10::weak_intrusive_ptr<c10::StorageImpl>> source;
+  /// The storage brought back by the last reload, while someone still uses it.
+  std::optional<c10::weak_intrusive_ptr<c10::StorageImpl>> reloaded;
+
+  // --- state of asynchronous sync policies -------------------------------
+  at::Tensor stash;                ///< device bytes kept alive until the D2H copy is done
+  std::optional<c10::Event> d2h;   ///< completes when the D2H copy is done
+  at::Tensor prefetched;           ///< device bytes being brought back ahead of need
+  std::optional<c10::Event> h2d;   ///< completes when the prefetch copy is done
+};
+
+}  // namespace offload

@@ -1,0 +1,33 @@
+// SPDX-License-Identifier: MIT
+#pragma once
+/// @file
+/// Light forward header: names of torch-offload's public types, no LibTorch.
+/// Include this where a type only needs to be named (declarations, members
+/// held by pointer); include <offload/offload.hpp> where it is used.
+
+namespace offload {
+
+struct Options;
+struct Stats;
+class Scope;
+class NoOffload;
+class AnyManager;
+
+template <class Device, class Storage, class Sync>
+class Manager;
+
+namespace device {
+struct Cuda;
+struct Sim;
+}  // namespace device
+
+namespace storage {
+struct PinnedHost;
+struct PageableHost;
+}  // namespace storage
+
+namespace sync {
+struct Blocking;
+}  // namespace sync
+
+}  // namespace offload

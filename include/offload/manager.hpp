@@ -1,0 +1,360 @@
+// SPDX-License-Identifier: MIT
+#pragma once
+/// @file
+/// offload::Manager<Device, Storage, Sync>: decides which saved tensors
+/// leave the device, keeps their host copies, and brings them back.
+
+#include <cstdint>
+#include <memory>
+#include <mutex>
+#include <string>
+#include <type_traits>
+#include <unordered_map>
+#include <utility>
+
+#include <ATen/core/Tensor.h>
+#include <ATen/ops/empty.h>
+#include <c10/core/DeviceGuard.h>
+#include <c10/core/StorageImpl.h>
+#include <c10/util/ArrayRef.h>
+#include <c10/util/SmallVector.h>
+#include <torch/csrc/autograd/saved_variable_hooks.h>
+
+#include <offload/concepts.hpp>
+#include <offload/entry.hpp>
+#include <offload/options.hpp>
+#include <offload/stats.hpp>
+
+namespace offload {
+
+namespace detail {
+
+/// What an active Scope hands the autograd engine: one hooks object per
+/// saved tensor. Implemented by every manager core.
+class HookSource {
+ public:
+  virtual ~HookSource() = default;
+  /// A fresh hooks object bound to this source (kept alive by it).
+  virtual std::unique_ptr<torch::autograd::SavedVariableHooks> make_hooks() = 0;
+  /// Short description for errors and logs, e.g. "Manager<sim, pinned_host, blocking>".
+  virtual std::string describe() const = 0;
+};
+
+/// The weak form of the autograd node pointer Tensor::grad_fn() returns
+/// (std::shared_ptr up to LibTorch 2.12, c10::intrusive_ptr from 2.13).
+template <class P>
+struct weak_of;
+template <class T>
+struct weak_of<std::shared_ptr<T>> {
+  using type = std::weak_ptr<T>;
+};
+template <class T>
+struct weak_of<c10::intrusive_ptr<T>> {
+  using type = c10::weak_intrusive_ptr<T>;
+};
+using NodeRef = std::remove_cvref_t<decltype(std::declval<const at::TensorBase&>().grad_fn())>;
+using WeakNode = typename weak_of<NodeRef>::type;
+
+/// Throws the c10::Error autograd raises when a saved tensor was modified
+/// in place after it was saved (autograd skips that check when hooks are
+/// installed, so the manager makes it). `unpacked` is the tensor rebuilt.
+[[noreturn]] void throw_modified_inplace(const at::Tensor& unpacked, std::uint32_t current,
+                                         std::uint32_t saved, const WeakNode& grad_fn,
+                                         std::int64_t output_nr);
+
+/// What a hooks object keeps for one saved tensor.
+struct Packed {
+  c10::VariableVersion version_counter;  ///< shared with the saved tensor (disabled by default)
+  std::uint32_t saved_version = 0;       ///< its version at pack
+  WeakNode grad_fn;                      ///< for the error message only
+  std::int64_t output_nr = 0;
+  at::Tensor passthrough;         ///< defined when the tensor was not offloaded
+  std::shared_ptr<Entry> entry;   ///< defined when it was
+  c10::ScalarType dtype = c10::ScalarType::Undefined;
+  c10::SmallVector<std::int64_t, 6> sizes;
+  c10::SmallVector<std::int64_t, 6> strides;
+  std::int64_t storage_offset = 0;
+  bool conj = false;
+  bool neg = false;
+};
+
+template <class Core>
+class Hooks final : public torch::autograd::SavedVariableHooks {
+ public:
+  explicit Hooks(std::shared_ptr<Core> core) : core_(std::move(core)) {}
+  void call_pack_hook(const at::Tensor& tensor) override { packed_ = core_->pack(tensor); }
+  at::Tensor call_unpack_hook() override { return core_->unpack(packed_); }
+
+ private:
+  std::shared_ptr<Core> core_;
+  Packed packed_;
+};
+
+/// The shared state of one Manager. Hooks objects hold it by shared_ptr, so
+/// backward works after the Manager handle is gone.
+template <class Device, class Storage, class Sync>
+class Core final : public HookSource, public std::enable_shared_from_this<Core<Device, Storage, Sync>> {
+ public:
+  Core(const Options& options, Storage storage)
+      : options_(options), storage_(std::move(storage)), sync_(options_, storage_) {}
+
+  std::unique_ptr<torch::autograd::SavedVariableHooks> make_hooks() override {
+    return std::make_unique<Hooks<Core>>(this->shared_from_this());
+  }
+  std::string describe() const override {
+    return "Manager<" + std::string(Device::name) + ", " + std::string(Storage::name) + ", " +
+           std::string(Sync::name) + ">";
+  }
+
+  Packed pack(const at::Tensor& t) {
+    Packed packed;
+    if (t.defined()) {
+      packed.version_counter = t.unsafeGetTensorImpl()->version_counter();
+      packed.saved_version = packed.version_counter.enabled() ? packed.version_counter.current_version() : 0;
+      if (auto fn = t.grad_fn()) {
+        packed.grad_fn = fn;
+        packed.output_nr = t.output_nr();
+      }
+    }
+    const std::lock_guard lock(mutex_);
+    ++stats_.tensors_seen;
+    if (!t.defined() || t.device().type() != Device::device_type) {
+      ++stats_.passed_other_device;
+      packed.passthrough = t;
+      return packed;
+    }
+    if (t.layout() != c10::kStrided || t.is_quantized() || t.is_nested() || !t.has_storage()) {
+      ++stats_.passed_layout;
+      packed.passthrough = t;
+      return packed;
+    }
+    if (t.is_leaf() && t.requires_grad()) {
+      ++stats_.passed_leaf;
+      packed.passthrough = t;
+      return packed;
+    }
+    const auto& storage = t.storage();
+    const c10::StorageImpl* key = storage.unsafeGetStorageImpl();
+    if (excluded_.count(key) != 0) {
+      ++stats_.passed_excluded;
+      packed.passthrough = t;
+      return packed;
+    }
+    const auto nbytes = static_cast<std::int64_t>(storage.nbytes());
+    if (nbytes < options_.min_offload_bytes) {
+      ++stats_.passed_small;
+      packed.passthrough = t;
+      return packed;
+    }
+    packed.dtype = t.scalar_type();
+    packed.sizes.assign(t.sizes().begin(), t.sizes().end());
+    packed.strides.assign(t.strides().begin(), t.strides().end());
+    packed.storage_offset = t.storage_offset();
+    packed.conj = t.is_conj();
+    packed.neg = t.is_neg();
+    const auto version = static_cast<std::int64_t>(t._version());
+
+    if (auto found = aliases_.find(key); found != aliases_.end()) {
+      // The entry's weak reference to its source keeps the StorageImpl's
+      // address from being reused, so a live entry with this key is this
+      // very storage; the version tells whether it changed since.
+      if (auto entry = found->second.lock(); entry && entry->version == version) {
+        ++stats_.tensors_offloaded;
+        ++stats_.tensors_aliased;
+        packed.entry = std::move(entry);
+        return packed;
+      }
+    }
+    if (options_.host_budget_bytes != 0 &&
+        stats_.host_bytes_in_use + nbytes > options_.host_budget_bytes) {
+      ++stats_.passed_budget;
+      packed.passthrough = t;
+      return packed;
+    }
+
+    auto entry = make_entry();
+    entry->device = t.device();
+    entry->nbytes = nbytes;
+    entry->seq = next_seq_++;
+    entry->version = version;
+    entry->source.emplace(c10::weak_intrusive_ptr<c10::StorageImpl>(
+        c10::intrusive_ptr<c10::StorageImpl>::reclaim_copy(storage.unsafeGetStorageImpl())));
+    const c10::DeviceGuard guard(t.device());
+    auto device_bytes = at::empty({0}, at::TensorOptions().dtype(at::kByte).device(t.device()));
+    device_bytes.set_(storage, 0, {nbytes}, {1});
+    sync_.offload(entry, device_bytes);
+    if (Storage::prefers_pinned && options_.pin_memory && !entry->host.pinned) ++stats_.pinned_fallbacks;
+    ++stats_.tensors_offloaded;
+    ++stats_.storages_offloaded;
+    stats_.bytes_offloaded += nbytes;
+    stats_.host_bytes_in_use += nbytes;
+    stats_.host_bytes_peak = std::max(stats_.host_bytes_peak, stats_.host_bytes_in_use);
+    prune_aliases();
+    aliases_[key] = entry;
+    packed.entry = std::move(entry);
+    return packed;
+  }
+
+  at::Tensor unpack(const Packed& packed) {
+    if (!packed.entry) {
+      check_version(packed, packed.passthrough);
+      return packed.passthrough;
+    }
+    const auto& entry = packed.entry;
+    at::Tensor device_bytes;
+    {
+      const std::lock_guard lock(mutex_);
+      const c10::DeviceGuard guard(entry->device);
+      if (entry->reloaded) {
+        if (auto impl = entry->reloaded->lock()) {
+          device_bytes = at::empty({0}, at::TensorOptions().dtype(at::kByte).device(entry->device));
+          device_bytes.set_(c10::Storage(std::move(impl)), 0, {entry->nbytes}, {1});
+          ++stats_.reloads_shared;
+        }
+      }
+      if (!device_bytes.defined()) {
+        device_bytes = sync_.reload(entry);
+        entry->reloaded.emplace(c10::weak_intrusive_ptr<c10::StorageImpl>(
+            c10::intrusive_ptr<c10::StorageImpl>::reclaim_copy(device_bytes.storage().unsafeGetStorageImpl())));
+        ++stats_.tensors_reloaded;
+        stats_.bytes_reloaded += entry->nbytes;
+      }
+      sync_.on_unpack(entry);
+    }
+    const c10::DeviceGuard guard(entry->device);
+    auto out = at::empty({0}, at::TensorOptions().dtype(packed.dtype).device(entry->device));
+    out.set_(device_bytes.storage(), packed.storage_offset, packed.sizes, packed.strides);
+    if (packed.conj) out._set_conj(true);
+    if (packed.neg) out._set_neg(true);
+    check_version(packed, out);
+    return out;
+  }
+
+  Stats stats() const {
+    const std::lock_guard lock(mutex_);
+    return stats_;
+  }
+  void reset_stats() {
+    const std::lock_guard lock(mutex_);
+    const auto in_use = stats_.host_bytes_in_use;
+    stats_ = Stats{};
+    stats_.host_bytes_in_use = in_use;
+    stats_.host_bytes_peak = in_use;
+  }
+  void exclude(at::TensorList tensors) {
+    const std::lock_guard lock(mutex_);
+    for (const auto& t : tensors) {
+      if (!t.defined() || !t.has_storage()) continue;
+      auto* impl = t.storage().unsafeGetStorageImpl();
+      excluded_.try_emplace(impl, c10::intrusive_ptr<c10::StorageImpl>::reclaim_copy(impl));
+    }
+  }
+  const Options& options() const noexcept { return options_; }
+
+ private:
+  static void check_version(const Packed& packed, const at::Tensor& unpacked) {
+    if (!packed.version_counter.enabled()) return;
+    const auto current = packed.version_counter.current_version();
+    if (current != packed.saved_version) {
+      throw_modified_inplace(unpacked, current, packed.saved_version, packed.grad_fn, packed.output_nr);
+    }
+  }
+  std::shared_ptr<Entry> make_entry() {
+    // The deleter returns the entry's host bytes to the accounting and lets
+    // the sync policy forget it; it may run on any thread, also while this
+    // thread holds mutex_ (a recursive mutex for that reason).
+    std::weak_ptr<Core> weak = this->shared_from_this();
+    return std::shared_ptr<Entry>(new Entry, [weak](Entry* e) {
+      if (auto core = weak.lock()) core->on_release(*e);
+      delete e;
+    });
+  }
+  void on_release(Entry& e) noexcept {
+    const std::lock_guard lock(mutex_);
+    sync_.release(e);
+    stats_.host_bytes_in_use -= e.nbytes;
+  }
+  void prune_aliases() {
+    if (aliases_.size() < prune_at_) return;
+    std::erase_if(aliases_, [](const auto& kv) { return kv.second.expired(); });
+    std::erase_if(excluded_, [](const auto& kv) { return kv.second.expired(); });
+    prune_at_ = std::max<std::size_t>(64, 2 * aliases_.size());
+  }
+
+  mutable std::recursive_mutex mutex_;
+  Options options_;
+  Storage storage_;
+  typename Sync::template State<Device, Storage> sync_;
+  Stats stats_;
+  std::uint64_t next_seq_ = 0;
+  std::size_t prune_at_ = 64;
+  std::unordered_map<const c10::StorageImpl*, std::weak_ptr<Entry>> aliases_;
+  std::unordered_map<const c10::StorageImpl*, c10::weak_intrusive_ptr<c10::StorageImpl>> excluded_;
+};
+
+}  // namespace detail
+
+/// An offload manager: while an offload::Scope holding it is open on a
+/// thread, every tensor autograd saves on that thread goes through it.
+///
+/// - Device: which accelerator's tensors it offloads (offload::device_policy).
+/// - Storage: where they live meanwhile (offload::storage_policy).
+/// - Sync: when copies run and who waits (offload::sync_policy_for).
+///
+/// A saved tensor is offloaded when it is on Device's device type, strided,
+/// not a leaf that requires grad, not registered with exclude(), and its
+/// storage has at least Options::min_offload_bytes bytes. The whole
+/// storage is copied once per step however many views of it are saved;
+/// each view comes back with its own dtype, sizes, strides and storage
+/// offset, on the device (type and index) it came from.
+///
+/// The Manager is a cheap handle (shared state); copies share it. Saved
+/// tensors keep the state alive, so backward may run after the Manager and
+/// the Scope are gone.
+///
+/// Thread-safety: all members are thread-safe; packs from forward threads
+/// and unpacks from the autograd engine's device threads may interleave.
+template <class Device, class Storage, class Sync>
+class Manager {
+  static_assert(device_policy<Device>,
+                "offload::Manager: Device does not satisfy offload::device_policy; see "
+                "docs/policies/device_policy.md for the members it needs");
+  static_assert(storage_policy<Storage>,
+                "offload::Manager: Storage does not satisfy offload::storage_policy; see "
+                "docs/policies/storage_policy.md for the members it needs");
+  static_assert(sync_policy_for<Sync, Device, Storage>,
+                "offload::Manager: Sync does not satisfy offload::sync_policy_for; see "
+                "docs/policies/sync_policy.md for the members it needs");
+  static_assert(composable<Device, Storage, Sync>,
+                "offload::Manager: sync::Streamed needs streams and events from the device policy; "
+                "use sync::Blocking for devices without events");
+
+ public:
+  using device_policy_type = Device;
+  using storage_policy_type = Storage;
+  using sync_policy_type = Sync;
+
+  /// Validates `options` (throws c10::ValueError naming the field, its value
+  /// and the accepted range) before anything is created.
+  explicit Manager(const Options& options = {}, Storage storage = {})
+      : core_((options.validate(), std::make_shared<Core>(options, std::move(storage)))) {}
+
+  /// A snapshot of the counters. Thread-safe.
+  Stats stats() const { return core_->stats(); }
+  /// Zeroes the counters (host bytes in use are kept). Thread-safe.
+  void reset_stats() { core_->reset_stats(); }
+  /// The validated options.
+  const Options& options() const noexcept { return core_->options(); }
+  /// Never offload tensors that share storage with any of `tensors` (pass
+  /// module->parameters() and module->buffers()). Leaf tensors that require
+  /// grad are never offloaded anyway. Thread-safe.
+  void exclude(at::TensorList tensors) { core_->exclude(tensors); }
+  /// For offload::Scope.
+  std::shared_ptr<detail::HookSource> hook_source() const noexcept { return core_; }
+
+ private:
+  using Core = detail::Core<Device, Storage, Sync>;
+  std::shared_ptr<Core> core_;
+};
+
+}  // namespace offload

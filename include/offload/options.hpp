@@ -1,0 +1,48 @@
+// SPDX-License-Identifier: MIT
+#pragma once
+/// @file
+/// offload::Options: every tunable of a manager, with defaults and units.
+
+#include <cstdint>
+#include <string>
+
+namespace offload {
+
+/// Settings of one offload manager. Plain data: copy freely. A manager
+/// validates its copy once, in its constructor, before it changes any state.
+///
+/// Thread-safety: a const Options may be read from any thread.
+struct Options {
+  /// Saved tensors whose underlying storage is smaller than this many bytes
+  /// stay where they are (bookkeeping costs more than the copy saves).
+  /// Accepted range: [0, 2^50]. Default 1024 bytes.
+  std::int64_t min_offload_bytes = 1024;
+
+  /// sync::Streamed: how many saved tensors may be in flight to the host at
+  /// once in forward (each keeps its device memory until its copy is done).
+  /// Accepted range: [1, 1024]. Default 5 tensors.
+  std::int64_t max_fwd_stash = 5;
+
+  /// sync::Streamed: how many offloaded tensors backward brings back ahead
+  /// of the one it needs now. 0 reloads on demand only.
+  /// Accepted range: [0, 1024]. Default 2 tensors.
+  std::int64_t prefetch_depth = 2;
+
+  /// Whether storage::PinnedHost may use page-locked host memory. When false
+  /// it allocates pageable memory (same results, slower copies).
+  /// Default true.
+  bool pin_memory = true;
+
+  /// Upper bound on host bytes held by this manager; a tensor that would
+  /// exceed it stays on the device. 0 = unlimited.
+  /// Accepted range: [0, 2^50]. Default 0.
+  std::int64_t host_budget_bytes = 0;
+
+  /// Throws c10::ValueError naming the first field out of range, its value
+  /// and the accepted range, e.g.
+  /// "offload::Options: max_fwd_stash must be in [1, 1024], got 0".
+  /// Changes nothing.
+  void validate() const;
+};
+
+}  // namespace offload

@@ -1,0 +1,164 @@
+// SPDX-License-Identifier: MIT
+#pragma once
+
+// offload::sim — a simulated accelerator registered as LibTorch's PrivateUse1
+// backend, so that streams, events, asynchronous copies, device memory limits
+// and use-after-free faults can be tested on machines without an accelerator.
+//
+// Device memory is ordinary host memory (so every ATen CPU kernel can run on
+// it through the boxed CPU fallback), but it is handed out by a counting
+// allocator with an optional capacity, released in stream order and, in
+// checking mode, filled with 0xFF bytes (NaN for floating types) when it is
+// allocated and when it is released. Every stream of every device is one
+// worker thread with a FIFO queue: a `non_blocking` copy between the CPU and
+// a sim device is queued on the current stream of the sim device (after an
+// optional delay that widens race windows on purpose), events complete when
+// their stream's worker reaches them, and every other operator first waits
+// for the current stream of its device to drain, then runs inline on the
+// calling thread. A missing wait or an early free therefore shows up as wrong
+// numbers (NaN) rather than going unnoticed.
+//
+// Users on real hardware never link this library; it is a test substrate and
+// a CPU demo device. It is modelled on how PyTorch tests its own out-of-tree
+// device support (test/cpp_extensions/open_registration_extension).
+
+#include <c10/core/Device.h>
+
+#include <cstdint>
+#include <string>
+#include <vector>
+
+namespace offload::sim {
+
+/// What install() registers. Fields are validated by install(); see there.
+struct Config {
+  /// Name of the PrivateUse1 backend ("sim", "npu", "neuron", ...): lower-case
+  /// letters, digits and '_', starting with a letter, at most 32 characters,
+  /// and not the name of an in-tree device type ("cuda", "cpu", ...).
+  std::string backend_name = "sim";
+  /// Number of devices, in [1, 16].
+  int num_devices = 2;
+  /// Device-memory capacity per device in bytes; 0 means unlimited. An
+  /// allocation that would exceed it throws c10::OutOfMemoryError.
+  std::int64_t capacity_bytes = 0;
+  /// Delay in microseconds that every queued (non_blocking) copy between the
+  /// CPU and a sim device sleeps on its stream before copying, in
+  /// [0, 10'000'000].
+  std::int64_t copy_delay_us = 0;
+  /// Checking mode: fill device blocks with 0xFF bytes when they are
+  /// allocated and when they are released (reads of memory that is not yet
+  /// written, or already freed, see NaN for floating types).
+  bool poison_freed = false;
+
+  friend bool operator==(const Config&, const Config&) = default;
+};
+
+/// Registers the sim backend for the whole process: the PrivateUse1 backend
+/// name, the device allocator, the pinned host allocator and PrivateUse1
+/// hooks (so at::getAccelerator() returns PrivateUse1), and the native
+/// kernels plus the boxed CPU fallback. The device guard (streams, events) is
+/// registered when the library is loaded, so that the autograd engine sizes
+/// its device threads correctly even if a backward pass runs before install().
+///
+/// The first call installs `config`. A later call with a Config equal to
+/// config() (the installed one, with the runtime knobs' current values) does
+/// nothing; any other Config throws c10::Error naming each field that
+/// differs. Every field is validated before anything changes
+/// (c10::ValueError naming the field, the value and the accepted range).
+/// Throws c10::Error if another PrivateUse1 backend name is already
+/// registered in the process. Thread-safe.
+void install(const Config& config = {});
+
+/// True once install() has succeeded. Thread-safe.
+bool installed() noexcept;
+
+/// The installed Config, with the current values of the runtime knobs
+/// (copy_delay_us, poison_freed, capacity_bytes). Throws c10::Error if not
+/// installed. Thread-safe.
+Config config();
+
+/// Runtime knob: delay in microseconds of every copy queued from now on, in
+/// [0, 10'000'000] (c10::ValueError otherwise). Copies already queued keep the
+/// delay they were queued with. Throws c10::Error if not installed.
+/// Thread-safe.
+void set_copy_delay_us(std::int64_t us);
+
+/// Runtime knob: checking mode (see Config::poison_freed) for blocks
+/// allocated or released from now on. Throws c10::Error if not installed.
+/// Thread-safe.
+void set_poison_freed(bool on);
+
+/// Runtime knob: per-device capacity in bytes, 0 = unlimited, >= 0
+/// (c10::ValueError otherwise). Lowering it below what is in use frees
+/// nothing; later allocations fail until enough is released. Throws
+/// c10::Error if not installed. Thread-safe.
+void set_capacity_bytes(std::int64_t bytes);
+
+/// Saves the three runtime knobs on construction and restores them on
+/// destruction, so that a test that changes them cannot leak its settings
+/// into the next one, even when it throws. Requires install().
+class ScopedKnobs {
+ public:
+  ScopedKnobs();
+  ~ScopedKnobs();
+  ScopedKnobs(const ScopedKnobs&) = delete;
+  ScopedKnobs& operator=(const ScopedKnobs&) = delete;
+
+ private:
+  std::int64_t copy_delay_us_;
+  std::int64_t capacity_bytes_;
+  bool poison_freed_;
+};
+
+/// Memory counters in bytes (current_bytes, peak_bytes) and in numbers of
+/// blocks (allocations, frees: cumulative since install or the last
+/// c10::DeviceAllocator::resetAccumulatedStats). Bytes are the requested
+/// sizes, not rounded. A device block counts until it is released, which is
+/// stream-ordered (see device_memory()).
+struct MemoryStats {
+  std::int64_t current_bytes = 0;
+  std::int64_t peak_bytes = 0;
+  std::int64_t allocations = 0;
+  std::int64_t frees = 0;
+};
+
+/// Counters of the sim device allocator for device `index`. A freed block is
+/// released at once when the stream it was allocated on has nothing queued
+/// and no stream recorded on it (recordStream) has pending work; otherwise
+/// its release is queued behind that work, and it counts until then. Throws
+/// c10::Error if not installed or `index` is not a sim device. Thread-safe.
+MemoryStats device_memory(c10::DeviceIndex index);
+
+/// Sets the peak of device `index` to its current bytes. Throws like
+/// device_memory(). Thread-safe.
+void reset_peak(c10::DeviceIndex index);
+
+/// Counters of the pinned host allocator (tensor.pin_memory(), and
+/// at::empty(..., pinned_memory(true)) when no CUDA device is present).
+/// Throws c10::Error if not installed. Thread-safe.
+MemoryStats host_memory();
+
+/// Sets the host peak to the current host bytes. Thread-safe.
+void reset_host_peak();
+
+/// Waits until every stream of device `index` has finished its queued work
+/// (index -1: the current device). Rethrows the first error a queued task
+/// raised on those streams. Throws c10::Error if not installed.
+void synchronize(c10::DeviceIndex index = -1);
+
+/// One sample of the device-0 memory trace: time in microseconds since
+/// set_trace(true), and device-0 current bytes right after an allocation or
+/// a release.
+struct TracePoint {
+  std::int64_t t_us;
+  std::int64_t bytes;
+};
+
+/// Starts (true: clears the trace and restarts its clock) or stops recording
+/// device-0 allocations and releases. Thread-safe.
+void set_trace(bool on);
+
+/// Returns the samples recorded so far and clears them. Thread-safe.
+std::vector<TracePoint> take_trace();
+
+}  // namespace offload::sim

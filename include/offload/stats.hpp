@@ -1,0 +1,45 @@
+// SPDX-License-Identifier: MIT
+#pragma once
+/// @file
+/// offload::Stats: what a manager did, as counters.
+
+#include <cstdint>
+#include <iosfwd>
+
+namespace offload {
+
+/// A snapshot of one manager's counters since it was made (or since
+/// reset_stats()). All byte counts are bytes of the underlying storages.
+///
+/// Thread-safety: a snapshot is a plain value; taking one is thread-safe.
+struct Stats {
+  std::int64_t tensors_seen = 0;        ///< saved tensors given to the pack hook
+  std::int64_t tensors_offloaded = 0;   ///< saved tensors served from host memory (views of one storage each count)
+  std::int64_t storages_offloaded = 0;  ///< distinct storages copied to the host
+  std::int64_t tensors_aliased = 0;     ///< saved tensors that reused another view's host copy
+  std::int64_t passed_other_device = 0; ///< not on the manager's device type (e.g. CPU tensors)
+  std::int64_t passed_small = 0;        ///< storage under Options::min_offload_bytes
+  std::int64_t passed_excluded = 0;     ///< registered with Manager::exclude (parameters, buffers)
+  std::int64_t passed_leaf = 0;         ///< leaf tensors that require grad (parameters)
+  std::int64_t passed_layout = 0;       ///< sparse, quantized, nested or other non-strided tensors
+  std::int64_t passed_budget = 0;       ///< would have exceeded Options::host_budget_bytes
+  std::int64_t bytes_offloaded = 0;     ///< bytes copied device -> host
+  std::int64_t bytes_reloaded = 0;      ///< bytes copied host -> device
+  std::int64_t tensors_reloaded = 0;    ///< host -> device copies made
+  std::int64_t reloads_shared = 0;      ///< unpacks served by a storage already brought back
+  std::int64_t host_bytes_in_use = 0;   ///< host bytes this manager holds now
+  std::int64_t host_bytes_peak = 0;     ///< most host bytes held at once
+  std::int64_t blocking_fallbacks = 0;  ///< copies made blocking because the runtime lacked streams/events
+  std::int64_t pinned_fallbacks = 0;    ///< pinned allocations that failed and used pageable memory
+
+  /// Saved tensors that stayed on their device or host, all reasons.
+  std::int64_t passed_through() const noexcept {
+    return passed_other_device + passed_small + passed_excluded + passed_leaf + passed_layout +
+           passed_budget;
+  }
+};
+
+/// Writes the counters as one line of `name=value` pairs.
+std::ostream& operator<<(std::ostream& os, const Stats& stats);
+
+}  // namespace offload

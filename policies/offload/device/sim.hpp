@@ -1,0 +1,31 @@
+// SPDX-License-Identifier: MIT
+#pragma once
+/// @file
+/// device::Sim: the simulated accelerator of the offload_sim library
+/// (PrivateUse1 backend named "sim"), for tests and the CPU demo.
+
+#include <string_view>
+
+#include <c10/core/DeviceType.h>
+
+#include <offload/device/generic_ops.hpp>
+
+namespace offload::device {
+
+/// The `sim` backend (link offload_sim and call offload::sim::install()).
+/// Real streams with worker threads, events, a counting allocator.
+struct Sim : GenericOps<c10::DeviceType::PrivateUse1> {
+  static constexpr c10::DeviceType device_type = c10::DeviceType::PrivateUse1;
+  static constexpr std::string_view name = "sim";
+  static constexpr std::string_view backend_name = "sim";  ///< PrivateUse1 name it answers to
+  static constexpr bool has_streams = true;
+  static constexpr bool has_events = true;
+  static constexpr bool has_pinned_host = true;
+  static constexpr bool has_memory_stats = true;
+  /// True when PrivateUse1 is registered under the name "sim".
+  static bool available() {
+    return c10::is_privateuse1_backend_registered() && c10::get_privateuse1_backend() == backend_name;
+  }
+};
+
+}  // namespace offload::device

@@ -1,0 +1,201 @@
+// SPDX-License-Identifier: MIT
+// The autograd engine subclass that gives LibTorch's C++ API saved-tensor
+// hooks, the thread-local stack of open scopes, Options validation and
+// the fault-injection switch. The only translation unit of the core.
+
+#include <algorithm>
+#include <atomic>
+#include <mutex>
+#include <ostream>
+#include <sstream>
+#include <vector>
+
+#include <c10/util/Exception.h>
+#include <torch/csrc/autograd/anomaly_mode.h>
+#include <torch/csrc/autograd/engine.h>
+#include <torch/csrc/autograd/function.h>
+
+#include <offload/manager.hpp>
+#include <offload/options.hpp>
+#include <offload/scope.hpp>
+#include <offload/stats.hpp>
+#include <offload/testing.hpp>
+
+namespace offload {
+
+// ---------------------------------------------------------------- Options
+namespace {
+constexpr std::int64_t kMaxBytes = std::int64_t{1} << 50;
+
+void check_range(const char* field, std::int64_t value, std::int64_t lo, std::int64_t hi) {
+  TORCH_CHECK_VALUE(value >= lo && value <= hi, "offload::Options: ", field, " must be in [", lo, ", ",
+                    hi, "], got ", value);
+}
+}  // namespace
+
+void Options::validate() const {
+  check_range("min_offload_bytes", min_offload_bytes, 0, kMaxBytes);
+  check_range("max_fwd_stash", max_fwd_stash, 1, 1024);
+  check_range("prefetch_depth", prefetch_depth, 0, 1024);
+  check_range("host_budget_bytes", host_budget_bytes, 0, kMaxBytes);
+}
+
+std::ostream& operator<<(std::ostream& os, const Stats& s) {
+  return os << "tensors_seen=" << s.tensors_seen << " tensors_offloaded=" << s.tensors_offloaded
+            << " storages_offloaded=" << s.storages_offloaded << " tensors_aliased=" << s.tensors_aliased
+            << " passed_other_device=" << s.passed_other_device << " passed_small=" << s.passed_small
+            << " passed_excluded=" << s.passed_excluded << " passed_leaf=" << s.passed_leaf
+            << " passed_layout=" << s.passed_layout << " passed_budget=" << s.passed_budget
+            << " bytes_offloaded=" << s.bytes_offloaded << " bytes_reloaded=" << s.bytes_reloaded
+            << " tensors_reloaded=" << s.tensors_reloaded << " reloads_shared=" << s.reloads_shared
+            << " host_bytes_in_use=" << s.host_bytes_in_use << " host_bytes_peak=" << s.host_bytes_peak
+            << " blocking_fallbacks=" << s.blocking_fallbacks << " pinned_fallbacks=" << s.pinned_fallbacks;
+}
+
+// ---------------------------------------------------------------- versions
+namespace detail {
+
+void throw_modified_inplace(const at::Tensor& unpacked, std::uint32_t current, std::uint32_t saved,
+                            const WeakNode& grad_fn, std::int64_t output_nr) {
+  // Same wording as autograd's own check (SavedVariable::unpack), so code
+  // that handles that error keeps working with offloading.
+  std::ostringstream message;
+  message << "one of the variables needed for gradient computation has been modified by an inplace "
+             "operation: ["
+          << unpacked.toString() << " " << unpacked.sizes() << "]";
+  if (auto fn = grad_fn.lock()) message << ", which is output " << output_nr << " of " << fn->name() << ",";
+  message << " is at version " << current << "; expected version " << saved << " instead.";
+  if (!torch::autograd::AnomalyMode::is_enabled()) {
+    message << " Hint: enable anomaly detection to find the operation that failed to compute its "
+               "gradient, with torch.autograd.set_detect_anomaly(True, check_nan=False).";
+  } else {
+    message << " Hint: the backtrace further above shows the operation that failed to compute its "
+               "gradient. The variable in question was changed in there or anywhere later. Good luck!";
+  }
+  TORCH_CHECK(false, message.str());
+}
+
+}  // namespace detail
+
+// ---------------------------------------------------------------- scopes
+struct Scope::Frame {
+  std::shared_ptr<detail::HookSource> source;  // null: NoOffload
+  std::atomic<bool> open{true};
+};
+
+namespace {
+
+// Open scopes of this thread, innermost last. Frames are shared so a scope
+// closed from another thread is only marked closed and pruned here.
+thread_local std::vector<std::shared_ptr<Scope::Frame>> t_frames;
+
+detail::HookSource* innermost_source(bool& found) {
+  while (!t_frames.empty() && !t_frames.back()->open.load(std::memory_order_acquire)) t_frames.pop_back();
+  found = !t_frames.empty();
+  return found ? t_frames.back()->source.get() : nullptr;
+}
+
+struct OffloadEngine final : torch::autograd::Engine {
+  std::unique_ptr<torch::autograd::SavedVariableHooks> get_default_saved_variable_hooks() override {
+    bool found = false;
+    detail::HookSource* source = innermost_source(found);
+    return source != nullptr ? source->make_hooks() : nullptr;
+  }
+};
+
+torch::autograd::Engine& offload_engine() {
+  // Never destroyed: Engine must stop() before destruction, and its worker
+  // threads may outlive static destructors.
+  static auto* engine = new OffloadEngine();
+  return *engine;
+}
+
+std::once_flag g_install_once;
+std::atomic<bool> g_installed{false};
+
+}  // namespace
+
+void install_hooks() {
+  std::call_once(g_install_once, [] {
+    auto& current = torch::autograd::Engine::get_default_engine();
+    TORCH_CHECK(&current == &torch::autograd::Engine::get_base_engine(),
+                "offload::install_hooks: another autograd engine is already the default (PyTorch's "
+                "Python bindings install one); torch-offload is for C++ programs that do not load "
+                "libtorch_python");
+    torch::autograd::set_default_engine_stub(&offload_engine);
+    g_installed.store(true, std::memory_order_release);
+  });
+  TORCH_CHECK(g_installed.load(std::memory_order_acquire),
+              "offload::install_hooks: installation failed earlier in this process");
+}
+
+bool hooks_installed() noexcept { return g_installed.load(std::memory_order_acquire); }
+
+Scope::Scope(std::shared_ptr<detail::HookSource> source)
+    : frame_(std::make_shared<Frame>()), owner_(std::this_thread::get_id()) {
+  install_hooks();
+  frame_->source = std::move(source);
+  t_frames.push_back(frame_);
+}
+
+void Scope::close() {
+  if (!frame_) return;
+  TORCH_CHECK(std::this_thread::get_id() == owner_,
+              "offload::Scope::close: a Scope must be closed on the thread that opened it "
+              "(scopes are thread-bound: saved tensors of other threads never see it)");
+  frame_->open.store(false, std::memory_order_release);
+  std::erase(t_frames, frame_);
+  frame_.reset();
+}
+
+Scope::~Scope() {
+  if (!frame_) return;
+  if (std::this_thread::get_id() != owner_) {
+    TORCH_WARN("offload::Scope destroyed on a thread other than the one that opened it; it is "
+               "closed now, but scopes are thread-bound: close each on its own thread");
+    frame_->open.store(false, std::memory_order_release);
+    return;
+  }
+  close();
+}
+
+NoOffload::NoOffload() : scope_(std::shared_ptr<detail::HookSource>{}) {}
+NoOffload::~NoOffload() = default;
+
+// ---------------------------------------------------------------- faults
+namespace testing {
+namespace {
+std::atomic<int> g_armed_kind{0};
+std::atomic<int> g_armed_count{0};
+std::atomic<int> g_fired{0};
+}  // namespace
+
+void arm_fault(Fault fault, int count) {
+  TORCH_CHECK_VALUE(count >= 1, "offload::testing::arm_fault: count must be >= 1, got ", count);
+  g_armed_count.store(0);
+  g_armed_kind.store(static_cast<int>(fault));
+  g_armed_count.store(fault == Fault::none ? 0 : count);
+}
+
+void disarm_faults() noexcept {
+  g_armed_count.store(0);
+  g_armed_kind.store(0);
+}
+
+bool take_fault(Fault fault) noexcept {
+  if (g_armed_count.load(std::memory_order_relaxed) == 0) return false;
+  if (g_armed_kind.load() != static_cast<int>(fault)) return false;
+  int n = g_armed_count.load();
+  while (n > 0) {
+    if (g_armed_count.compare_exchange_weak(n, n - 1)) {
+      g_fired.fetch_add(1);
+      return true;
+    }
+  }
+  return false;
+}
+
+int faults_fired() noexcept { return g_fired.load(); }
+
+}  // namespace testing
+}  // namespace offload

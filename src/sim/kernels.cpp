@@ -1,0 +1,271 @@
+// SPDX-License-Identifier: MIT
+//
+// The sim kernels: factories, views, resize/set_, local scalar and copies are
+// native (they alias or allocate sim memory); every other operator goes
+// through the boxed CPU fallback after the current stream of its device has
+// drained. Registered at install() time, not at load time.
+
+#include "runtime.hpp"
+
+#include <ATen/EmptyTensor.h>
+#include <ATen/core/LegacyTypeDispatch.h>
+#include <ATen/core/Tensor.h>
+#include <ATen/native/CPUFallback.h>
+#include <ATen/native/Resize.h>
+#include <ATen/ops/_local_scalar_dense.h>
+#include <ATen/ops/_reshape_alias_native.h>
+#include <ATen/ops/as_strided_native.h>
+#include <ATen/ops/from_blob.h>
+#include <ATen/ops/resize_native.h>
+#include <ATen/ops/set_native.h>
+#include <ATen/ops/view_native.h>
+#include <c10/core/CachingDeviceAllocator.h>
+#include <c10/core/DeviceGuard.h>
+#include <torch/library.h>
+
+#include <chrono>
+#include <cstring>
+#include <optional>
+#include <string_view>
+#include <thread>
+
+namespace offload::sim::detail {
+namespace {
+
+constexpr auto kSimType = c10::DeviceType::PrivateUse1;
+constexpr c10::DispatchKeySet kSimKeys(c10::DispatchKey::PrivateUse1);
+
+bool is_sim(const at::Tensor& t) { return t.device().type() == kSimType; }
+
+c10::Allocator* sim_allocator() { return c10::GetAllocator(kSimType); }
+
+// A CPU tensor aliasing the memory of the sim tensor `t` (sim memory is host
+// memory): same sizes, strides, dtype and neg/conj bits. Does not own it.
+at::Tensor host_view(const at::Tensor& t) {
+  auto view = at::from_blob(t.data_ptr(), t.sizes(), t.strides(), t.options().device(c10::kCPU));
+  if (t.is_neg()) {
+    view._set_neg(true);
+  }
+  if (t.is_conj()) {
+    view._set_conj(true);
+  }
+  return view;
+}
+
+// Copies between CPU tensors (some of which alias sim memory).
+void copy_host(const at::Tensor& dst, const at::Tensor& src) {
+  if (dst.dtype() == src.dtype() && dst.sizes().equals(src.sizes()) && dst.is_contiguous() &&
+      src.is_contiguous() && !dst.is_neg() && !src.is_neg() && !dst.is_conj() && !src.is_conj()) {
+    std::memcpy(dst.data_ptr(), src.data_ptr(), dst.nbytes());
+    return;
+  }
+  at::AutoDispatchBelowADInplaceOrView below_autograd;
+  const_cast<at::Tensor&>(dst).copy_(src);
+}
+
+// ------------------------------------------------------------------ factories
+
+at::Tensor empty_memory_format(c10::IntArrayRef size, std::optional<c10::ScalarType> dtype,
+                               std::optional<c10::Layout> layout, std::optional<c10::Device> device,
+                               std::optional<bool> pin_memory,
+                               std::optional<c10::MemoryFormat> memory_format) {
+  const auto dev = c10::device_or_default(device);
+  TORCH_CHECK(dev.type() == kSimType, "offload::sim: empty on ", dev);
+  TORCH_CHECK(c10::layout_or_default(layout) == c10::Layout::Strided,
+              "offload::sim: only strided tensors are supported");
+  TORCH_CHECK(!c10::pinned_memory_or_default(pin_memory), "offload::sim: only CPU tensors can be pinned");
+  const c10::DeviceGuard guard(dev);
+  return at::Tensor(at::detail::empty_generic(size, sim_allocator(), kSimKeys,
+                                              c10::dtype_or_default(dtype), memory_format));
+}
+
+at::Tensor empty_strided(c10::IntArrayRef size, c10::IntArrayRef stride,
+                         std::optional<c10::ScalarType> dtype, std::optional<c10::Layout> layout,
+                         std::optional<c10::Device> device, std::optional<bool> pin_memory) {
+  const auto dev = c10::device_or_default(device);
+  TORCH_CHECK(dev.type() == kSimType, "offload::sim: empty_strided on ", dev);
+  TORCH_CHECK(c10::layout_or_default(layout) == c10::Layout::Strided,
+              "offload::sim: only strided tensors are supported");
+  TORCH_CHECK(!c10::pinned_memory_or_default(pin_memory), "offload::sim: only CPU tensors can be pinned");
+  const c10::DeviceGuard guard(dev);
+  return at::Tensor(at::detail::empty_strided_generic(size, stride, sim_allocator(), kSimKeys,
+                                                      c10::dtype_or_default(dtype)));
+}
+
+// ------------------------------------------------------------------ views and metadata
+
+at::Tensor as_strided(const at::Tensor& self, c10::IntArrayRef size, c10::IntArrayRef stride,
+                      std::optional<int64_t> storage_offset) {
+  return at::native::as_strided_tensorimpl(self, size, stride, storage_offset);
+}
+
+at::Tensor view(const at::Tensor& self, c10::IntArrayRef size) { return at::native::view(self, size); }
+
+at::Tensor reshape_alias(const at::Tensor& self, c10::IntArrayRef size, c10::IntArrayRef stride) {
+  return at::native::_reshape_alias(self, size, stride);
+}
+
+const at::Tensor& resize_(const at::Tensor& self, c10::IntArrayRef size,
+                          std::optional<c10::MemoryFormat> memory_format) {
+  const c10::DeviceGuard guard(self.device());
+  drain_current(self.device().index());  // growing copies the old bytes
+  return at::native::resize_(self, size, memory_format);
+}
+
+at::Tensor& set_storage(at::Tensor& self, c10::Storage source) { return at::native::set_(self, source); }
+
+at::Tensor& set_storage_offset(at::Tensor& self, c10::Storage source, int64_t storage_offset,
+                               c10::IntArrayRef size, c10::IntArrayRef stride) {
+  const c10::DeviceGuard guard(self.device());
+  return at::native::set_storage_cpu_(self, source, storage_offset, size, stride);
+}
+
+at::Tensor& set_tensor(at::Tensor& self, const at::Tensor& source) {
+  return at::native::set_tensor_(self, source);
+}
+
+at::Tensor& set_empty(at::Tensor& self) {
+  const c10::DeviceGuard guard(self.device());
+  c10::Storage storage(c10::Storage::use_byte_size_t(), 0, sim_allocator(), /*resizable=*/true);
+  return at::native::set_storage_cpu_(self, storage, 0, {0}, {});
+}
+
+bool has_compatible_shallow_copy_type(const at::Tensor& self, const at::Tensor& from) {
+  const auto dense = [](const at::Tensor& t) {
+    return t.layout() == c10::kStrided && (t.is_cpu() || is_sim(t));
+  };
+  return self.key_set() == from.key_set() || (dense(self) && dense(from));
+}
+
+void record_stream(at::Tensor& self, c10::Stream stream) {
+  c10::getDeviceAllocator(kSimType)->recordStream(self.storage().data_ptr(), stream);
+}
+
+// ------------------------------------------------------------------ data
+
+c10::Scalar local_scalar_dense(const at::Tensor& self) {
+  drain_current(self.device().index());
+  return at::_local_scalar_dense(host_view(self));
+}
+
+at::Tensor copy_from(const at::Tensor& self, const at::Tensor& dst, bool non_blocking) {
+  TORCH_CHECK(self.defined() && dst.defined(), "offload::sim: copy of an undefined tensor");
+  const bool src_sim = is_sim(self);
+  const bool dst_sim = is_sim(dst);
+  TORCH_CHECK((src_sim || self.is_cpu()) && (dst_sim || dst.is_cpu()),
+              "offload::sim: copies are supported between ", c10::get_privateuse1_backend(),
+              " devices and the CPU only, got ", self.device(), " -> ", dst.device());
+  if (dst.numel() == 0) {
+    return dst;
+  }
+  const at::Tensor src_host = src_sim ? host_view(self) : self;
+  const at::Tensor dst_host = dst_sim ? host_view(dst) : dst;
+  if (src_sim && dst_sim) {
+    drain_current(self.device().index());
+    if (dst.device() != self.device()) {
+      drain_current(dst.device().index());
+    }
+    copy_host(dst_host, src_host);
+    return dst;
+  }
+  const auto index = src_sim ? self.device().index() : dst.device().index();
+  if (!non_blocking) {
+    drain_current(index);
+    copy_host(dst_host, src_host);
+    return dst;
+  }
+  // Queued on the current stream of the sim device. The CPU tensor is kept
+  // alive by the task (as a pinned host block is by CUDA's host allocator);
+  // the sim memory is not: freeing it early is the fault this must expose.
+  const auto delay_us = copy_delay_us_now();
+  enqueue(index, current_stream_id(index), [dst_host, src_host, delay_us] {
+    if (delay_us > 0) {
+      std::this_thread::sleep_for(std::chrono::microseconds(delay_us));
+    }
+    copy_host(dst_host, src_host);
+  });
+  return dst;
+}
+
+at::Tensor copy_from_and_resize(const at::Tensor& self, const at::Tensor& dst) {
+  if (!dst.sizes().equals(self.sizes())) {
+    dst.resize_(self.sizes());
+  }
+  return copy_from(self, dst, false);
+}
+
+// ------------------------------------------------------------------ fallback
+
+// Ops that legitimately take CPU index tensors next to device tensors.
+bool mixing_allowed(std::string_view name) {
+  return name == "aten::index" || name == "aten::index_put_" || name == "aten::_index_put_impl_" ||
+         name == "aten::index_put";
+}
+
+void sim_fallback(const c10::OperatorHandle& op, torch::jit::Stack* stack) {
+  const auto& schema = op.schema();
+  const auto args = torch::jit::last(*stack, schema.arguments().size());
+  std::optional<c10::Device> sim_device;
+  std::optional<c10::Device> other_device;
+  const auto visit = [&](const c10::IValue& v) {
+    if (!v.isTensor()) {
+      return;
+    }
+    const auto& t = v.toTensor();
+    if (!t.defined()) {
+      return;
+    }
+    if (is_sim(t)) {
+      TORCH_CHECK(!sim_device || *sim_device == t.device(),
+                  "Expected all tensors to be on the same device, but found at least two devices, ",
+                  *sim_device, " and ", t.device(), "! (when checking arguments for ", schema.name(), ")");
+      sim_device = t.device();
+    } else if (t.dim() > 0) {
+      other_device = t.device();  // 0-dim CPU tensors are scalars, as on CUDA
+    }
+  };
+  for (const auto& arg : args) {
+    if (arg.isList()) {
+      for (const auto& element : arg.toListRef()) {
+        visit(element);
+      }
+    } else {
+      visit(arg);
+    }
+  }
+  if (sim_device) {
+    TORCH_CHECK(!other_device || mixing_allowed(schema.name()),
+                "Expected all tensors to be on the same device, but found at least two devices, ",
+                *sim_device, " and ", *other_device, "! (when checking arguments for ", schema.name(), ")");
+    drain_current(sim_device->index());
+  }
+  at::native::cpu_fallback(op, stack, /*error_on_views=*/true);
+}
+
+}  // namespace
+
+void register_kernels() {
+  // Leaked: registrations stay for the life of the process.
+  auto* aten = new torch::Library(torch::Library::IMPL, "aten", c10::DispatchKey::PrivateUse1, __FILE__,
+                                  __LINE__);
+  aten->impl("empty.memory_format", TORCH_FN(empty_memory_format));
+  aten->impl("empty_strided", TORCH_FN(empty_strided));
+  aten->impl("as_strided", TORCH_FN(as_strided));
+  aten->impl("view", TORCH_FN(view));
+  aten->impl("_reshape_alias", TORCH_FN(reshape_alias));
+  aten->impl("resize_", TORCH_FN(resize_));
+  aten->impl("set_.source_Storage", TORCH_FN(set_storage));
+  aten->impl("set_.source_Storage_storage_offset", TORCH_FN(set_storage_offset));
+  aten->impl("set_.source_Tensor", TORCH_FN(set_tensor));
+  aten->impl("set_", TORCH_FN(set_empty));
+  aten->impl("_has_compatible_shallow_copy_type", TORCH_FN(has_compatible_shallow_copy_type));
+  aten->impl("record_stream", TORCH_FN(record_stream));
+  aten->impl("_local_scalar_dense", TORCH_FN(local_scalar_dense));
+  aten->impl("_copy_from", TORCH_FN(copy_from));
+  aten->impl("_copy_from_and_resize", TORCH_FN(copy_from_and_resize));
+
+  auto* all = new torch::Library(torch::Library::IMPL, "_", c10::DispatchKey::PrivateUse1, __FILE__, __LINE__);
+  all->fallback(torch::CppFunction::makeFromBoxedFunction<&sim_fallback>());
+}
+
+}  // namespace offload::sim::detail

@@ -1,0 +1,40 @@
+// SPDX-License-Identifier: MIT
+#pragma once
+
+// Internal interface between the sim runtime (backend.cpp: streams,
+// allocators, guard, hooks) and the sim kernels (kernels.cpp). Not installed.
+
+#include <c10/core/Device.h>
+#include <c10/core/Stream.h>
+
+#include <cstdint>
+#include <functional>
+
+namespace offload::sim::detail {
+
+inline constexpr int kMaxDevices = 16;
+/// Stream 0 is the default stream; 1..kPoolStreams form the pool.
+inline constexpr int kPoolStreams = 8;
+inline constexpr int kStreamsPerDevice = 1 + kPoolStreams;
+
+/// Throws c10::Error unless installed and 0 <= index < num_devices.
+void check_device(c10::DeviceIndex index);
+
+/// Id of the calling thread's current stream on device `index`.
+c10::StreamId current_stream_id(c10::DeviceIndex index);
+
+/// Queues `task` on stream `id` of device `index`; it runs on that stream's
+/// worker thread after everything queued before it.
+void enqueue(c10::DeviceIndex index, c10::StreamId id, std::function<void()> task);
+
+/// Waits until the calling thread's current stream on device `index` has
+/// run everything queued on it so far ("drain"); rethrows a task's error.
+void drain_current(c10::DeviceIndex index);
+
+/// Delay of copies queued now, microseconds.
+std::int64_t copy_delay_us_now();
+
+/// Registers the native kernels and the boxed fallback (kernels.cpp).
+void register_kernels();
+
+}  // namespace offload::sim::detail

@@ -1,0 +1,123 @@
+// SPDX-License-Identifier: MIT
+#include "harness.hpp"
+
+#include <sstream>
+
+#include <torch/torch.h>
+
+#include "../examples/gpt.hpp"
+
+namespace harness {
+
+std::string_view name(ModelKind kind) {
+  switch (kind) {
+    case ModelKind::mlp: return "mlp";
+    case ModelKind::block: return "block";
+    case ModelKind::gpt: return "gpt";
+  }
+  return "?";
+}
+
+namespace {
+
+struct Mlp : torch::nn::Module {
+  Mlp() : fc1(register_module("fc1", torch::nn::Linear(32, 64))), fc2(register_module("fc2", torch::nn::Linear(64, 8))) {}
+  torch::Tensor forward(const torch::Tensor& x) { return fc2(torch::gelu(fc1(x))); }
+  torch::nn::Linear fc1, fc2;
+};
+
+}  // namespace
+
+RunResult train(ModelKind kind, c10::Device device, int steps, const Wrap& wrap, const OnParams& on_params) {
+  torch::manual_seed(0);
+  std::shared_ptr<torch::nn::Module> module;
+  std::function<torch::Tensor()> forward;
+  torch::Tensor x, y;
+  gpt::Config config{.vocab = 16, .layers = 2, .width = 32, .heads = 4, .seq = 8};
+  switch (kind) {
+    case ModelKind::mlp: {
+      auto m = std::make_shared<Mlp>();
+      x = torch::randn({16, 32});
+      y = torch::randn({16, 8});
+      m->to(device);
+      x = x.to(device);
+      y = y.to(device);
+      forward = [m, &x, &y] { return torch::mse_loss(m->forward(x), y); };
+      module = m;
+      break;
+    }
+    case ModelKind::block: {
+      auto m = gpt::Block(config);
+      x = torch::randn({2, config.seq, config.width});
+      m->to(device);
+      x = x.to(device);
+      forward = [m, &x]() mutable { return m->forward(x).pow(2).mean(); };
+      module = m.ptr();
+      break;
+    }
+    case ModelKind::gpt: {
+      auto m = gpt::Model(config);
+      auto data = torch::randint(config.vocab, {2, config.seq + 1}, torch::kLong);
+      m->to(device);
+      x = data.narrow(1, 0, config.seq).to(device);
+      y = data.narrow(1, 1, config.seq).to(device);
+      forward = [m, &x, &y]() mutable { return m->loss(x, y); };
+      module = m.ptr();
+      break;
+    }
+  }
+  auto params = module->parameters();
+  if (on_params) on_params(params);
+  torch::optim::AdamW optimizer(params, torch::optim::AdamWOptions(1e-2));
+  RunResult result;
+  for (int step = 0; step < steps; ++step) {
+    optimizer.zero_grad();
+    torch::Tensor loss = wrap ? wrap(forward) : forward();
+    loss.backward();
+    result.losses.push_back(loss.item<float>());
+    if (step + 1 == steps) {
+      for (auto& p : params) result.last_grads.push_back(p.grad().to(torch::kCPU));
+    }
+    optimizer.step();
+  }
+  for (auto& p : params) result.params.push_back(p.detach().to(torch::kCPU));
+  return result;
+}
+
+bool bitwise_equal(const RunResult& a, const RunResult& b, std::string* why) {
+  std::ostringstream out;
+  bool ok = true;
+  if (a.losses.size() != b.losses.size()) {
+    out << "step counts differ";
+    ok = false;
+  }
+  for (std::size_t i = 0; ok && i < a.losses.size(); ++i) {
+    if (std::memcmp(&a.losses[i], &b.losses[i], sizeof(float)) != 0) {
+      out << "loss of step " << i << ": " << a.losses[i] << " vs " << b.losses[i];
+      ok = false;
+    }
+  }
+  auto same = [&](const std::vector<at::Tensor>& p, const std::vector<at::Tensor>& q, const char* what) {
+    if (!ok) return;
+    if (p.size() != q.size()) {
+      out << what << " counts differ";
+      ok = false;
+      return;
+    }
+    for (std::size_t i = 0; i < p.size(); ++i) {
+      if (p[i].sizes() != q[i].sizes() || p[i].scalar_type() != q[i].scalar_type() ||
+          std::memcmp(p[i].contiguous().data_ptr(), q[i].contiguous().data_ptr(), p[i].nbytes()) != 0) {
+        out << what << " " << i << " differs (max abs diff "
+            << (p[i].to(torch::kDouble) - q[i].to(torch::kDouble)).abs().max().item<double>() << ")";
+        ok = false;
+        return;
+      }
+    }
+  };
+  same(a.last_grads, b.last_grads, "gradient");
+  same(a.params, b.params, "parameter");
+  if (why != nullptr) *why = out.str();
+  return ok;
+}
+
+}  // namespace harness

@@ -1,0 +1,68 @@
+// SPDX-License-Identifier: MIT
+#pragma once
+// Shared prelude of the test suites: small models trained a few steps with
+// AdamW, run with or without offloading, compared bit for bit. Only
+// harness.cpp includes <torch/torch.h>.
+
+#include <cstdint>
+#include <functional>
+#include <string>
+#include <string_view>
+#include <vector>
+
+#include <ATen/core/Tensor.h>
+#include <c10/core/Device.h>
+#include <c10/core/Stream.h>
+
+namespace harness {
+
+enum class ModelKind {
+  mlp,    ///< Linear-GELU-Linear on [batch, features]
+  block,  ///< one transformer block (LayerNorm, causal attention, GELU MLP)
+  gpt,    ///< the demo's GPT (2 layers, tiny)
+};
+std::string_view name(ModelKind kind);
+
+/// Runs the forward pass and returns the loss; a Wrap decides where it
+/// runs (inside an offload::Scope or not). Backward runs after the wrap
+/// returns, outside any scope.
+using Forward = std::function<at::Tensor()>;
+using Wrap = std::function<at::Tensor(const Forward&)>;
+/// Called once before training with the model's parameters (for exclude()).
+using OnParams = std::function<void(const std::vector<at::Tensor>&)>;
+
+struct RunResult {
+  std::vector<float> losses;          ///< per step
+  std::vector<at::Tensor> last_grads; ///< CPU copies, last step
+  std::vector<at::Tensor> params;     ///< CPU copies after the last optimizer step
+};
+
+/// Builds `kind` on the CPU from seed 0, moves it to `device`, trains
+/// `steps` AdamW steps on fixed random data.
+RunResult train(ModelKind kind, c10::Device device, int steps, const Wrap& wrap = {},
+                const OnParams& on_params = {});
+
+/// True when losses, gradients and parameters are bitwise equal; else
+/// false with the first difference in `why`.
+bool bitwise_equal(const RunResult& a, const RunResult& b, std::string* why);
+
+/// The test device policy: treats CPU tensors as "device" tensors, so every
+/// manager path (pack, alias, unpack) runs without an accelerator.
+struct HostAsDevice {
+  static constexpr c10::DeviceType device_type = c10::DeviceType::CPU;
+  static constexpr std::string_view name = "host-as-device";
+  static constexpr bool has_streams = false;
+  static constexpr bool has_events = false;
+  static constexpr bool has_pinned_host = false;
+  static constexpr bool has_memory_stats = false;
+  static bool available() { return true; }
+  static c10::Stream current_stream(c10::DeviceIndex) {
+    return c10::Stream(c10::Stream::DEFAULT, c10::Device(c10::DeviceType::CPU));
+  }
+  static c10::Stream side_stream(c10::DeviceIndex index) { return current_stream(index); }
+  static void record_stream(const at::Tensor&, c10::Stream) {}
+  static std::int64_t memory_allocated(c10::DeviceIndex) { return -1; }
+  static void empty_cache() {}
+};
+
+}  // namespace harness

@@ -1,0 +1,254 @@
+// SPDX-License-Identifier: MIT
+// Core suite on the CPU: options, scopes, pack rules, views and gradient
+// parity through the real offload path (HostAsDevice treats CPU tensors as
+// device tensors, so each is copied out and back).
+
+#include "doctest.hpp"
+
+#include <ATen/ATen.h>
+#include <c10/util/Exception.h>
+
+#include <offload/offload.hpp>
+
+#include "harness.hpp"
+
+namespace {
+
+using HostManager = offload::Manager<harness::HostAsDevice, offload::storage::PageableHost, offload::sync::Blocking>;
+
+harness::Wrap with_scope(const HostManager& manager) {
+  return [manager](const harness::Forward& forward) {
+    offload::Scope scope(manager);
+    return forward();
+  };
+}
+
+std::string error_of(const offload::Options& options) {
+  try {
+    options.validate();
+  } catch (const c10::ValueError& e) {
+    return e.what_without_backtrace();
+  }
+  return "";
+}
+
+}  // namespace
+
+TEST_CASE("Options: defaults are valid and documented values") {
+  offload::Options options;
+  CHECK(options.min_offload_bytes == 1024);
+  CHECK(options.max_fwd_stash == 5);
+  CHECK(options.prefetch_depth == 2);
+  CHECK(options.pin_memory);
+  CHECK(options.host_budget_bytes == 0);
+  CHECK_NOTHROW(options.validate());
+}
+
+TEST_CASE("Options: every out-of-range field names itself, its value and the range") {
+  struct Row {
+    offload::Options options;
+    std::string message;
+  };
+  const std::int64_t huge = (std::int64_t{1} << 50) + 1;
+  const Row rows[] = {
+      {{.min_offload_bytes = -1}, "offload::Options: min_offload_bytes must be in [0, 1125899906842624], got -1"},
+      {{.min_offload_bytes = huge}, "offload::Options: min_offload_bytes must be in [0, 1125899906842624], got 1125899906842625"},
+      {{.max_fwd_stash = 0}, "offload::Options: max_fwd_stash must be in [1, 1024], got 0"},
+      {{.max_fwd_stash = 1025}, "offload::Options: max_fwd_stash must be in [1, 1024], got 1025"},
+      {{.prefetch_depth = -1}, "offload::Options: prefetch_depth must be in [0, 1024], got -1"},
+      {{.prefetch_depth = 1025}, "offload::Options: prefetch_depth must be in [0, 1024], got 1025"},
+      {{.host_budget_bytes = -5}, "offload::Options: host_budget_bytes must be in [0, 1125899906842624], got -5"},
+  };
+  for (const auto& row : rows) {
+    CAPTURE(row.message);
+    CHECK(error_of(row.options) == row.message);
+  }
+}
+
+TEST_CASE("Manager: bad options throw c10::ValueError before anything is made") {
+  CHECK_THROWS_AS(HostManager(offload::Options{.max_fwd_stash = 0}), c10::ValueError);
+}
+
+TEST_CASE("Scope: pack runs for every saved tensor inside a scope and never outside") {
+  HostManager manager(offload::Options{.min_offload_bytes = 0});
+  auto a = at::randn({8, 8}).requires_grad_();
+  auto b = at::randn({8, 8}).requires_grad_();
+  {
+    auto loss = (a * b).sum();  // mul saves a and b; outside any scope
+    loss.backward();
+  }
+  CHECK(manager.stats().tensors_seen == 0);
+  {
+    offload::Scope scope(manager);
+    auto c = a * 2;   // c is not a leaf
+    auto loss = (c * b).sum();  // saves c and b
+    loss.backward();
+  }
+  const auto stats = manager.stats();
+  CHECK(stats.tensors_seen == 2);
+  CHECK(stats.passed_leaf == 1);        // b: a leaf that requires grad
+  CHECK(stats.tensors_offloaded == 1);  // c
+  CHECK(stats.tensors_reloaded == 1);
+  CHECK(stats.bytes_offloaded == 8 * 8 * 4);
+}
+
+TEST_CASE("NoOffload: an opt-out region inside a scope, nested scopes: innermost wins") {
+  HostManager outer(offload::Options{.min_offload_bytes = 0});
+  HostManager inner(offload::Options{.min_offload_bytes = 0});
+  auto a = at::randn({4, 4}).requires_grad_();
+  offload::Scope scope(outer);
+  {
+    offload::NoOffload off;
+    auto loss = (a * 2).exp().sum();
+    loss.backward();
+  }
+  CHECK(outer.stats().tensors_seen == 0);
+  {
+    offload::Scope nested(inner);
+    auto loss = (a * 2).exp().sum();
+    loss.backward();
+  }
+  CHECK(outer.stats().tensors_seen == 0);
+  CHECK(inner.stats().tensors_seen >= 1);
+  auto loss = (a * 2).exp().sum();
+  loss.backward();
+  CHECK(outer.stats().tensors_seen >= 1);
+}
+
+TEST_CASE("Scope: backward after the scope closed and after the manager is gone") {
+  auto a = at::randn({16, 16}).requires_grad_();
+  auto expected_loss = (a * 3).sin().sum();
+  expected_loss.backward();
+  auto expected = a.grad().clone();
+  a.grad().zero_();
+  at::Tensor loss;
+  {
+    HostManager manager(offload::Options{.min_offload_bytes = 0});
+    offload::Scope scope(manager);
+    loss = (a * 3).sin().sum();
+    CHECK(manager.stats().tensors_offloaded == 1);
+  }
+  loss.backward();
+  CHECK(at::equal(a.grad(), expected));
+}
+
+TEST_CASE("Scope: close() on another thread is an error, the owner can close it") {
+  HostManager manager;
+  offload::Scope scope(manager);
+  std::string message;
+  std::thread([&] {
+    try {
+      scope.close();
+    } catch (const c10::Error& e) {
+      message = e.what_without_backtrace();
+    }
+  }).join();
+  CHECK(message.find("must be closed on the thread that opened it") != std::string::npos);
+  CHECK_NOTHROW(scope.close());
+}
+
+TEST_CASE("Pack rules: other device types, small tensors, excluded storages pass through untouched") {
+  using SimManager = offload::Manager<offload::device::Sim, offload::storage::PageableHost, offload::sync::Blocking>;
+  SimManager sim_manager(offload::Options{.min_offload_bytes = 0});
+  auto a = at::randn({64}).requires_grad_();
+  at::Tensor saved_cpu;
+  {
+    offload::Scope scope(sim_manager);
+    auto h = a * 1;
+    auto loss = (h * h).sum();
+    loss.backward();
+  }
+  CHECK(sim_manager.stats().passed_other_device == 2);
+  CHECK(sim_manager.stats().tensors_offloaded == 0);
+
+  HostManager small(offload::Options{.min_offload_bytes = 1 << 20});
+  {
+    offload::Scope scope(small);
+    auto h = a * 1;
+    (h * h).sum().backward();
+  }
+  CHECK(small.stats().passed_small == 2);
+
+  HostManager excluding(offload::Options{.min_offload_bytes = 0});
+  auto buffer = at::randn({64});  // a buffer the model registers: no grad, not a leaf-with-grad
+  excluding.exclude({buffer});
+  {
+    offload::Scope scope(excluding);
+    auto h = a * 1;
+    (h * buffer).exp().sum().backward();  // mul saves buffer; exp saves its result
+  }
+  CHECK(excluding.stats().passed_excluded == 1);
+  CHECK(excluding.stats().tensors_offloaded == 1);
+}
+
+TEST_CASE("Views: offset, transpose, expand and several views of one storage come back exact") {
+  HostManager manager(offload::Options{.min_offload_bytes = 0});
+  auto w = at::randn({6, 8}).requires_grad_();
+  auto run = [&](bool offload) {
+    if (w.grad().defined()) w.grad().zero_();
+    std::optional<offload::Scope> scope;
+    if (offload) scope.emplace(manager);
+    auto base = w * 1.5;                         // one storage, saved through several views
+    auto sliced = base.narrow(0, 2, 3);          // storage offset 16
+    auto transposed = base.t();                  // strides swapped
+    auto expanded = base.select(0, 1).unsqueeze(0).expand({4, 8});  // stride 0
+    auto loss = (sliced * sliced).sum() + (transposed.exp() * transposed).sum() + (expanded * expanded).sum();
+    scope.reset();
+    loss.backward();
+    return std::make_pair(loss.detach().clone(), w.grad().clone());
+  };
+  auto [plain_loss, plain_grad] = run(false);
+  auto [off_loss, off_grad] = run(true);
+  CHECK(at::equal(plain_loss, off_loss));
+  CHECK(at::equal(plain_grad, off_grad));
+  const auto stats = manager.stats();
+  CHECK(stats.tensors_aliased >= 2);  // the views share one host copy
+  CHECK(stats.storages_offloaded < stats.tensors_offloaded);
+}
+
+TEST_CASE("Views: an in-place change to a saved tensor gives the same error as without offloading") {
+  HostManager manager(offload::Options{.min_offload_bytes = 0});
+  auto w = at::randn({8, 8}).requires_grad_();
+  auto attempt = [&](bool offload) -> std::string {
+    std::optional<offload::Scope> scope;
+    if (offload) scope.emplace(manager);
+    auto h = w * 2;
+    auto y = h.exp();  // exp saves its result
+    y.add_(1);
+    scope.reset();
+    try {
+      y.sum().backward();
+    } catch (const c10::Error& e) {
+      std::string what = e.what_without_backtrace();
+      return what;
+    }
+    return "no error";
+  };
+  const auto plain = attempt(false);
+  CHECK(plain.find("modified by an inplace operation") != std::string::npos);
+  CHECK(attempt(true) == plain);
+}
+
+TEST_CASE("Parity on the CPU path: MLP, transformer block and GPT, 3 AdamW steps, bitwise") {
+  for (auto kind : {harness::ModelKind::mlp, harness::ModelKind::block, harness::ModelKind::gpt}) {
+    CAPTURE(harness::name(kind));
+    const auto plain = harness::train(kind, c10::Device(c10::kCPU), 3);
+    HostManager manager(offload::Options{.min_offload_bytes = 0});
+    const auto offloaded = harness::train(kind, c10::Device(c10::kCPU), 3, with_scope(manager),
+                                          [&](const std::vector<at::Tensor>& p) { manager.exclude(p); });
+    std::string why;
+    CHECK_MESSAGE(harness::bitwise_equal(plain, offloaded, &why), why);
+    CHECK(manager.stats().tensors_offloaded > 0);
+    CHECK(manager.stats().passed_excluded + manager.stats().passed_leaf > 0);
+  }
+}
+
+TEST_CASE("Parity harness can fail: a perturbed run is reported") {
+  const auto plain = harness::train(harness::ModelKind::mlp, c10::Device(c10::kCPU), 2);
+  auto perturbed = plain;
+  perturbed.params[0] = perturbed.params[0].clone();
+  perturbed.params[0].view(-1)[0].add_(1e-6);
+  std::string why;
+  CHECK_FALSE(harness::bitwise_equal(plain, perturbed, &why));
+  CHECK(why.find("parameter 0") != std::string::npos);
+}
