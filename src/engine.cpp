@@ -14,6 +14,7 @@
 #include <torch/csrc/autograd/anomaly_mode.h>
 #include <torch/csrc/autograd/engine.h>
 #include <torch/csrc/autograd/function.h>
+#include <torch/csrc/autograd/graph_task.h>
 
 #include <offload/manager.hpp>
 #include <offload/options.hpp>
@@ -49,7 +50,9 @@ std::ostream& operator<<(std::ostream& os, const Stats& s) {
             << " bytes_offloaded=" << s.bytes_offloaded << " bytes_reloaded=" << s.bytes_reloaded
             << " tensors_reloaded=" << s.tensors_reloaded << " reloads_shared=" << s.reloads_shared
             << " host_bytes_in_use=" << s.host_bytes_in_use << " host_bytes_peak=" << s.host_bytes_peak
-            << " blocking_fallbacks=" << s.blocking_fallbacks << " pinned_fallbacks=" << s.pinned_fallbacks;
+            << " blocking_fallbacks=" << s.blocking_fallbacks << " pinned_fallbacks=" << s.pinned_fallbacks
+            << " stash_reuses=" << s.stash_reuses << " prefetches=" << s.prefetches
+            << " prefetch_peak=" << s.prefetch_peak;
 }
 
 // ---------------------------------------------------------------- versions
@@ -73,6 +76,14 @@ void throw_modified_inplace(const at::Tensor& unpacked, std::uint32_t current, s
                "gradient. The variable in question was changed in there or anywhere later. Good luck!";
   }
   TORCH_CHECK(false, message.str());
+}
+
+int current_backward_id() noexcept { return torch::autograd::get_current_graph_task_id(); }
+
+bool at_backward_end(std::function<void()> callback) {
+  if (torch::autograd::get_current_graph_task_id() < 0) return false;
+  torch::autograd::Engine::get_default_engine().queue_callback(std::move(callback));
+  return true;
 }
 
 }  // namespace detail
@@ -101,14 +112,30 @@ struct OffloadEngine final : torch::autograd::Engine {
     detail::HookSource* source = innermost_source(found);
     return source != nullptr ? source->make_hooks() : nullptr;
   }
+
+  // LibTorch starts the per-device worker threads once per process (a
+  // static once-flag in engine.cpp), for whichever engine runs the first
+  // backward pass, and fills only that engine's device ready queues. So
+  // this engine shares the base engine's queues and re-entrant thread pool:
+  // the workers run the same Engine code for any graph task, and the hooks
+  // are taken from the default engine when tensors are saved, not by the
+  // worker. Reached through member pointers, the standard way for a
+  // derived class to read protected members of another base object.
+  void share_workers_of(torch::autograd::Engine& base) {
+    base.initialize_device_threads_pool();
+    this->*(&OffloadEngine::device_ready_queues_) = base.*(&OffloadEngine::device_ready_queues_);
+    this->*(&OffloadEngine::thread_pool_shared_) = base.*(&OffloadEngine::thread_pool_shared_);
+  }
 };
 
-torch::autograd::Engine& offload_engine() {
+OffloadEngine& offload_engine() {
   // Never destroyed: Engine must stop() before destruction, and its worker
   // threads may outlive static destructors.
   static auto* engine = new OffloadEngine();
   return *engine;
 }
+
+torch::autograd::Engine& offload_engine_stub() { return offload_engine(); }
 
 std::once_flag g_install_once;
 std::atomic<bool> g_installed{false};
@@ -122,7 +149,8 @@ void install_hooks() {
                 "offload::install_hooks: another autograd engine is already the default (PyTorch's "
                 "Python bindings install one); torch-offload is for C++ programs that do not load "
                 "libtorch_python");
-    torch::autograd::set_default_engine_stub(&offload_engine);
+    offload_engine().share_workers_of(current);
+    torch::autograd::set_default_engine_stub(&offload_engine_stub);
     g_installed.store(true, std::memory_order_release);
   });
   TORCH_CHECK(g_installed.load(std::memory_order_acquire),
@@ -145,6 +173,7 @@ void Scope::close() {
               "(scopes are thread-bound: saved tensors of other threads never see it)");
   frame_->open.store(false, std::memory_order_release);
   std::erase(t_frames, frame_);
+  if (frame_->source) frame_->source->on_scope_exit();
   frame_.reset();
 }
 

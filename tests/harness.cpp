@@ -7,6 +7,13 @@
 
 #include "../examples/gpt.hpp"
 
+#if OFFLOAD_HAS_SIM
+#include <iostream>
+
+#include <offload/offload.hpp>
+#include <offload/sim.hpp>
+#endif
+
 namespace harness {
 
 std::string_view name(ModelKind kind) {
@@ -83,6 +90,64 @@ RunResult train(ModelKind kind, c10::Device device, int steps, const Wrap& wrap,
   for (auto& p : params) result.params.push_back(p.detach().to(torch::kCPU));
   return result;
 }
+
+namespace {
+struct ScaleByCpu : torch::autograd::Function<ScaleByCpu> {
+  static inline c10::Device seen{c10::DeviceType::CPU};
+  static torch::Tensor forward(torch::autograd::AutogradContext* ctx, const torch::Tensor& x, const torch::Tensor& c) {
+    ctx->save_for_backward({x, c});
+    return x * c.to(x.device());
+  }
+  static torch::autograd::variable_list backward(torch::autograd::AutogradContext* ctx,
+                                                 torch::autograd::variable_list grads) {
+    auto saved = ctx->get_saved_variables();
+    seen = saved[1].device();
+    return {grads[0] * saved[1].to(saved[0].device()), torch::Tensor()};
+  }
+};
+}  // namespace
+
+CustomFunctionResult custom_function_saving_cpu(c10::Device device, const Wrap& wrap) {
+  torch::manual_seed(1);
+  auto x = torch::randn({64, 64}).to(device).requires_grad_();
+  auto c = torch::randn({64, 64});
+  Forward forward = [&] { return ScaleByCpu::apply(x * 1, c).sum(); };
+  auto loss = wrap ? wrap(forward) : forward();
+  loss.backward();
+  return {x.grad().to(torch::kCPU), ScaleByCpu::seen};
+}
+
+#if OFFLOAD_HAS_SIM
+std::pair<float, float> run_readme_snippet() {
+  offload::sim::install();
+  const c10::Device device(c10::DeviceType::PrivateUse1, 0);
+  auto data = torch::randint(16, {2, 9}, torch::kLong);
+  auto inputs = data.narrow(1, 0, 8).to(device);
+  auto targets = data.narrow(1, 1, 8).to(device);
+  const int steps = 2;
+  auto fresh = [&] {
+    torch::manual_seed(0);
+    auto m = gpt::Model(gpt::Config{.vocab = 16, .layers = 2, .width = 32, .heads = 4, .seq = 8});
+    m->to(device);
+    return m;
+  };
+  float with_snippet = 0;
+  {
+    auto model = fresh();
+    torch::optim::AdamW optimizer(model->parameters(), torch::optim::AdamWOptions(1e-2));
+#include "readme_snippet.inc"
+    with_snippet = model->loss(inputs, targets).item<float>();
+  }
+  auto model = fresh();
+  torch::optim::AdamW optimizer(model->parameters(), torch::optim::AdamWOptions(1e-2));
+  for (int step = 0; step < steps; ++step) {
+    optimizer.zero_grad();
+    model->loss(inputs, targets).backward();
+    optimizer.step();
+  }
+  return {with_snippet, model->loss(inputs, targets).item<float>()};
+}
+#endif
 
 bool bitwise_equal(const RunResult& a, const RunResult& b, std::string* why) {
   std::ostringstream out;

@@ -8,11 +8,14 @@
 #include <functional>
 #include <string>
 #include <string_view>
+#include <utility>
 #include <vector>
 
 #include <ATen/core/Tensor.h>
 #include <c10/core/Device.h>
 #include <c10/core/Stream.h>
+
+#include <offload/config.hpp>
 
 namespace harness {
 
@@ -41,6 +44,20 @@ struct RunResult {
 /// `steps` AdamW steps on fixed random data.
 RunResult train(ModelKind kind, c10::Device device, int steps, const Wrap& wrap = {},
                 const OnParams& on_params = {});
+
+/// A custom torch::autograd::Function saves a device tensor x and a CPU
+/// tensor c on purpose; backward reports where c came back.
+struct CustomFunctionResult {
+  at::Tensor grad;                     ///< gradient of x, on the CPU
+  c10::Device cpu_saved_came_back_on{c10::DeviceType::CPU};
+};
+CustomFunctionResult custom_function_saving_cpu(c10::Device device, const Wrap& wrap = {});
+
+#if OFFLOAD_HAS_SIM
+/// Runs the README's usage snippet on the sim device (2 steps of a tiny
+/// GPT) and the same steps without it; returns the loss after each.
+std::pair<float, float> run_readme_snippet();
+#endif
 
 /// True when losses, gradients and parameters are bitwise equal; else
 /// false with the first difference in `why`.

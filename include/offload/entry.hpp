@@ -10,6 +10,7 @@
 #include <ATen/core/Tensor.h>
 #include <c10/core/Device.h>
 #include <c10/core/Event.h>
+#include <c10/core/Stream.h>
 #include <c10/core/StorageImpl.h>
 #include <c10/util/intrusive_ptr.h>
 
@@ -45,7 +46,11 @@ struct Entry {
   at::Tensor stash;                ///< device bytes kept alive until the D2H copy is done
   std::optional<c10::Event> d2h;   ///< completes when the D2H copy is done
   at::Tensor prefetched;           ///< device bytes being brought back ahead of need
-  std::optional<c10::Event> h2d;   ///< completes when the prefetch copy is done
+  std::optional<c10::Event> h2d;   ///< completes when the last host-to-device copy is done
+  /// The compute stream the device bytes in `stash` or `prefetched` belong
+  /// to (produced on, or allocated on): the stream that must wait before
+  /// they are released.
+  std::optional<c10::Stream> home_stream;
 };
 
 }  // namespace offload

@@ -18,6 +18,10 @@ class Manager;
 
 namespace device {
 struct Cuda;
+struct Xpu;
+struct Npu;
+struct Neuron;
+struct Generic;
 struct Sim;
 }  // namespace device
 
@@ -28,6 +32,7 @@ struct PageableHost;
 
 namespace sync {
 struct Blocking;
+struct Streamed;
 }  // namespace sync
 
 }  // namespace offload

@@ -5,6 +5,7 @@
 /// leave the device, keeps their host copies, and brings them back.
 
 #include <cstdint>
+#include <functional>
 #include <memory>
 #include <mutex>
 #include <string>
@@ -38,7 +39,25 @@ class HookSource {
   virtual std::unique_ptr<torch::autograd::SavedVariableHooks> make_hooks() = 0;
   /// Short description for errors and logs, e.g. "Manager<sim, pinned_host, blocking>".
   virtual std::string describe() const = 0;
+  /// The manager operations AnyManager forwards (see Manager for each).
+  virtual Stats stats() const = 0;
+  virtual void reset_stats() = 0;
+  virtual void exclude(at::TensorList tensors) = 0;
+  virtual const Options& options() const noexcept = 0;
+  /// Called when a Scope using this source closes on its thread (the end
+  /// of a forward pass, typically): asynchronous policies settle what they
+  /// hold on the device for the forward stash. Must not throw.
+  virtual void on_scope_exit() noexcept {}
 };
+
+/// The id of the backward pass running on this thread, or -1 outside one
+/// (torch::autograd::get_current_graph_task_id()).
+int current_backward_id() noexcept;
+
+/// Inside a backward pass: queues `callback` to run once when that pass
+/// ends (Engine::queue_callback) and returns true; outside one, returns
+/// false and does nothing.
+bool at_backward_end(std::function<void()> callback);
 
 /// The weak form of the autograd node pointer Tensor::grad_fn() returns
 /// (std::shared_ptr up to LibTorch 2.12, c10::intrusive_ptr from 2.13).
@@ -128,7 +147,9 @@ class Core final : public HookSource, public std::enable_shared_from_this<Core<D
       packed.passthrough = t;
       return packed;
     }
-    if (t.is_leaf() && t.requires_grad()) {
+    // Parameters: leaves that require grad, and views of them (Linear saves
+    // weight.t()).
+    if (t.requires_grad() && (t.is_leaf() || (t.is_view() && t._base().is_leaf()))) {
       ++stats_.passed_leaf;
       packed.passthrough = t;
       return packed;
@@ -213,13 +234,21 @@ class Core final : public HookSource, public std::enable_shared_from_this<Core<D
         }
       }
       if (!device_bytes.defined()) {
+        const bool stashed = entry->stash.defined();  // still on the device: no copy back
         device_bytes = sync_.reload(entry);
         entry->reloaded.emplace(c10::weak_intrusive_ptr<c10::StorageImpl>(
             c10::intrusive_ptr<c10::StorageImpl>::reclaim_copy(device_bytes.storage().unsafeGetStorageImpl())));
-        ++stats_.tensors_reloaded;
-        stats_.bytes_reloaded += entry->nbytes;
+        if (stashed) {
+          ++stats_.stash_reuses;
+        } else {
+          ++stats_.tensors_reloaded;
+          stats_.bytes_reloaded += entry->nbytes;
+        }
       }
       sync_.on_unpack(entry);
+      if constexpr (requires(typename Sync::template State<Device, Storage>& s) { s.end_backward(); }) {
+        watch_backward_end();
+      }
     }
     const c10::DeviceGuard guard(entry->device);
     auto out = at::empty({0}, at::TensorOptions().dtype(packed.dtype).device(entry->device));
@@ -230,18 +259,20 @@ class Core final : public HookSource, public std::enable_shared_from_this<Core<D
     return out;
   }
 
-  Stats stats() const {
+  Stats stats() const override {
     const std::lock_guard lock(mutex_);
-    return stats_;
+    Stats out = stats_;
+    if constexpr (requires { sync_.add_stats(out); }) sync_.add_stats(out);
+    return out;
   }
-  void reset_stats() {
+  void reset_stats() override {
     const std::lock_guard lock(mutex_);
     const auto in_use = stats_.host_bytes_in_use;
     stats_ = Stats{};
     stats_.host_bytes_in_use = in_use;
     stats_.host_bytes_peak = in_use;
   }
-  void exclude(at::TensorList tensors) {
+  void exclude(at::TensorList tensors) override {
     const std::lock_guard lock(mutex_);
     for (const auto& t : tensors) {
       if (!t.defined() || !t.has_storage()) continue;
@@ -249,9 +280,32 @@ class Core final : public HookSource, public std::enable_shared_from_this<Core<D
       excluded_.try_emplace(impl, c10::intrusive_ptr<c10::StorageImpl>::reclaim_copy(impl));
     }
   }
-  const Options& options() const noexcept { return options_; }
+  const Options& options() const noexcept override { return options_; }
+  void on_scope_exit() noexcept override {
+    if constexpr (requires { sync_.settle(); }) {
+      const std::lock_guard lock(mutex_);
+      sync_.settle();
+    }
+  }
 
  private:
+  // Once per backward pass: let the sync policy settle when it ends.
+  void watch_backward_end() {
+    const int id = current_backward_id();
+    if (id < 0 || id == watched_backward_) return;
+    watched_backward_ = id;
+    std::weak_ptr<Core> weak = this->shared_from_this();
+    at_backward_end([weak] {
+      if (auto core = weak.lock()) {
+        const std::lock_guard lock(core->mutex_);
+        end_backward(core->sync_);
+      }
+    });
+  }
+  template <class S>
+  static void end_backward(S& sync) {
+    if constexpr (requires { sync.end_backward(); }) sync.end_backward();
+  }
   static void check_version(const Packed& packed, const at::Tensor& unpacked) {
     if (!packed.version_counter.enabled()) return;
     const auto current = packed.version_counter.current_version();
@@ -287,6 +341,7 @@ class Core final : public HookSource, public std::enable_shared_from_this<Core<D
   typename Sync::template State<Device, Storage> sync_;
   Stats stats_;
   std::uint64_t next_seq_ = 0;
+  int watched_backward_ = -1;
   std::size_t prune_at_ = 64;
   std::unordered_map<const c10::StorageImpl*, std::weak_ptr<Entry>> aliases_;
   std::unordered_map<const c10::StorageImpl*, c10::weak_intrusive_ptr<c10::StorageImpl>> excluded_;

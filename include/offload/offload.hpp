@@ -5,6 +5,7 @@
 /// scopes, and the device, storage and sync policies this build ships.
 
 #include <offload/config.hpp>
+#include <offload/any_manager.hpp>
 #include <offload/concepts.hpp>
 #include <offload/manager.hpp>
 #include <offload/options.hpp>
@@ -15,3 +16,4 @@
 #include <offload/device/sim.hpp>
 #include <offload/storage/host.hpp>
 #include <offload/sync/blocking.hpp>
+#include <offload/sync/streamed.hpp>

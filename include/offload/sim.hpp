@@ -18,6 +18,29 @@
 // calling thread. A missing wait or an early free therefore shows up as wrong
 // numbers (NaN) rather than going unnoticed.
 //
+// Semantics worth knowing (each is a deliberate choice):
+// - Streams: stream 0 is each device's default stream, ids 1..8 its pool
+//   (getStreamFromGlobalPool and getNewStream hand them out round robin).
+//   The current stream is per thread and per device, as in CUDA. Events
+//   complete when their stream reaches them; block(event, stream) waits for
+//   the recording current at the time of the call; an event never recorded
+//   is complete; elapsedTime needs EventFlag::BACKEND_DEFAULT ("timing").
+// - Copies: a non_blocking copy with one CPU side is always asynchronous,
+//   pinned or pageable (stricter than CUDA, where pageable copies are
+//   partly synchronous). The CPU tensor is kept alive until the copy has
+//   run; the sim memory is not (as with CUDA's caching allocator). A
+//   blocking copy first drains the device's current stream. Copies between
+//   sim devices (or within one) drain the current streams and run inline.
+// - Compute: every other operator drains its device's current stream and
+//   runs on the calling thread with the CPU kernel (boxed CPU fallback), so
+//   results are bitwise those of the CPU; random operators use the CPU
+//   generator (the sim devices share it). Tensors of different devices in
+//   one operator are an error, except 0-dim CPU tensors (scalars) and CPU
+//   index tensors, as on CUDA.
+// - Memory: released blocks go to a bounded quarantine (64 MiB, 1024 blocks)
+//   before they are returned to malloc, so that a late reader sees the
+//   poison rather than reused memory; the counters drop at release.
+//
 // Users on real hardware never link this library; it is a test substrate and
 // a CPU demo device. It is modelled on how PyTorch tests its own out-of-tree
 // device support (test/cpp_extensions/open_registration_extension).
@@ -61,8 +84,8 @@ struct Config {
 /// its device threads correctly even if a backward pass runs before install().
 ///
 /// The first call installs `config`. A later call with a Config equal to
-/// config() (the installed one, with the runtime knobs' current values) does
-/// nothing; any other Config throws c10::Error naming each field that
+/// the one installed first (whatever the runtime knobs were set to since)
+/// does nothing; any other Config throws c10::Error naming each field that
 /// differs. Every field is validated before anything changes
 /// (c10::ValueError naming the field, the value and the accepted range).
 /// Throws c10::Error if another PrivateUse1 backend name is already

@@ -931,7 +931,8 @@ void install(const Config& config) {
   detail::validate(config);
   std::lock_guard<std::mutex> lock(detail::g_install_mutex);
   if (installed()) {
-    const auto have = sim::config();
+    // Compared with what was installed: the runtime knobs may have moved since.
+    const auto& have = detail::runtime().installed;
     TORCH_CHECK(have == config, "offload::sim::install: already installed with a different Config (",
                 detail::differences(have, config), ")");
     return;

@@ -3,7 +3,9 @@
 // The sim kernels: factories, views, resize/set_, local scalar and copies are
 // native (they alias or allocate sim memory); every other operator goes
 // through the boxed CPU fallback after the current stream of its device has
-// drained. Registered at install() time, not at load time.
+// drained, including those that other backends would run through a
+// CompositeExplicitAutograd decomposition, so results match the CPU bit for
+// bit. Registered at install() time, not at load time.
 
 #include "runtime.hpp"
 
@@ -26,6 +28,7 @@
 #include <chrono>
 #include <cstring>
 #include <optional>
+#include <string>
 #include <string_view>
 #include <thread>
 
@@ -242,6 +245,73 @@ void sim_fallback(const c10::OperatorHandle& op, torch::jit::Stack* stack) {
   at::native::cpu_fallback(op, stack, /*error_on_views=*/true);
 }
 
+// View operators that only have backend kernels (unfold, view_as_real,
+// view_as_complex): their CPU kernels only compute metadata and share the
+// input's storage and key set, so they are run on the sim tensor directly.
+bool is_view(const c10::FunctionSchema& schema) {
+  for (const auto& ret : schema.returns()) {
+    if (ret.alias_info() != nullptr && !ret.alias_info()->isWrite()) {
+      return true;
+    }
+  }
+  return false;
+}
+
+bool needs_cpu_view_kernel(const c10::OperatorHandle& op) {
+  const auto& schema = op.schema();
+  return schema.name().rfind("aten::", 0) == 0 && schema.name().rfind("aten::_nested", 0) != 0 &&
+         is_view(schema) && op.hasKernelForDispatchKey(c10::DispatchKey::CPU) &&
+         !op.hasKernelForDispatchKey(c10::DispatchKey::PrivateUse1) &&
+         !op.hasKernelForDispatchKey(c10::DispatchKey::CompositeExplicitAutograd) &&
+         !op.hasKernelForDispatchKey(c10::DispatchKey::CompositeExplicitAutogradNonFunctional) &&
+         !op.hasKernelForDispatchKey(c10::DispatchKey::CompositeImplicitAutograd);
+}
+
+void view_via_cpu_kernel(const c10::OperatorHandle& op, torch::jit::Stack* stack) {
+  op.redispatchBoxed(c10::DispatchKeySet(c10::DispatchKey::CPU), stack);
+  for (const auto& ret : torch::jit::last(*stack, op.schema().returns().size())) {
+    TORCH_INTERNAL_ASSERT(!ret.isTensor() || is_sim(ret.toTensor()), "offload::sim: view ",
+                          op.schema().name(), " did not stay on the device");
+  }
+}
+
+// Operators the CPU runs with its own kernel but other backends run through
+// a CompositeExplicitAutograd(NonFunctional) decomposition (native_layer_norm
+// is one): the sim sends them to the CPU kernel too, so results match the
+// CPU bit for bit. Views, factories and the copy machinery keep their
+// composite kernels.
+bool needs_cpu_kernel(const c10::OperatorHandle& op) {
+  const auto& schema = op.schema();
+  if (schema.name().rfind("aten::", 0) != 0 || op.hasKernelForDispatchKey(c10::DispatchKey::PrivateUse1) ||
+      !op.hasKernelForDispatchKey(c10::DispatchKey::CPU) ||
+      !(op.hasKernelForDispatchKey(c10::DispatchKey::CompositeExplicitAutograd) ||
+        op.hasKernelForDispatchKey(c10::DispatchKey::CompositeExplicitAutogradNonFunctional))) {
+    return false;
+  }
+  static constexpr std::string_view keep_composite[] = {
+      "aten::copy_", "aten::copy", "aten::_to_copy", "aten::to", "aten::_copy_from", "aten::_copy_from_and_resize",
+      "aten::lift", "aten::lift_fresh", "aten::lift_fresh_copy", "aten::clone", "aten::_pin_memory",
+      "aten::is_pinned"};
+  for (const auto name : keep_composite) {
+    if (schema.name() == name) {
+      return false;
+    }
+  }
+  bool takes_tensor = false;
+  for (const auto& arg : schema.arguments()) {
+    const auto& type = arg.real_type();
+    if (type->kind() == c10::TypeKind::TensorType) {
+      takes_tensor = true;
+    } else if (const auto list = type->cast<c10::ListType>()) {
+      takes_tensor = takes_tensor || list->getElementType()->kind() == c10::TypeKind::TensorType;
+    } else if (const auto opt = type->cast<c10::OptionalType>()) {
+      takes_tensor = takes_tensor || opt->getElementType()->kind() == c10::TypeKind::TensorType;
+    }
+  }
+  // A factory's composite creates sim tensors; a view's composite aliases.
+  return takes_tensor && !is_view(schema);
+}
+
 }  // namespace
 
 void register_kernels() {
@@ -263,6 +333,23 @@ void register_kernels() {
   aten->impl("_local_scalar_dense", TORCH_FN(local_scalar_dense));
   aten->impl("_copy_from", TORCH_FN(copy_from));
   aten->impl("_copy_from_and_resize", TORCH_FN(copy_from_and_resize));
+
+  for (const auto& name : c10::Dispatcher::singleton().getAllOpNames()) {
+    const auto op = c10::Dispatcher::singleton().findOp(name);
+    if (!op) {
+      continue;
+    }
+    const bool view = needs_cpu_view_kernel(*op);
+    if (!view && !needs_cpu_kernel(*op)) {
+      continue;
+    }
+    auto qualified = name.name.substr(std::string_view("aten::").size());  // both predicates check it
+    if (!name.overload_name.empty()) {
+      qualified += "." + name.overload_name;
+    }
+    aten->impl(qualified.c_str(), view ? torch::CppFunction::makeFromBoxedFunction<&view_via_cpu_kernel>()
+                                       : torch::CppFunction::makeFromBoxedFunction<&sim_fallback>());
+  }
 
   auto* all = new torch::Library(torch::Library::IMPL, "_", c10::DispatchKey::PrivateUse1, __FILE__, __LINE__);
   all->fallback(torch::CppFunction::makeFromBoxedFunction<&sim_fallback>());

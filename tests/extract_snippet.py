@@ -1,0 +1,16 @@
+#!/usr/bin/env python3
+"""Writes the README's usage snippet (between '<!-- snippet:usage' and
+'<!-- /snippet -->', without its #include lines) to a file that the tests
+compile, so the README cannot drift from code that builds and runs."""
+import sys
+
+readme, out = sys.argv[1], sys.argv[2]
+lines = open(readme, encoding="utf-8").read().splitlines()
+start = next(i for i, l in enumerate(lines) if l.startswith("<!-- snippet:usage"))
+end = next(i for i, l in enumerate(lines) if i > start and l.startswith("<!-- /snippet"))
+body = [l for l in lines[start + 1:end] if not l.startswith("```") and not l.startswith("#include")]
+if not any(l.strip() for l in body):
+    sys.exit("extract_snippet: the README usage snippet is empty")
+with open(out, "w", encoding="utf-8") as f:
+    f.write("// Generated from README.md by tests/extract_snippet.py; do not edit.\n")
+    f.write("\n".join(body) + "\n")

@@ -1,0 +1,277 @@
+// SPDX-License-Identifier: MIT
+// The parity suite: every manager type on the `sim` device, with copy delay
+// and poisoning on, must give bitwise the losses and gradients of the run
+// without offloading, for each class of saved tensor that broke the Python
+// tools. Fault injection proves the suite can fail.
+
+#include "doctest.hpp"
+
+#include <ATen/ATen.h>
+#include <c10/core/StreamGuard.h>
+#include <c10/util/Exception.h>
+#include <torch/csrc/autograd/autograd.h>
+
+#include <offload/offload.hpp>
+#include <offload/sim.hpp>
+
+#include "harness.hpp"
+
+namespace {
+
+using SimPinnedBlocking = offload::Manager<offload::device::Sim, offload::storage::PinnedHost, offload::sync::Blocking>;
+using SimPageableBlocking = offload::Manager<offload::device::Sim, offload::storage::PageableHost, offload::sync::Blocking>;
+using SimPinnedStreamed = offload::Manager<offload::device::Sim, offload::storage::PinnedHost, offload::sync::Streamed>;
+using SimPageableStreamed = offload::Manager<offload::device::Sim, offload::storage::PageableHost, offload::sync::Streamed>;
+
+const c10::Device sim0(c10::DeviceType::PrivateUse1, 0);
+const c10::Device sim1(c10::DeviceType::PrivateUse1, 1);
+
+// Installs the backend once for the process and sets delay and poisoning
+// for one test, restoring them afterwards.
+struct Substrate {
+  explicit Substrate(std::int64_t delay_us = 200) {
+    offload::sim::install();
+    offload::sim::set_copy_delay_us(delay_us);
+    offload::sim::set_poison_freed(true);
+  }
+  offload::sim::ScopedKnobs restore;
+};
+
+template <class M>
+harness::Wrap with_scope(const M& manager) {
+  return [manager](const harness::Forward& forward) {
+    offload::Scope scope(manager);
+    return forward();
+  };
+}
+
+template <class M>
+bool is_streamed() {
+  return std::is_same_v<typename M::sync_policy_type, offload::sync::Streamed>;
+}
+
+at::Tensor on(const at::Tensor& t, c10::Device d) { return t.to(d); }
+
+}  // namespace
+
+#define PARITY_TYPES SimPinnedBlocking, SimPageableBlocking, SimPinnedStreamed, SimPageableStreamed
+
+TEST_CASE_TEMPLATE("parity: MLP, transformer block, GPT on sim:0, 3 AdamW steps", M, PARITY_TYPES) {
+  Substrate substrate;
+  const int repeats = is_streamed<M>() ? 20 : 3;
+  for (auto kind : {harness::ModelKind::mlp, harness::ModelKind::block, harness::ModelKind::gpt}) {
+    CAPTURE(harness::name(kind));
+    const auto plain = harness::train(kind, sim0, 3);
+    for (int r = 0; r < repeats; ++r) {
+      M manager(offload::Options{.min_offload_bytes = 0, .max_fwd_stash = 2, .prefetch_depth = 2});
+      const auto offloaded = harness::train(kind, sim0, 3, with_scope(manager),
+                                            [&](const std::vector<at::Tensor>& p) { manager.exclude(p); });
+      std::string why;
+      REQUIRE_MESSAGE(harness::bitwise_equal(plain, offloaded, &why), "repeat ", r, ": ", why);
+      CHECK(manager.stats().storages_offloaded > 0);
+      CHECK(manager.stats().tensors_reloaded + manager.stats().stash_reuses > 0);
+    }
+  }
+}
+
+TEST_CASE_TEMPLATE("parity: tensors on sim:1 come back on sim:1", M, PARITY_TYPES) {
+  Substrate substrate;
+  const auto plain = harness::train(harness::ModelKind::block, sim1, 2);
+  M manager(offload::Options{.min_offload_bytes = 0});
+  const auto offloaded = harness::train(harness::ModelKind::block, sim1, 2, with_scope(manager));
+  std::string why;
+  CHECK_MESSAGE(harness::bitwise_equal(plain, offloaded, &why), why);
+  CHECK(manager.stats().storages_offloaded > 0);
+  // a saved view unpacked in backward reports its device
+  auto x = on(at::randn({32, 32}), sim1).requires_grad_();
+  at::Tensor loss;
+  {
+    offload::Scope scope(manager);
+    loss = (x * 2).exp().sum();
+  }
+  loss.backward();
+  CHECK(x.grad().device() == sim1);
+}
+
+TEST_CASE_TEMPLATE("parity: views with offset, transposed, permuted, expanded, several views of one storage", M, PARITY_TYPES) {
+  Substrate substrate;
+  auto w = on(at::randn({6, 8, 4}), sim0).requires_grad_();
+  M manager(offload::Options{.min_offload_bytes = 0});
+  auto run = [&](bool offload) {
+    w.mutable_grad() = at::Tensor();
+    std::optional<offload::Scope> scope;
+    if (offload) scope.emplace(manager);
+    auto base = w * 1.5;
+    auto sliced = base.narrow(0, 2, 3);                       // storage offset
+    auto transposed = base.transpose(0, 2);                   // swapped strides
+    auto permuted = base.permute({1, 2, 0});
+    auto expanded = base.select(0, 1).unsqueeze(0).expand({5, 8, 4});  // stride 0
+    auto loss = (sliced * sliced).sum() + (transposed.exp() * transposed).sum() +
+                (permuted.sin() * permuted).sum() + (expanded * expanded).sum();
+    scope.reset();
+    loss.backward();
+    return std::make_pair(loss.to(at::kCPU), w.grad().to(at::kCPU));
+  };
+  auto [plain_loss, plain_grad] = run(false);
+  for (int r = 0; r < 5; ++r) {
+    auto [off_loss, off_grad] = run(true);
+    CHECK(at::equal(plain_loss, off_loss));
+    CHECK(at::equal(plain_grad, off_grad));
+  }
+  CHECK(manager.stats().tensors_aliased > 0);
+}
+
+TEST_CASE_TEMPLATE("parity: a CPU tensor saved by a custom Function stays on the CPU", M, PARITY_TYPES) {
+  Substrate substrate;
+  const auto plain = harness::custom_function_saving_cpu(sim0);
+  M manager(offload::Options{.min_offload_bytes = 0});
+  const auto offloaded = harness::custom_function_saving_cpu(sim0, with_scope(manager));
+  CHECK(offloaded.cpu_saved_came_back_on == c10::Device(c10::kCPU));
+  CHECK(at::equal(plain.grad, offloaded.grad));
+  CHECK(manager.stats().passed_other_device >= 1);
+  CHECK(manager.stats().storages_offloaded >= 1);
+}
+
+TEST_CASE_TEMPLATE("parity: parameters are never offloaded", M, PARITY_TYPES) {
+  Substrate substrate;
+  M manager(offload::Options{.min_offload_bytes = 0});
+  harness::train(harness::ModelKind::mlp, sim0, 1, with_scope(manager));
+  const auto stats = manager.stats();
+  CHECK(stats.passed_leaf >= 1);  // fc2's weight.t(), saved for fc2's input gradient (fc1's input needs none)
+  CHECK(stats.storages_offloaded >= 1);
+}
+
+TEST_CASE_TEMPLATE("parity: a branch whose saved tensors are never unpacked releases everything", M, PARITY_TYPES) {
+  Substrate substrate;
+  M manager(offload::Options{.min_offload_bytes = 0});
+  auto w1 = on(at::randn({64, 64}), sim0).requires_grad_();
+  auto w2 = on(at::randn({64, 64}), sim0).requires_grad_();
+  offload::sim::synchronize();
+  const auto device_before = offload::sim::device_memory(0).current_bytes;
+  for (int step = 0; step < 3; ++step) {
+    offload::Scope scope(manager);
+    auto used = (w1 * 2).exp().sum();
+    auto unused = (w2 * 3).sin().sum();  // in the graph, never reached by backward
+    auto grads = torch::autograd::grad({used + unused}, {w1});
+    CHECK(at::equal(grads[0].to(at::kCPU), ((w1 * 2).exp() * 2).to(at::kCPU)));
+  }
+  offload::sim::synchronize();
+  CHECK(manager.stats().host_bytes_in_use == 0);
+  CHECK(manager.stats().storages_offloaded >= 6);  // both branches were offloaded each step
+  CHECK(offload::sim::device_memory(0).current_bytes == device_before);
+}
+
+TEST_CASE_TEMPLATE("parity: retain_graph with two backward passes", M, PARITY_TYPES) {
+  Substrate substrate;
+  auto run = [&](const harness::Wrap& wrap) {
+    auto w = on(at::randn({32, 32}), sim0).requires_grad_();
+    harness::Forward forward = [&] { return (w * 1.5).exp().tanh().sum(); };
+    auto loss = wrap ? wrap(forward) : forward();
+    loss.backward({}, /*retain_graph=*/true);
+    loss.backward();
+    return w.grad().to(at::kCPU);
+  };
+  at::manual_seed(3);
+  const auto plain = run({});
+  M manager(offload::Options{.min_offload_bytes = 0});
+  at::manual_seed(3);
+  const auto offloaded = run(with_scope(manager));
+  CHECK(at::equal(plain, offloaded));
+  CHECK(manager.stats().tensors_reloaded + manager.stats().stash_reuses >= 2);
+}
+
+TEST_CASE_TEMPLATE("parity: double backward (create_graph)", M, PARITY_TYPES) {
+  Substrate substrate;
+  auto run = [&](const harness::Wrap& wrap) {
+    auto w = on(at::randn({32, 32}), sim0).requires_grad_();
+    harness::Forward forward = [&] { return (w * 1.5).exp().tanh().sum(); };
+    auto loss = wrap ? wrap(forward) : forward();
+    auto g = torch::autograd::grad({loss}, {w}, {}, /*retain_graph=*/true, /*create_graph=*/true)[0];
+    g.pow(2).sum().backward();
+    return w.grad().to(at::kCPU);
+  };
+  at::manual_seed(4);
+  const auto plain = run({});
+  M manager(offload::Options{.min_offload_bytes = 0});
+  at::manual_seed(4);
+  const auto offloaded = run(with_scope(manager));
+  CHECK(at::equal(plain, offloaded));
+}
+
+TEST_CASE_TEMPLATE("parity: an in-place change to a saved tensor gives autograd's error", M, PARITY_TYPES) {
+  Substrate substrate;
+  M manager(offload::Options{.min_offload_bytes = 0});
+  auto w = on(at::randn({16, 16}), sim0).requires_grad_();
+  auto attempt = [&](bool offload) -> std::string {
+    std::optional<offload::Scope> scope;
+    if (offload) scope.emplace(manager);
+    auto y = (w * 2).exp();
+    y.add_(1);
+    scope.reset();
+    try {
+      y.sum().backward();
+    } catch (const c10::Error& e) {
+      return e.what_without_backtrace();
+    }
+    return "no error";
+  };
+  const auto plain = attempt(false);
+  CHECK(plain.find("modified by an inplace operation") != std::string::npos);
+  CHECK(attempt(true) == plain);
+}
+
+TEST_CASE_TEMPLATE("device memory drops by exactly the bytes reported as offloaded", M, PARITY_TYPES) {
+  Substrate substrate;
+  auto x = on(at::randn({128, 256}), sim0);
+  auto w = on(at::randn({256, 256}), sim0).requires_grad_();
+  auto forward = [&] { return x.mm(w).tanh().mm(w).sigmoid().sum(); };
+  offload::sim::synchronize();
+  const auto base = offload::sim::device_memory(0).current_bytes;
+  at::Tensor plain_loss = forward();
+  offload::sim::synchronize();
+  const auto held_plain = offload::sim::device_memory(0).current_bytes - base;
+  plain_loss = at::Tensor();
+
+  M manager(offload::Options{.min_offload_bytes = 0});
+  manager.exclude({x});  // the user holds the input: offloading it would free nothing
+  at::Tensor loss;
+  {
+    offload::Scope scope(manager);
+    loss = forward();
+  }
+  offload::sim::synchronize();
+  const auto held_offloaded = offload::sim::device_memory(0).current_bytes - base;
+  const auto stats = manager.stats();
+  CHECK(stats.bytes_offloaded > 0);
+  CHECK(held_plain - held_offloaded == stats.bytes_offloaded);
+  loss.backward();
+}
+
+TEST_CASE_TEMPLATE("fault injection: a skipped wait or an early free breaks parity", M, PARITY_TYPES) {
+  Substrate substrate(/*delay_us=*/20000);
+  const auto plain = harness::train(harness::ModelKind::mlp, sim0, 2);
+  for (auto fault : {offload::testing::Fault::skip_wait, offload::testing::Fault::free_early}) {
+    CAPTURE(static_cast<int>(fault));
+    M manager(offload::Options{.min_offload_bytes = 0, .max_fwd_stash = 1, .prefetch_depth = 1});
+    const int fired_before = offload::testing::faults_fired();
+    offload::testing::arm_fault(fault, 1000);
+    harness::RunResult broken;
+    bool threw = false;
+    try {
+      broken = harness::train(harness::ModelKind::mlp, sim0, 2, with_scope(manager));
+    } catch (const std::exception&) {
+      threw = true;
+    }
+    offload::testing::disarm_faults();
+    offload::sim::synchronize();
+    CHECK(offload::testing::faults_fired() > fired_before);
+    std::string why;
+    CHECK((threw || !harness::bitwise_equal(plain, broken, &why)));
+  }
+}
+
+TEST_CASE("README usage snippet compiles, runs on sim and matches the run without it") {
+  Substrate substrate;
+  const auto [with_snippet, without] = harness::run_readme_snippet();
+  CHECK(std::memcmp(&with_snippet, &without, sizeof(float)) == 0);
+}
