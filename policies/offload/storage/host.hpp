@@ -49,7 +49,9 @@ struct PinnedHost {
     if (!options.pin_memory) return PageableHost{}.allocate(nbytes, device, options);
     try {
       return detail::host_bytes(nbytes, at::globalContext().getPinnedMemoryAllocator(device), true);
-    } catch (const c10::Error&) {
+    } catch (const c10::Error& e) {
+      TORCH_WARN_ONCE("offload::storage::PinnedHost: pinned host memory is not available (",
+                      e.what_without_backtrace(), "); using pageable memory (Stats::pinned_fallbacks counts it)");
       return PageableHost{}.allocate(nbytes, device, options);
     }
   }

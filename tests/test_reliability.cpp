@@ -1,0 +1,314 @@
+// SPDX-License-Identifier: MIT
+// Reliability: host budget, pinned fallback, lifecycle after exceptions and
+// over many steps, concurrent threads, and randomized graphs on `sim` with
+// copy delay and poisoning. The randomized suite runs a fixed seed set; set
+// OFFLOAD_FUZZ_SEEDS=FIRST:COUNT (scripts/fuzz) to run others.
+
+#include "doctest.hpp"
+
+#include <cstdlib>
+#include <random>
+#include <sstream>
+#include <string>
+#include <thread>
+#include <vector>
+
+#include <ATen/ATen.h>
+#include <ATen/CPUGeneratorImpl.h>
+#include <c10/core/GradMode.h>
+#include <c10/util/Exception.h>
+
+#include <offload/offload.hpp>
+#include <offload/sim.hpp>
+
+#include "harness.hpp"
+
+namespace {
+
+using Streamed = offload::Manager<offload::device::Sim, offload::storage::PinnedHost, offload::sync::Streamed>;
+using Blocking = offload::Manager<offload::device::Sim, offload::storage::PinnedHost, offload::sync::Blocking>;
+const c10::Device sim0(c10::DeviceType::PrivateUse1, 0);
+
+struct Substrate {
+  explicit Substrate(std::int64_t delay_us = 100) {
+    offload::sim::install();
+    offload::sim::set_copy_delay_us(delay_us);
+    offload::sim::set_poison_freed(true);
+  }
+  offload::sim::ScopedKnobs restore;
+};
+
+// A two-layer MLP written with ATen only, with its own generator, so
+// replicas can be built and trained on any thread deterministically.
+struct Mlp {
+  at::Tensor w1, w2, x, y;
+  explicit Mlp(std::uint64_t seed) {
+    auto gen = at::make_generator<at::CPUGeneratorImpl>(seed);
+    w1 = at::randn({64, 128}, gen).to(sim0).requires_grad_();
+    w2 = at::randn({128, 16}, gen).to(sim0).requires_grad_();
+    x = at::randn({32, 64}, gen).to(sim0);
+    y = at::randn({32, 16}, gen).to(sim0);
+  }
+  at::Tensor loss() const { return (x.mm(w1).tanh().mm(w2) - y).pow(2).mean(); }
+  // `steps` SGD steps; returns the losses and the final weights on the CPU.
+  template <class Wrap>
+  std::vector<at::Tensor> train(int steps, Wrap&& wrap) {
+    std::vector<at::Tensor> out;
+    for (int s = 0; s < steps; ++s) {
+      at::Tensor l = wrap([&] { return loss(); });
+      l.backward();
+      out.push_back(l.detach().to(at::kCPU));
+      const c10::AutoGradMode no_grad(false);
+      w1.sub_(w1.grad() * 0.1);
+      w2.sub_(w2.grad() * 0.1);
+      w1.mutable_grad() = at::Tensor();
+      w2.mutable_grad() = at::Tensor();
+    }
+    out.push_back(w1.detach().to(at::kCPU));
+    out.push_back(w2.detach().to(at::kCPU));
+    return out;
+  }
+};
+
+bool same(const std::vector<at::Tensor>& a, const std::vector<at::Tensor>& b) {
+  if (a.size() != b.size()) return false;
+  for (std::size_t i = 0; i < a.size(); ++i) {
+    if (!at::equal(a[i], b[i])) return false;
+  }
+  return true;
+}
+
+auto plain = [](auto&& forward) { return forward(); };
+
+template <class M>
+auto scoped(const M& manager) {
+  return [manager](auto&& forward) {
+    offload::Scope scope(manager);
+    return forward();
+  };
+}
+
+}  // namespace
+
+TEST_CASE("host budget: tensors over the budget stay on the device and training is unchanged") {
+  Substrate substrate;
+  const auto expected = Mlp(7).train(3, plain);
+  // x.mm(w1) and tanh's output are 32x128 floats (16 KiB each): a 20 KiB
+  // budget holds one of them per step.
+  Blocking manager(offload::Options{.min_offload_bytes = 0, .host_budget_bytes = 20 * 1024});
+  const auto got = Mlp(7).train(3, scoped(manager));
+  CHECK(same(expected, got));
+  const auto stats = manager.stats();
+  CHECK(stats.passed_budget > 0);
+  CHECK(stats.storages_offloaded > 0);
+  CHECK(stats.host_bytes_peak <= 20 * 1024);
+}
+
+TEST_CASE("pinned fallback: a failed pinned allocation uses pageable memory, counted") {
+  // The CPU has no pinned-memory allocator of its own: PinnedHost's request
+  // fails and falls back, which is the path a failed cudaHostAlloc takes.
+  using HostPinned = offload::Manager<harness::HostAsDevice, offload::storage::PinnedHost, offload::sync::Blocking>;
+  HostPinned manager(offload::Options{.min_offload_bytes = 0});
+  auto w = at::randn({32, 32}).requires_grad_();
+  auto expected_loss = (w * 2).exp().sum();
+  expected_loss.backward();
+  const auto expected = w.grad().clone();
+  w.mutable_grad() = at::Tensor();
+  at::Tensor loss;
+  {
+    offload::Scope scope(manager);
+    loss = (w * 2).exp().sum();
+  }
+  loss.backward();
+  CHECK(at::equal(w.grad(), expected));
+  CHECK(manager.stats().pinned_fallbacks >= 1);
+  CHECK(manager.stats().storages_offloaded >= 1);
+}
+
+TEST_CASE("lifecycle: an exception mid-forward leaves nothing held once the graph is dropped") {
+  Substrate substrate;
+  Streamed manager(offload::Options{.min_offload_bytes = 0, .max_fwd_stash = 2});
+  Mlp model(3);
+  offload::sim::synchronize();
+  const auto device_before = offload::sim::device_memory(0).current_bytes;
+  const auto host_before = offload::sim::host_memory().current_bytes;
+  for (int attempt = 0; attempt < 3; ++attempt) {
+    try {
+      offload::Scope scope(manager);
+      auto h = model.x.mm(model.w1).tanh();  // saved tensors now held on the host
+      auto g = h.exp().sigmoid();
+      CHECK(manager.stats().host_bytes_in_use > 0);
+      (void)g.mm(model.w1);  // shape mismatch: throws mid-forward
+      FAIL("the forward pass should have thrown");
+    } catch (const c10::Error&) {
+    }
+  }
+  offload::sim::synchronize();
+  CHECK(manager.stats().host_bytes_in_use == 0);
+  CHECK(offload::sim::device_memory(0).current_bytes == device_before);
+  CHECK(offload::sim::host_memory().current_bytes == host_before);
+  // and the next step works, with the result of a run without offloading
+  CHECK(same(Mlp(3).train(2, plain), model.train(2, scoped(manager))));
+}
+
+TEST_CASE("lifecycle: 1000 steps keep device and host memory flat") {
+  Substrate substrate(/*delay_us=*/0);
+  Streamed manager(offload::Options{.min_offload_bytes = 0, .max_fwd_stash = 2, .prefetch_depth = 2});
+  Mlp model(5);
+  std::vector<std::int64_t> device, host, pinned;
+  auto step = scoped(manager);
+  for (int s = 0; s < 1000; ++s) {
+    model.train(1, step);
+    if (s == 9 || s == 999) {
+      offload::sim::synchronize();
+      device.push_back(offload::sim::device_memory(0).current_bytes);
+      pinned.push_back(offload::sim::host_memory().current_bytes);
+      host.push_back(manager.stats().host_bytes_in_use);
+    }
+  }
+  MESSAGE("device bytes after step 10 / 1000: ", device[0], " / ", device[1], "; pinned host bytes: ", pinned[0],
+          " / ", pinned[1], "; manager host bytes: ", host[0], " / ", host[1]);
+  CHECK(device[1] == device[0]);
+  CHECK(pinned[1] == pinned[0]);
+  CHECK(host[1] == 0);
+  CHECK(manager.stats().storages_offloaded >= 2000);
+  CHECK(manager.stats().pinned_fallbacks == 0);  // the sim's pinned host allocator served every buffer
+  CHECK(manager.stats().host_bytes_peak > 0);
+}
+
+TEST_CASE("threads: two threads with their own scopes train concurrently, bitwise as alone") {
+  Substrate substrate;
+  const auto alone_a = Mlp(11).train(4, plain);
+  const auto alone_b = Mlp(12).train(4, plain);
+  Streamed shared(offload::Options{.min_offload_bytes = 0, .max_fwd_stash = 2});
+  Mlp a(11), b(12);
+  std::vector<at::Tensor> got_a, got_b;
+  std::thread ta([&] { got_a = a.train(4, scoped(shared)); });
+  std::thread tb([&] { got_b = b.train(4, scoped(shared)); });
+  ta.join();
+  tb.join();
+  CHECK(same(alone_a, got_a));
+  CHECK(same(alone_b, got_b));
+  CHECK(shared.stats().storages_offloaded >= 2 * 4 * 2);
+}
+
+TEST_CASE("threads: a scope opened on one thread does not apply to another") {
+  Substrate substrate;
+  Blocking manager(offload::Options{.min_offload_bytes = 0});
+  offload::Scope scope(manager);
+  std::thread([] {
+    Mlp other(13);
+    other.loss().backward();
+  }).join();
+  CHECK(manager.stats().tensors_seen == 0);
+}
+
+TEST_CASE("threads: a Scope destroyed on another thread is reported and deactivated, not undefined") {
+  Substrate substrate;
+  Blocking manager(offload::Options{.min_offload_bytes = 0});
+  auto scope = std::make_unique<offload::Scope>(manager);
+  std::thread([&] { scope.reset(); }).join();  // warns; the owner's stack drops the closed frame
+  Mlp model(14);
+  model.loss().backward();
+  CHECK(manager.stats().tensors_seen == 0);
+}
+
+// ------------------------------------------------------------ random graphs
+namespace {
+
+// A random graph of view, elementwise and reduction ops over [n, n] tensors
+// built from two parameters; loss = sum of a few results. Saved tensors
+// include views sharing one storage (transposes, narrows, expands).
+at::Tensor random_graph(std::uint32_t seed, const at::Tensor& p, const at::Tensor& q) {
+  std::mt19937 rng(seed);
+  const std::int64_t n = p.size(0);
+  std::vector<at::Tensor> pool{p * 1, q * 1, p.t(), q + p};
+  auto pick = [&] { return pool[std::uniform_int_distribution<std::size_t>(0, pool.size() - 1)(rng)]; };
+  const int ops = std::uniform_int_distribution<int>(6, 18)(rng);
+  for (int i = 0; i < ops; ++i) {
+    const auto a = pick();
+    const auto b = pick();
+    const std::int64_t k = std::uniform_int_distribution<std::int64_t>(1, n - 1)(rng);
+    at::Tensor r;
+    switch (std::uniform_int_distribution<int>(0, 11)(rng)) {
+      case 0: r = a.matmul(b) / static_cast<double>(n); break;
+      case 1: r = a.t() * b; break;                                   // saves a view and b
+      case 2: r = a.tanh(); break;
+      case 3: r = a.sigmoid() * a; break;                             // one storage saved twice
+      case 4: r = at::cat({a.narrow(0, 0, k) * b.narrow(0, 0, k), b.narrow(0, k, n - k)}, 0); break;
+      case 5: r = a.select(0, k).unsqueeze(0).expand({n, n}) * b; break;  // stride-0 view saved
+      case 6: r = at::layer_norm(a, {n}); break;
+      case 7: r = at::softmax(a, 1); break;
+      case 8: r = a.transpose(0, 1).contiguous().exp().clamp_max(10.0); break;
+      case 9: r = a.narrow(1, k, n - k).sin().sum(1, true).expand({n, n}) + b; break;
+      case 10: r = (a * b).permute({1, 0}); break;
+      default: r = a.mul(0.5).add(b.pow(2)); break;
+    }
+    pool.push_back(r);
+  }
+  at::Tensor loss = pool.back().sum();
+  for (std::size_t i = pool.size() - 3; i < pool.size() - 1; ++i) loss = loss + pool[i].mean();
+  return loss;
+}
+
+std::vector<at::Tensor> random_graph_grads(std::uint32_t seed, const std::function<at::Tensor(const std::function<at::Tensor()>&)>& wrap) {
+  auto gen = at::make_generator<at::CPUGeneratorImpl>(seed);
+  auto p = at::randn({8, 8}, gen).to(sim0).requires_grad_();
+  auto q = at::randn({8, 8}, gen).to(sim0).requires_grad_();
+  at::Tensor loss = wrap([&] { return random_graph(seed, p, q); });
+  loss.backward();
+  auto grad = [](const at::Tensor& t) { return t.grad().defined() ? t.grad().to(at::kCPU) : at::zeros({0}); };
+  return {loss.detach().to(at::kCPU), grad(p), grad(q)};
+}
+
+std::pair<std::uint32_t, std::uint32_t> seed_range() {
+  if (const char* env = std::getenv("OFFLOAD_FUZZ_SEEDS")) {
+    std::string s(env);
+    const auto colon = s.find(':');
+    TORCH_CHECK_VALUE(colon != std::string::npos, "OFFLOAD_FUZZ_SEEDS must be FIRST:COUNT, got '", s, "'");
+    return {static_cast<std::uint32_t>(std::stoul(s.substr(0, colon))),
+            static_cast<std::uint32_t>(std::stoul(s.substr(colon + 1)))};
+  }
+  return {1, 40};  // the fixed set CI runs
+}
+
+}  // namespace
+
+TEST_CASE("randomized graphs: gradient parity with Streamed and Blocking on sim, delay and poisoning on") {
+  Substrate substrate(/*delay_us=*/50);
+  const auto [first, count] = seed_range();
+  std::vector<std::uint32_t> failing;
+  for (std::uint32_t seed = first; seed < first + count; ++seed) {
+    const auto expected = random_graph_grads(seed, plain);
+    Streamed streamed(offload::Options{.min_offload_bytes = 0, .max_fwd_stash = 2, .prefetch_depth = 2});
+    Blocking blocking(offload::Options{.min_offload_bytes = 0});
+    const bool ok = same(expected, random_graph_grads(seed, scoped(streamed))) &&
+                    same(expected, random_graph_grads(seed, scoped(blocking)));
+    if (!ok) failing.push_back(seed);
+    CHECK(streamed.stats().storages_offloaded > 0);
+  }
+  std::ostringstream seeds;
+  for (auto s : failing) seeds << " " << s;
+  MESSAGE("randomized graphs: seeds ", first, "..", first + count - 1, " run; failing seeds:",
+          failing.empty() ? std::string(" none") : seeds.str());
+  CHECK(failing.empty());
+}
+
+TEST_CASE("randomized graphs: the check can fail (an injected early free is caught)") {
+  Substrate substrate(/*delay_us=*/20000);
+  int caught = 0;
+  for (std::uint32_t seed = 1; seed <= 3; ++seed) {
+    const auto expected = random_graph_grads(seed, plain);
+    Streamed streamed(offload::Options{.min_offload_bytes = 0, .max_fwd_stash = 1});
+    offload::testing::arm_fault(offload::testing::Fault::free_early, 1000);
+    std::vector<at::Tensor> got;
+    try {
+      got = random_graph_grads(seed, scoped(streamed));
+    } catch (const std::exception&) {
+    }
+    offload::testing::disarm_faults();
+    offload::sim::synchronize();
+    if (!same(expected, got)) ++caught;
+  }
+  CHECK(caught == 3);
+}
