@@ -41,6 +41,12 @@ struct Entry {
   std::optional<c10::weak_intrusive_ptr<c10::StorageImpl>> source;
   /// The storage brought back by the last reload, while someone still uses it.
   std::optional<c10::weak_intrusive_ptr<c10::StorageImpl>> reloaded;
+  /// Saved tensors (views) served by this entry, and how many of them the
+  /// current backward pass has unpacked. While some are still to come, the
+  /// storage brought back is kept (`keep`) so it is copied back only once.
+  std::int64_t views = 1;
+  std::int64_t unpacked = 0;
+  at::Tensor keep;
 
   // --- state of asynchronous sync policies -------------------------------
   at::Tensor stash;                ///< device bytes kept alive until the D2H copy is done

@@ -182,6 +182,7 @@ class Core final : public HookSource, public std::enable_shared_from_this<Core<D
       if (auto entry = found->second.lock(); entry && entry->version == version) {
         ++stats_.tensors_offloaded;
         ++stats_.tensors_aliased;
+        ++entry->views;
         packed.entry = std::move(entry);
         return packed;
       }
@@ -200,6 +201,9 @@ class Core final : public HookSource, public std::enable_shared_from_this<Core<D
     entry->version = version;
     entry->source.emplace(c10::weak_intrusive_ptr<c10::StorageImpl>(
         c10::intrusive_ptr<c10::StorageImpl>::reclaim_copy(storage.unsafeGetStorageImpl())));
+    // Counted before the copy: if allocating or copying throws, the entry's
+    // release gives the bytes back and the counter stays balanced.
+    stats_.host_bytes_in_use += nbytes;
     const c10::DeviceGuard guard(t.device());
     auto device_bytes = at::empty({0}, at::TensorOptions().dtype(at::kByte).device(t.device()));
     device_bytes.set_(storage, 0, {nbytes}, {1});
@@ -208,7 +212,6 @@ class Core final : public HookSource, public std::enable_shared_from_this<Core<D
     ++stats_.tensors_offloaded;
     ++stats_.storages_offloaded;
     stats_.bytes_offloaded += nbytes;
-    stats_.host_bytes_in_use += nbytes;
     stats_.host_bytes_peak = std::max(stats_.host_bytes_peak, stats_.host_bytes_in_use);
     prune_aliases();
     aliases_[key] = entry;
@@ -245,10 +248,18 @@ class Core final : public HookSource, public std::enable_shared_from_this<Core<D
           stats_.bytes_reloaded += entry->nbytes;
         }
       }
-      sync_.on_unpack(entry);
-      if constexpr (requires(typename Sync::template State<Device, Storage>& s) { s.end_backward(); }) {
-        watch_backward_end();
+      // Several views of one storage: keep it on the device until each of
+      // them was unpacked in this backward pass (or the pass ends).
+      if (entry->views > 1) {
+        if (++entry->unpacked < entry->views) {
+          entry->keep = device_bytes;
+        } else {
+          entry->keep = at::Tensor();
+          entry->unpacked = 0;
+        }
       }
+      sync_.on_unpack(entry);
+      watch_backward_end();
     }
     const c10::DeviceGuard guard(entry->device);
     auto out = at::empty({0}, at::TensorOptions().dtype(packed.dtype).device(entry->device));
@@ -289,7 +300,8 @@ class Core final : public HookSource, public std::enable_shared_from_this<Core<D
   }
 
  private:
-  // Once per backward pass: let the sync policy settle when it ends.
+  // Once per backward pass: when it ends, drop storages kept for views that
+  // were not unpacked, and let the sync policy settle.
   void watch_backward_end() {
     const int id = current_backward_id();
     if (id < 0 || id == watched_backward_) return;
@@ -298,6 +310,12 @@ class Core final : public HookSource, public std::enable_shared_from_this<Core<D
     at_backward_end([weak] {
       if (auto core = weak.lock()) {
         const std::lock_guard lock(core->mutex_);
+        for (auto& [key, weak_entry] : core->aliases_) {
+          if (auto entry = weak_entry.lock()) {
+            entry->keep = at::Tensor();
+            entry->unpacked = 0;
+          }
+        }
         end_backward(core->sync_);
       }
     });
