@@ -1,0 +1,154 @@
+# SPDX-License-Identifier: MIT
+"""Checks of offload-demo, run by Meson (examples/meson.build).
+
+usage: check_demo.py tiny|cap-oom|bad-input PATH/TO/offload-demo
+
+tiny       3 steps of a tiny model on sim, without and with offloading:
+           losses bitwise equal (max_abs_loss_diff == 0), a lower peak of
+           device memory with offloading, bytes offloaded and brought back,
+           and (when matplotlib is importable) a PNG and its CSV.
+cap-oom    the same model under a device-memory cap half way between the
+           two peaks: the run without offloading runs out of device memory,
+           the offloaded run trains every step.
+bad-input  each kind of bad input exits with status 2, prints exactly one
+           line on stderr naming the flag, and trains nothing.
+
+The training text is this file (a small ASCII text), so the checks do not
+depend on what the machine ships. Only the standard library is needed.
+"""
+
+import concurrent.futures
+import json
+import os
+import subprocess
+import sys
+import tempfile
+
+TINY = ["--layers", "1", "--width", "32", "--heads", "2", "--seq", "32", "--batch", "4",
+        "--steps", "3", "--device", "sim", "--data", os.path.abspath(__file__)]
+
+
+def fail(message):
+    print("FAIL: " + message)
+    sys.exit(1)
+
+
+def run_demo(demo, args, timeout=90):
+    proc = subprocess.run([demo] + args, capture_output=True, text=True, timeout=timeout)
+    return proc
+
+
+def summary(demo, extra, tmp, name):
+    path = os.path.join(tmp, name + ".json")
+    proc = run_demo(demo, TINY + ["--summary-json", path] + extra)
+    print(proc.stdout)
+    if proc.returncode != 0:
+        fail("offload-demo exited with %d: %s" % (proc.returncode, proc.stderr.strip()))
+    with open(path) as f:
+        return json.load(f), proc
+
+
+def check_tiny(demo):
+    with tempfile.TemporaryDirectory() as tmp:
+        try:
+            import matplotlib  # noqa: F401  (only whether the PNG can be checked too)
+            plot = os.path.join(tmp, "memory.png")
+        except ImportError:
+            plot = None
+            print("matplotlib not importable here: skipping the --plot check")
+        s, _ = summary(demo, ["--plot", plot] if plot else [], tmp, "tiny")
+        if s["steps"] != 3 or len(s["losses_none"]) != 3 or len(s["losses_offload"]) != 3:
+            fail("expected 3 losses per run, got %r and %r" % (s["losses_none"], s["losses_offload"]))
+        if s["max_abs_loss_diff"] != 0:
+            fail("max_abs_loss_diff is %r, expected 0" % s["max_abs_loss_diff"])
+        if s["losses_none"] != s["losses_offload"]:
+            fail("losses differ: %r vs %r" % (s["losses_none"], s["losses_offload"]))
+        if not s["peak_device_bytes_offload"] < s["peak_device_bytes_none"]:
+            fail("peak_device_bytes_offload %r is not below peak_device_bytes_none %r"
+                 % (s["peak_device_bytes_offload"], s["peak_device_bytes_none"]))
+        if not s["bytes_offloaded"] > 0 or not s["bytes_reloaded"] > 0:
+            fail("nothing was offloaded or brought back: %r / %r" % (s["bytes_offloaded"], s["bytes_reloaded"]))
+        if s["oom_without_offload"] or s["oom_step_without_offload"] is not None:
+            fail("no cap was set, yet the run without offloading ran out of memory")
+        if s["device"] != "sim:0" or s["data_files"] != [os.path.abspath(__file__)]:
+            fail("unexpected device or data_files: %r, %r" % (s["device"], s["data_files"]))
+        if plot:
+            with open(plot, "rb") as f:
+                if f.read(8) != b"\x89PNG\r\n\x1a\n":
+                    fail("--plot did not write a PNG")
+            with open(os.path.splitext(plot)[0] + ".csv") as f:
+                text = f.read()
+            if "without offloading" not in text or "with offloading" not in text:
+                fail("the plot's CSV lacks one of the runs")
+    print("ok: 3 steps, losses bitwise equal, peak %d < %d bytes, %d bytes offloaded"
+          % (s["peak_device_bytes_offload"], s["peak_device_bytes_none"], s["bytes_offloaded"]))
+
+
+def check_cap_oom(demo):
+    with tempfile.TemporaryDirectory() as tmp:
+        s, _ = summary(demo, [], tmp, "free")
+        cap = (s["peak_device_bytes_none"] + s["peak_device_bytes_offload"]) // 2
+        c, proc = summary(demo, ["--device-memory-cap", str(cap)], tmp, "capped")
+        if not c["oom_without_offload"] or not isinstance(c["oom_step_without_offload"], int):
+            fail("with cap %d the run without offloading did not run out of memory" % cap)
+        if c["oom_with_offload"] or len(c["losses_offload"]) != 3:
+            fail("with cap %d the offloaded run did not train all 3 steps" % cap)
+        if c["losses_offload"] != s["losses_offload"]:
+            fail("the capped offloaded run's losses differ from the uncapped one's")
+        if "ran out of device memory at step" not in proc.stdout:
+            fail("the output does not say that the run without offloading ran out of memory")
+    print("ok: cap %d bytes: no offload ran out at step %d, offload trained 3 steps"
+          % (cap, c["oom_step_without_offload"]))
+
+
+def check_bad_input(demo):
+    with tempfile.TemporaryDirectory() as tmp:
+        empty = os.path.join(tmp, "empty.txt")
+        short = os.path.join(tmp, "short.txt")
+        open(empty, "w").close()
+        with open(short, "w") as f:
+            f.write("too short")
+        missing = os.path.join(tmp, "missing.txt")
+        # (arguments, a word the one stderr line must contain)
+        cases = [
+            (["--layers", "0"], "--layers"),                   # out of range
+            (["--lr", "abc"], "--lr"),                         # not a number
+            (["--steps"], "--steps"),                          # no value
+            (["--width", "30", "--heads", "4"], "--heads"),    # width % heads != 0
+            (["--frobnicate"], "--frobnicate"),                # unknown flag
+            (["--data", missing], missing),                    # missing file
+            (["--data", empty], "empty"),                      # empty file
+            (["--data", short, "--seq", "64"], "--seq"),       # shorter than seq + 1
+            (["--device", "nosuchdevice"], "--device"),        # unavailable device
+        ]
+
+        def one(case):
+            args, word = case
+            return case, run_demo(demo, TINY[:-2] + args if "--data" in args else TINY + args)
+
+        with concurrent.futures.ThreadPoolExecutor(max_workers=3) as pool:
+            results = list(pool.map(one, cases))
+    for (args, word), proc in results:
+        lines = proc.stderr.strip().splitlines()
+        shown = " ".join(args)
+        if proc.returncode != 2:
+            fail("%s: exit status %d, expected 2 (stderr: %r)" % (shown, proc.returncode, proc.stderr))
+        if len(lines) != 1:
+            fail("%s: expected one line on stderr, got %d: %r" % (shown, len(lines), proc.stderr))
+        if word not in lines[0]:
+            fail("%s: the stderr line does not name %r: %r" % (shown, word, lines[0]))
+        if proc.stdout.strip():
+            fail("%s: printed on stdout before rejecting the input: %r" % (shown, proc.stdout))
+        print("ok: %-40s -> %s" % (shown, lines[0]))
+
+
+def main():
+    if len(sys.argv) != 3 or sys.argv[1] not in ("tiny", "cap-oom", "bad-input"):
+        print(__doc__)
+        sys.exit(2)
+    demo = sys.argv[2]
+    {"tiny": check_tiny, "cap-oom": check_cap_oom, "bad-input": check_bad_input}[sys.argv[1]](demo)
+
+
+if __name__ == "__main__":
+    main()
