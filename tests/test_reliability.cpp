@@ -313,15 +313,19 @@ TEST_CASE("randomized graphs: the check can fail (an injected early free is caug
   CHECK(caught == 3);
 }
 
+namespace {
+// A storage policy whose every allocation fails.
+struct FailingHost {
+  static constexpr std::string_view name = "failing_host";
+  static constexpr bool prefers_pinned = false;
+  offload::HostBuffer allocate(std::int64_t, c10::DeviceType, const offload::Options&) {
+    TORCH_CHECK(false, "FailingHost: out of host memory (test)");
+  }
+};
+}  // namespace
+
 TEST_CASE("lifecycle: a storage policy that throws leaves the accounting balanced and nothing held") {
   Substrate substrate;
-  struct FailingHost {
-    static constexpr std::string_view name = "failing_host";
-    static constexpr bool prefers_pinned = false;
-    offload::HostBuffer allocate(std::int64_t, c10::DeviceType, const offload::Options&) {
-      TORCH_CHECK(false, "FailingHost: out of host memory (test)");
-    }
-  };
   offload::Manager<offload::device::Sim, FailingHost, offload::sync::Blocking> manager(
       offload::Options{.min_offload_bytes = 0});
   Mlp model(21);
