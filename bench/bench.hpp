@@ -1,0 +1,221 @@
+// SPDX-License-Identifier: MIT
+#pragma once
+/// @file
+/// Shared helpers of offload-bench: summaries of repeated timings, a tiny
+/// JSON writer, markdown tables and the command line. No LibTorch here.
+
+#include <algorithm>
+#include <chrono>
+#include <cmath>
+#include <cstdint>
+#include <cstdio>
+#include <ctime>
+#include <fstream>
+#include <iomanip>
+#include <iostream>
+#include <map>
+#include <sstream>
+#include <string>
+#include <thread>
+#include <utility>
+#include <vector>
+
+namespace bench {
+
+/// Command line of one subcommand: `offload-bench NAME [--quick] [--out DIR] [--key value]...`.
+struct Args {
+  std::string name;
+  bool quick = false;
+  std::string out = "bench/results";       ///< folder for NAME.json
+  std::map<std::string, std::string> kv;  ///< other --key value pairs
+
+  std::string get(const std::string& key, const std::string& fallback) const {
+    auto it = kv.find(key);
+    return it == kv.end() ? fallback : it->second;
+  }
+  std::int64_t get_int(const std::string& key, std::int64_t fallback) const {
+    auto it = kv.find(key);
+    return it == kv.end() ? fallback : std::stoll(it->second);
+  }
+};
+
+/// Median, quartiles and extremes of repeated measurements.
+struct Summary {
+  double median = 0, q1 = 0, q3 = 0, min = 0, max = 0;
+  std::size_t n = 0;
+};
+
+inline double quantile(const std::vector<double>& sorted, double q) {
+  if (sorted.empty()) return 0;
+  const double pos = q * static_cast<double>(sorted.size() - 1);
+  const auto lo = static_cast<std::size_t>(std::floor(pos));
+  const auto hi = std::min(lo + 1, sorted.size() - 1);
+  const double frac = pos - static_cast<double>(lo);
+  return sorted[lo] * (1 - frac) + sorted[hi] * frac;
+}
+
+inline Summary summarize(std::vector<double> v) {
+  Summary s;
+  if (v.empty()) return s;
+  std::sort(v.begin(), v.end());
+  s.n = v.size();
+  s.min = v.front();
+  s.max = v.back();
+  s.median = quantile(v, 0.5);
+  s.q1 = quantile(v, 0.25);
+  s.q3 = quantile(v, 0.75);
+  return s;
+}
+
+using Clock = std::chrono::steady_clock;
+
+/// Nanoseconds `f()` takes.
+template <class F>
+double time_ns(F&& f) {
+  const auto t0 = Clock::now();
+  f();
+  return static_cast<double>(std::chrono::duration_cast<std::chrono::nanoseconds>(Clock::now() - t0).count());
+}
+
+/// CPU nanoseconds all threads of this process spend in `f()`
+/// (CLOCK_PROCESS_CPUTIME_ID): unlike wall time, not inflated when other
+/// processes compete for the cores.
+template <class F>
+double cpu_ns(F&& f) {
+  timespec a{}, b{};
+  clock_gettime(CLOCK_PROCESS_CPUTIME_ID, &a);
+  f();
+  clock_gettime(CLOCK_PROCESS_CPUTIME_ID, &b);
+  return static_cast<double>(b.tv_sec - a.tv_sec) * 1e9 + static_cast<double>(b.tv_nsec - a.tv_nsec);
+}
+
+// ---------------------------------------------------------------- JSON
+namespace json {
+
+/// A serialized JSON value.
+struct Value {
+  std::string text;
+};
+
+inline Value num(double x) {
+  if (!std::isfinite(x)) return {"null"};
+  std::ostringstream os;
+  os << std::setprecision(10) << x;
+  return {os.str()};
+}
+inline Value num(std::int64_t x) { return {std::to_string(x)}; }
+inline Value num(int x) { return {std::to_string(x)}; }
+inline Value boolean(bool b) { return {b ? "true" : "false"}; }
+inline Value str(const std::string& s) {
+  std::string out = "\"";
+  for (char c : s) {
+    switch (c) {
+      case '"': out += "\\\""; break;
+      case '\\': out += "\\\\"; break;
+      case '\n': out += "\\n"; break;
+      case '\t': out += "\\t"; break;
+      default:
+        if (static_cast<unsigned char>(c) < 0x20) {
+          char buf[8];
+          std::snprintf(buf, sizeof buf, "\\u%04x", static_cast<unsigned>(c));
+          out += buf;
+        } else {
+          out += c;
+        }
+    }
+  }
+  return {out + "\""};
+}
+inline Value object(const std::vector<std::pair<std::string, Value>>& fields) {
+  std::string out = "{";
+  for (std::size_t i = 0; i < fields.size(); ++i) {
+    if (i) out += ", ";
+    out += str(fields[i].first).text + ": " + fields[i].second.text;
+  }
+  return {out + "}"};
+}
+inline Value array(const std::vector<Value>& items) {
+  std::string out = "[";
+  for (std::size_t i = 0; i < items.size(); ++i) {
+    if (i) out += ",\n  ";
+    out += items[i].text;
+  }
+  return {out + "]"};
+}
+inline Value summary(const Summary& s) {
+  return object({{"median", num(s.median)}, {"q1", num(s.q1)}, {"q3", num(s.q3)},
+                 {"min", num(s.min)}, {"max", num(s.max)}, {"n", num(static_cast<std::int64_t>(s.n))}});
+}
+
+}  // namespace json
+
+/// Writes `value` to DIR/NAME.json and says so on stdout.
+inline void write_result(const Args& args, const std::string& file, const json::Value& value) {
+  const std::string path = args.out + "/" + file;
+  std::ofstream out(path);
+  if (!out) {
+    std::cerr << "offload-bench: cannot write " << path << "\n";
+    return;
+  }
+  out << value.text << "\n";
+  std::cout << "\nraw numbers: " << path << "\n";
+}
+
+/// Fields every result file carries: what ran where.
+inline std::vector<std::pair<std::string, json::Value>> header(const Args& args, const std::string& torch_version) {
+  return {{"benchmark", json::str(args.name)},
+          {"quick", json::boolean(args.quick)},
+          {"hardware_threads", json::num(static_cast<std::int64_t>(std::thread::hardware_concurrency()))},
+          {"libtorch", json::str(torch_version)}};
+}
+
+// ---------------------------------------------------------------- tables
+
+/// A markdown table printed to stdout.
+class Table {
+ public:
+  explicit Table(std::vector<std::string> columns) : columns_(std::move(columns)) {}
+  void row(std::vector<std::string> cells) { rows_.push_back(std::move(cells)); }
+  void print(std::ostream& os = std::cout) const {
+    auto line = [&](const std::vector<std::string>& cells) {
+      os << "|";
+      for (const auto& c : cells) os << " " << c << " |";
+      os << "\n";
+    };
+    line(columns_);
+    os << "|";
+    for (std::size_t i = 0; i < columns_.size(); ++i) os << (i == 0 ? "---|" : "---:|");
+    os << "\n";
+    for (const auto& r : rows_) line(r);
+  }
+
+ private:
+  std::vector<std::string> columns_;
+  std::vector<std::vector<std::string>> rows_;
+};
+
+/// `x` with `digits` digits after the point.
+inline std::string fixed(double x, int digits = 1) {
+  std::ostringstream os;
+  os << std::fixed << std::setprecision(digits) << x;
+  return os.str();
+}
+inline std::string mib(std::int64_t bytes) { return fixed(static_cast<double>(bytes) / (1 << 20), 1); }
+inline std::string size_label(std::int64_t bytes) {
+  if (bytes >= (std::int64_t{1} << 20)) return std::to_string(bytes >> 20) + " MiB";
+  return std::to_string(bytes >> 10) + " KiB";
+}
+
+}  // namespace bench
+
+namespace bench {
+/// The subcommands (micro.cpp: hook, copy; models.cpp: memory, overlap, gpu).
+/// Each returns the process exit status.
+int run_hook(const Args& args);
+int run_copy(const Args& args);
+int run_memory(const Args& args);
+int run_overlap(const Args& args);
+int run_gpu(const Args& args);
+/// "2.11.0": the LibTorch this program was built against.
+std::string torch_version();
+}  // namespace bench

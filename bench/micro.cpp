@@ -1,0 +1,471 @@
+// SPDX-License-Identifier: MIT
+// offload-bench: main(), and the micro benchmarks that need no model:
+// hook overhead per saved tensor and copy throughput of the storage
+// policies. Narrow ATen headers only (the models live in models.cpp).
+
+#include "bench.hpp"
+
+#include <cstring>
+#include <fstream>
+#include <functional>
+#include <memory>
+#include <optional>
+
+#include <ATen/Parallel.h>
+#include <ATen/core/Tensor.h>
+#include <ATen/ops/empty.h>
+#include <ATen/ops/ones.h>
+#include <c10/core/GradMode.h>
+#include <torch/csrc/autograd/saved_variable_hooks.h>
+#include <c10/core/Event.h>
+#include <c10/core/StreamGuard.h>
+#if __has_include(<torch/headeronly/version.h>)
+#include <torch/headeronly/version.h>
+#else
+#include <torch/version.h>
+#endif
+
+#include <offload/offload.hpp>
+#include <offload/sim.hpp>
+
+namespace bench {
+
+std::string torch_version() { return TORCH_VERSION; }
+
+namespace {
+
+const c10::Device kSim(c10::DeviceType::PrivateUse1, 0);
+
+// ================================================================ hook overhead
+//
+// One run: leaf [16] float -> x = leaf * 1.0 (saves nothing) -> 256 x
+// x = x.sin() (each saves its input: one saved tensor of 64 bytes) ->
+// x.sum().backward() (sum saves nothing). bench/hook_overhead.py runs the
+// same ops and shapes in Python.
+constexpr int kOps = 256;
+constexpr std::int64_t kNumel = 16;
+
+void chain(const at::Tensor& leaf) {
+  at::Tensor x = leaf.mul(1.0);
+  for (int i = 0; i < kOps; ++i) x = x.sin();
+  x.sum().backward();
+  leaf.mutable_grad() = at::Tensor();
+}
+
+struct HookCase {
+  std::string key;   // JSON name
+  std::string what;  // what the row measures
+  c10::Device device;
+  std::shared_ptr<offload::detail::HookSource> source;
+  int rounds_divisor;  // slow cases run fewer rounds
+};
+
+template <class Sync>
+std::shared_ptr<offload::detail::HookSource> sim_manager(std::int64_t min_offload_bytes) {
+  offload::Manager<offload::device::Sim, offload::storage::PinnedHost, Sync> manager(
+      offload::Options{.min_offload_bytes = min_offload_bytes});
+  return manager.hook_source();
+}
+
+/// The C++ twin of Python's identity hooks: what the engine's hook path
+/// costs with hooks that only keep the tensor (no manager at all).
+class IdentitySource final : public offload::detail::HookSource {
+  struct Hooks final : torch::autograd::SavedVariableHooks {
+    explicit Hooks(IdentitySource* src) : source(src) {}
+    void call_pack_hook(const at::Tensor& t) override {
+      ++source->seen;
+      saved = t;
+    }
+    at::Tensor call_unpack_hook() override { return saved; }
+    IdentitySource* source;
+    at::Tensor saved;
+  };
+
+ public:
+  std::unique_ptr<torch::autograd::SavedVariableHooks> make_hooks() override {
+    return std::make_unique<Hooks>(this);
+  }
+  std::string describe() const override { return "identity hooks"; }
+  offload::Stats stats() const override {
+    offload::Stats s;
+    s.tensors_seen = seen;
+    return s;
+  }
+  void reset_stats() override { seen = 0; }
+  void exclude(at::TensorList /*tensors*/) override {}
+  const offload::Options& options() const noexcept override { return options_; }
+
+  std::int64_t seen = 0;  // only the forward thread packs
+
+ private:
+  offload::Options options_;
+};
+
+/// CPU ns per saved tensor of the hooks alone, engine not involved: one
+/// hooks object made, packed with `t` (under no-grad, as the engine does),
+/// unpacked and destroyed per iteration. Median of `reps` batches.
+Summary direct_ns(offload::detail::HookSource& source, const at::Tensor& t, int iterations, int reps) {
+  std::vector<double> per;
+  for (int r = 0; r < reps + 1; ++r) {
+    const double ns = cpu_ns([&] {
+      for (int i = 0; i < iterations; ++i) {
+        auto hooks = source.make_hooks();
+        {
+          const at::NoGradGuard no_grad;
+          hooks->call_pack_hook(t);
+        }
+        auto back = hooks->call_unpack_hook();
+      }
+    });
+    if (r > 0) per.push_back(ns / iterations);
+  }
+  offload::sim::synchronize(0);
+  return summarize(per);
+}
+
+// Python's numbers, from the file bench/hook_overhead.py wrote (flat keys).
+std::optional<double> read_number(const std::string& path, const std::string& key) {
+  std::ifstream in(path);
+  if (!in) return std::nullopt;
+  const std::string text((std::istreambuf_iterator<char>(in)), std::istreambuf_iterator<char>());
+  const auto at = text.find("\"" + key + "\"");
+  if (at == std::string::npos) return std::nullopt;
+  const auto colon = text.find(':', at);
+  if (colon == std::string::npos) return std::nullopt;
+  try {
+    return std::stod(text.substr(colon + 1));
+  } catch (const std::exception&) {
+    return std::nullopt;
+  }
+}
+
+}  // namespace
+
+int run_hook(const Args& args) {
+  at::set_num_threads(1);  // tiny tensors; the Python side does the same
+  const int warmup = args.quick ? 5 : 20;
+  const int rounds = static_cast<int>(args.get_int("rounds", args.quick ? 100 : 600));
+  const c10::Device cpu(c10::DeviceType::CPU);
+
+  std::vector<HookCase> cases = {
+      {"cpu_identity",
+       "C++ identity hooks on CPU tensors (no manager): the engine's own hook path, the C++ twin of the Python row",
+       cpu, std::make_shared<IdentitySource>(), 1},
+      {"a_cpu_passthrough",
+       "(a) CPU tensors through a Manager<Sim, PinnedHost, Blocking> (not its device: passed through). "
+       "Pure bookkeeping on the same tensors as the Python row",
+       cpu, sim_manager<offload::sync::Blocking>(1024), 1},
+      {"a_sim_below_min",
+       "(a') sim tensors under min_offload_bytes (1 MiB): passed through after the size check",
+       kSim, sim_manager<offload::sync::Blocking>(std::int64_t{1} << 20), 1},
+      {"b_sim_blocking",
+       "(b) sim tensors offloaded with sync::Blocking, delay 0: pinned host alloc + D2H copy at pack, "
+       "device alloc + H2D copy at unpack",
+       kSim, sim_manager<offload::sync::Blocking>(0), 1},
+      {"b_sim_streamed",
+       "(b') as (b) with sync::Streamed (side stream, events, stash, prefetch), delay 0",
+       kSim, sim_manager<offload::sync::Streamed>(0), 6},
+  };
+
+  const std::string python_file = args.get("python", "");
+  const auto python_ns = read_number(python_file, "python_ns_per_tensor");
+  const auto python_q1 = read_number(python_file, "python_ns_per_tensor_q1");
+  const auto python_q3 = read_number(python_file, "python_ns_per_tensor_q3");
+  const auto python_base = read_number(python_file, "python_baseline_ns_per_op");
+
+  std::cout << "## Hook overhead per saved tensor (pack + unpack)\n\n"
+            << "End to end: leaf[" << kNumel << "] float -> *1.0 -> " << kOps
+            << " x sin() (one 64-byte saved tensor each) -> sum().backward(). Per round, the same run "
+            << "with and without the hooks; ns per tensor = (t_hooks - t_none) / " << kOps
+            << ", t = process CPU time (all threads; robust to other processes on the cores). " << rounds
+            << " rounds after " << warmup << " warm-up rounds, 1 intra-op thread. Direct: the hooks object "
+            << "alone (make_hooks + pack + unpack + destroy in a loop, no engine), same tensor.\n\n";
+
+  Table table({"case", "end-to-end ns/tensor (median)", "IQR", "direct ns/tensor", "no-hooks ns/op",
+               "Python / this"});
+  std::vector<json::Value> rows;
+  double headline_cpp = 0, headline_direct = 0;
+  for (const auto& c : cases) {
+    auto leaf = at::ones({kNumel}, at::TensorOptions().dtype(at::kFloat).device(c.device)).requires_grad_();
+    auto hooked = [&] {
+      offload::Scope scope(c.source);
+      at::Tensor x = leaf.mul(1.0);
+      for (int i = 0; i < kOps; ++i) x = x.sin();
+      scope.close();
+      x.sum().backward();
+      leaf.mutable_grad() = at::Tensor();
+    };
+    auto plain = [&] { chain(leaf); };
+    for (int i = 0; i < warmup; ++i) {
+      plain();
+      hooked();
+    }
+    const int n_rounds = std::max(10, rounds / c.rounds_divisor);
+    c.source->reset_stats();
+    std::vector<double> per_tensor, base_per_op, wall_per_tensor;
+    for (int r = 0; r < n_rounds; ++r) {
+      double t_hook = 0, t_none = 0, w_hook = 0, w_none = 0;
+      if (r % 2 == 0) {
+        w_none = time_ns([&] { t_none = cpu_ns(plain); });
+        w_hook = time_ns([&] { t_hook = cpu_ns(hooked); });
+      } else {
+        w_hook = time_ns([&] { t_hook = cpu_ns(hooked); });
+        w_none = time_ns([&] { t_none = cpu_ns(plain); });
+      }
+      per_tensor.push_back((t_hook - t_none) / kOps);
+      base_per_op.push_back(t_none / kOps);
+      wall_per_tensor.push_back((w_hook - w_none) / kOps);
+    }
+    offload::sim::synchronize(0);
+    const auto stats = c.source->stats();
+    if (stats.tensors_seen != static_cast<std::int64_t>(n_rounds) * kOps) {
+      std::cerr << "offload-bench hook: " << c.key << " saw " << stats.tensors_seen << " tensors, expected "
+                << n_rounds * kOps << "\n";
+      return 1;
+    }
+    // Direct: a tensor with a grad_fn, like those the engine hands over.
+    at::Tensor sample = leaf.mul(1.0).sin();
+    const int iterations = c.rounds_divisor > 1 ? 500 : (args.quick ? 2000 : 20000);
+    const auto direct = direct_ns(*c.source, sample, iterations, args.quick ? 5 : 15);
+
+    const auto s = summarize(per_tensor);
+    const auto base = summarize(base_per_op);
+    std::optional<double> ratio;
+    if (python_ns && s.median > 0) ratio = *python_ns / s.median;
+    if (c.key == "a_cpu_passthrough") {
+      headline_cpp = s.median;
+      headline_direct = direct.median;
+    }
+    table.row({c.key, fixed(s.median, 0), fixed(s.q1, 0) + ".." + fixed(s.q3, 0),
+               fixed(direct.median, 0) + " (" + fixed(direct.q1, 0) + ".." + fixed(direct.q3, 0) + ")",
+               fixed(base.median, 0), ratio ? fixed(*ratio, 2) + "x" : "n/a"});
+    rows.push_back(json::object({
+        {"case", json::str(c.key)},
+        {"what", json::str(c.what)},
+        {"cpp_ns_per_tensor", json::num(s.median)},
+        {"cpp_ns_per_tensor_spread", json::summary(s)},
+        {"cpp_wall_ns_per_tensor", json::summary(summarize(wall_per_tensor))},
+        {"direct_ns_per_tensor", json::summary(direct)},
+        {"baseline_ns_per_op", json::num(base.median)},
+        {"python_ns_per_tensor", python_ns ? json::num(*python_ns) : json::Value{"null"}},
+        {"ratio", ratio ? json::num(*ratio) : json::Value{"null"}},
+        {"rounds", json::num(n_rounds)},
+        {"tensors_seen_per_run", json::num(stats.tensors_seen / n_rounds)},
+        {"tensors_offloaded_per_run", json::num(stats.tensors_offloaded / n_rounds)},
+    }));
+  }
+  if (python_ns) {
+    table.row({"Python identity hooks (CPU)", fixed(*python_ns, 0),
+               python_q1 && python_q3 ? fixed(*python_q1, 0) + ".." + fixed(*python_q3, 0) : "", "",
+               python_base ? fixed(*python_base, 0) : "", "1.00x (the floor)"});
+  }
+  table.print();
+  std::optional<double> headline_ratio, direct_ratio;
+  if (python_ns && headline_cpp > 0) headline_ratio = *python_ns / headline_cpp;
+  if (python_ns && headline_direct > 0) direct_ratio = *python_ns / headline_direct;
+  auto verdict = [](const std::optional<double>& r) {
+    return r ? (*r >= 10 ? "met (" : "MISSED (") + fixed(*r, 1) + "x)" : std::string("no Python number");
+  };
+  std::cout << "\nTarget: C++ (a) >= 10x lower than the Python floor. End to end (a_cpu_passthrough, engine "
+            << "hook path included): " << verdict(headline_ratio)
+            << "; the manager's hooks alone (direct): " << verdict(direct_ratio) << "\n";
+
+  auto fields = header(args, torch_version());
+  fields.push_back({"ops_per_run", json::num(kOps)});
+  fields.push_back({"tensor", json::str("float32[16] (64 bytes)")});
+  fields.push_back({"clock", json::str("process CPU time (CLOCK_PROCESS_CPUTIME_ID / time.process_time_ns)")});
+  fields.push_back({"rounds", json::num(rounds)});
+  fields.push_back({"cpp_ns_per_tensor", json::num(headline_cpp)});
+  fields.push_back({"cpp_direct_ns_per_tensor", json::num(headline_direct)});
+  fields.push_back({"python_ns_per_tensor", python_ns ? json::num(*python_ns) : json::Value{"null"}});
+  fields.push_back({"ratio", headline_ratio ? json::num(*headline_ratio) : json::Value{"null"}});
+  fields.push_back({"ratio_direct", direct_ratio ? json::num(*direct_ratio) : json::Value{"null"}});
+  fields.push_back({"target", json::str("python_ns_per_tensor >= 10 * cpp_ns_per_tensor (case a_cpu_passthrough)")});
+  fields.push_back({"target_met", json::boolean(headline_ratio && *headline_ratio >= 10)});
+  fields.push_back({"cases", json::array(rows)});
+  write_result(args, "hook_overhead.json", json::object(fields));
+  return 0;
+}
+
+// ================================================================ copy throughput
+
+namespace {
+
+struct CopyRow {
+  std::string key;
+  std::string label;
+  std::function<void()> run;
+};
+
+}  // namespace
+
+int run_copy(const Args& args) {
+  const std::int64_t top = args.quick ? (std::int64_t{16} << 20) : (std::int64_t{256} << 20);
+  const offload::Options options;
+  const auto host_options = at::TensorOptions().dtype(at::kByte);
+  const auto sim_options = at::TensorOptions().dtype(at::kByte).device(kSim);
+  offload::sim::set_copy_delay_us(0);
+
+  std::cout << "## Copy throughput of the storage policies on sim, against memcpy\n\n"
+            << "GB/s = bytes / median time (1 GB = 1e9 bytes). `copy_` rows copy into a buffer the policy "
+            << "allocated once (the copy itself); `alloc+copy_` rows allocate a fresh buffer per copy, as the "
+            << "manager does per offloaded tensor (host buffer for D2H, sim device buffer for H2D); `async` "
+            << "is the sync::Streamed path: non_blocking copy on a side stream, then waiting on its event. "
+            << "memcpy copies the same bytes between pre-touched buffers. Ratio = policy / memcpy.\n";
+
+  std::vector<json::Value> rows;
+  bool all_met = true;
+  for (const bool d2h : {true, false}) {
+    const std::string dir = d2h ? "D2H" : "H2D";
+    Table table({"size", "memcpy GB/s", "PinnedHost copy_", "PinnedHost alloc+copy_", "PinnedHost async",
+                 "PageableHost copy_", "PageableHost alloc+copy_"});
+    for (std::int64_t n = 64 << 10; n <= top; n *= 4) {
+      auto dev = at::empty({n}, sim_options);
+      dev.fill_(1);
+      auto pinned = offload::storage::PinnedHost{}.allocate(n, kSim.type(), options);
+      auto pageable = offload::storage::PageableHost{}.allocate(n, kSim.type(), options);
+      auto plain = at::empty({n}, host_options);
+      pinned.bytes.fill_(2);
+      pageable.bytes.fill_(3);
+      plain.fill_(4);
+      auto* dev_ptr = dev.data_ptr();
+      auto* plain_ptr = plain.data_ptr();
+      const auto side = offload::device::Sim::side_stream(0);
+
+      std::vector<CopyRow> copies;
+      copies.push_back({"memcpy", "memcpy", [&] {
+                          if (d2h) std::memcpy(plain_ptr, dev_ptr, static_cast<std::size_t>(n));
+                          else std::memcpy(dev_ptr, plain_ptr, static_cast<std::size_t>(n));
+                        }});
+      auto sync_copy = [&, d2h](at::Tensor& host) {
+        if (d2h) host.copy_(dev);
+        else dev.copy_(host);
+      };
+      auto alloc_copy = [&, d2h](auto storage) {
+        if (d2h) {
+          auto host = storage.allocate(n, kSim.type(), options);
+          host.bytes.copy_(dev);
+        } else {
+          auto fresh = at::empty({n}, sim_options);
+          fresh.copy_(std::is_same_v<decltype(storage), offload::storage::PinnedHost> ? pinned.bytes
+                                                                                       : pageable.bytes);
+        }
+      };
+      copies.push_back({"pinned_copy", "PinnedHost copy_", [&] { sync_copy(pinned.bytes); }});
+      copies.push_back({"pinned_alloc_copy", "PinnedHost alloc+copy_",
+                        [&] { alloc_copy(offload::storage::PinnedHost{}); }});
+      copies.push_back({"pinned_async", "PinnedHost async", [&] {
+                          c10::Event done(kSim.type());
+                          {
+                            const c10::StreamGuard on_side(side);
+                            if (d2h) pinned.bytes.copy_(dev, /*non_blocking=*/true);
+                            else dev.copy_(pinned.bytes, /*non_blocking=*/true);
+                            done.record(side);
+                          }
+                          done.synchronize();
+                        }});
+      copies.push_back({"pageable_copy", "PageableHost copy_", [&] { sync_copy(pageable.bytes); }});
+      copies.push_back({"pageable_alloc_copy", "PageableHost alloc+copy_",
+                        [&] { alloc_copy(offload::storage::PageableHost{}); }});
+
+      const std::int64_t budget = (args.quick ? std::int64_t{64} : std::int64_t{512}) << 20;
+      const int reps = static_cast<int>(std::clamp<std::int64_t>(budget / n, 5, args.quick ? 50 : 200));
+      std::vector<std::vector<double>> times(copies.size());
+      for (int r = 0; r < reps + 2; ++r) {
+        for (std::size_t i = 0; i < copies.size(); ++i) {
+          const double t = time_ns(copies[i].run);
+          if (r >= 2) times[i].push_back(t);
+        }
+      }
+      std::vector<std::string> cells = {size_label(n)};
+      double memcpy_gbs = 0;
+      for (std::size_t i = 0; i < copies.size(); ++i) {
+        const auto s = summarize(times[i]);
+        const double gbs = static_cast<double>(n) / s.median;
+        const double gbs_lo = static_cast<double>(n) / s.q3;
+        const double gbs_hi = static_cast<double>(n) / s.q1;
+        if (i == 0) memcpy_gbs = gbs;
+        const double ratio = gbs / memcpy_gbs;
+        cells.push_back(i == 0 ? fixed(gbs, 2) : fixed(gbs, 2) + " (" + fixed(ratio, 2) + "x)");
+        const bool target_row = copies[i].key == "pinned_copy" || copies[i].key == "pageable_copy";
+        if (target_row && n >= (1 << 20) && ratio < 0.8) all_met = false;
+        rows.push_back(json::object({{"direction", json::str(dir)},
+                                     {"bytes", json::num(n)},
+                                     {"path", json::str(copies[i].key)},
+                                     {"gb_per_s", json::num(gbs)},
+                                     {"gb_per_s_iqr", json::array({json::num(gbs_lo), json::num(gbs_hi)})},
+                                     {"ratio_vs_memcpy", json::num(ratio)},
+                                     {"ns", json::summary(s)}}));
+      }
+      table.row(cells);
+    }
+    std::cout << "\n### " << dir << (d2h ? " (sim device -> host buffer)" : " (host buffer -> sim device)")
+              << "\n\n";
+    table.print();
+  }
+  std::cout << "\nTarget: copy_ rows >= 0.8x memcpy at >= 1 MiB: " << (all_met ? "met" : "MISSED") << "\n";
+  auto fields = header(args, torch_version());
+  fields.push_back({"target", json::str("pinned_copy and pageable_copy >= 0.8 x memcpy for bytes >= 1 MiB")});
+  fields.push_back({"target_met", json::boolean(all_met)});
+  fields.push_back({"rows", json::array(rows)});
+  write_result(args, "copy.json", json::object(fields));
+  return 0;
+}
+
+}  // namespace bench
+
+// ================================================================ main
+
+namespace {
+
+void usage() {
+  std::cout << "usage: offload-bench NAME [--quick] [--out DIR] [--key value]...\n"
+               "  hook     host ns per saved tensor, C++ hooks vs Python (--python FILE from bench/hook_overhead.py)\n"
+               "  memory   peak sim device bytes of the GPT demo model: none / Blocking / Streamed vs the floor\n"
+               "  copy     D2H / H2D GB/s of PinnedHost and PageableHost on sim vs memcpy\n"
+               "  overlap  step time none / Blocking / Streamed on sim with a copy delay (--delay-us N)\n"
+               "  gpu      NVIDIA GPU: step time none vs Streamed, D2H/H2D GB/s vs a pinned copy_\n";
+}
+
+}  // namespace
+
+int main(int argc, char** argv) {
+  bench::Args args;
+  for (int i = 1; i < argc; ++i) {
+    const std::string a = argv[i];
+    if (a == "--help" || a == "-h") {
+      usage();
+      return 0;
+    }
+    if (a == "--quick") {
+      args.quick = true;
+    } else if (a.rfind("--", 0) == 0 && i + 1 < argc) {
+      const std::string key = a.substr(2);
+      if (key == "out") args.out = argv[++i];
+      else args.kv[key] = argv[++i];
+    } else if (args.name.empty()) {
+      args.name = a;
+    } else {
+      std::cerr << "offload-bench: unexpected argument '" << a << "'\n";
+      usage();
+      return 2;
+    }
+  }
+  try {
+    if (args.name == "gpu") {
+      offload::install_hooks();  // before any backward pass; no sim on a GPU run
+      return bench::run_gpu(args);
+    }
+    offload::sim::install();
+    offload::install_hooks();
+    if (args.name == "hook") return bench::run_hook(args);
+    if (args.name == "copy") return bench::run_copy(args);
+    if (args.name == "memory") return bench::run_memory(args);
+    if (args.name == "overlap") return bench::run_overlap(args);
+  } catch (const std::exception& e) {
+    std::cerr << "offload-bench " << args.name << ": " << e.what() << "\n";
+    return 1;
+  }
+  usage();
+  return 2;
+}

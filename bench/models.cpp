@@ -1,0 +1,594 @@
+// SPDX-License-Identifier: MIT
+// offload-bench: the benchmarks that train the demo model (examples/gpt.hpp):
+// peak device memory against the analytical floor, copy/compute overlap on
+// sim, and the GPU run. The one translation unit with <torch/torch.h>.
+
+#include "bench.hpp"
+
+#include <algorithm>
+#include <cstring>
+#include <ctime>
+#include <functional>
+#include <memory>
+#include <optional>
+
+#include <c10/core/CachingDeviceAllocator.h>
+#include <torch/torch.h>
+
+#include <offload/config.hpp>
+#include <offload/offload.hpp>
+#include <offload/sim.hpp>
+
+#include "../examples/gpt.hpp"
+
+namespace bench {
+
+namespace {
+
+const c10::Device kSim(c10::DeviceType::PrivateUse1, 0);
+
+/// sync::Blocking as it behaves where copies take time: each copy is queued
+/// on the current compute stream (so sim applies its copy delay to it, as
+/// it does only to queued copies) and the host waits for that stream, the
+/// way a non_blocking=false copy makes the host wait on a real device. The
+/// shipped sync::Blocking copies with non_blocking=false, which sim runs
+/// inline without the delay; this bench policy keeps its semantics (copy on
+/// the compute stream, host waits) and makes its copy time visible.
+struct TimedBlocking {
+  static constexpr std::string_view name = "blocking_timed";
+  static constexpr bool needs_events = false;
+
+  template <offload::device_policy Device, offload::storage_policy Storage>
+  class State {
+   public:
+    State(const offload::Options& options, Storage& storage) : options_(options), storage_(&storage) {}
+    void offload(const std::shared_ptr<offload::Entry>& entry, const at::Tensor& device_bytes) {
+      entry->host = storage_->allocate(entry->nbytes, Device::device_type, options_);
+      entry->host.bytes.copy_(device_bytes, /*non_blocking=*/true);
+      Device::current_stream(entry->device.index()).synchronize();
+    }
+    at::Tensor reload(const std::shared_ptr<offload::Entry>& entry) {
+      const c10::DeviceGuard guard(entry->device);
+      auto bytes = at::empty({entry->nbytes}, at::TensorOptions().dtype(at::kByte).device(entry->device));
+      bytes.copy_(entry->host.bytes, /*non_blocking=*/true);
+      Device::current_stream(entry->device.index()).synchronize();
+      return bytes;
+    }
+    void on_unpack(const std::shared_ptr<offload::Entry>& /*entry*/) {}
+    void release(offload::Entry& /*entry*/) noexcept {}
+
+   private:
+    offload::Options options_;
+    Storage* storage_;
+  };
+};
+
+enum class Mode { none, blocking, blocking_timed, streamed };
+
+std::string mode_name(Mode m) {
+  switch (m) {
+    case Mode::none: return "none";
+    case Mode::blocking: return "Blocking";
+    case Mode::blocking_timed: return "Blocking (timed copies)";
+    case Mode::streamed: return "Streamed";
+  }
+  return "?";
+}
+std::string mode_key(Mode m) {
+  switch (m) {
+    case Mode::none: return "none";
+    case Mode::blocking: return "blocking";
+    case Mode::blocking_timed: return "blocking_timed";
+    case Mode::streamed: return "streamed";
+  }
+  return "?";
+}
+
+template <class Device>
+std::shared_ptr<offload::detail::HookSource> make_source(Mode mode, const offload::Options& options) {
+  using offload::storage::PinnedHost;
+  switch (mode) {
+    case Mode::none: return nullptr;
+    case Mode::blocking: return offload::Manager<Device, PinnedHost, offload::sync::Blocking>(options).hook_source();
+    case Mode::blocking_timed: return offload::Manager<Device, PinnedHost, TimedBlocking>(options).hook_source();
+    case Mode::streamed: return offload::Manager<Device, PinnedHost, offload::sync::Streamed>(options).hook_source();
+  }
+  return nullptr;
+}
+
+/// Shapes of one benchmark model, from the command line.
+struct Shapes {
+  std::int64_t batch, seq, width, heads, vocab, layers;
+  gpt::Config config() const {
+    return gpt::Config{.vocab = vocab, .layers = layers, .width = width, .heads = heads, .seq = seq};
+  }
+  std::string describe() const {
+    return "B=" + std::to_string(batch) + " T=" + std::to_string(seq) + " W=" + std::to_string(width) +
+           " H=" + std::to_string(heads) + " V=" + std::to_string(vocab) +
+           (layers > 0 ? " L=" + std::to_string(layers) : std::string());
+  }
+};
+
+Shapes shapes_from(const Args& args, Shapes d) {
+  return Shapes{args.get_int("batch", d.batch), args.get_int("seq", d.seq), args.get_int("width", d.width),
+                args.get_int("heads", d.heads), args.get_int("vocab", d.vocab), args.get_int("layers", d.layers)};
+}
+
+/// One model, its AdamW and its manager; step() is one training step with
+/// the forward and backward inside the manager's Scope (README usage).
+struct Trainer {
+  Trainer(const Shapes& s, c10::Device device, std::shared_ptr<offload::detail::HookSource> src)
+      : model((torch::manual_seed(0), gpt::Model(s.config()))), source(std::move(src)) {
+    model->to(device);
+    optimizer = std::make_unique<torch::optim::AdamW>(model->parameters(), torch::optim::AdamWOptions(1e-3));
+    auto data = torch::randint(s.vocab, {s.batch, s.seq + 1}, torch::kLong);
+    x = data.narrow(1, 0, s.seq).to(device);
+    y = data.narrow(1, 1, s.seq).to(device);
+    if (source) source->exclude(model->parameters());
+  }
+
+  /// Phase hooks: called after the forward, after the backward.
+  float step(const std::function<void()>& after_forward = {}, const std::function<void()>& after_backward = {}) {
+    optimizer->zero_grad();
+    torch::Tensor loss;
+    {
+      std::optional<offload::Scope> scope;
+      if (source) scope.emplace(source);
+      loss = model->loss(x, y);
+      if (after_forward) after_forward();
+      loss.backward();
+    }
+    if (after_backward) after_backward();
+    optimizer->step();
+    return loss.item<float>();
+  }
+
+  std::int64_t parameters() const {
+    std::int64_t n = 0;
+    for (const auto& p : model->parameters()) n += p.numel();
+    return n;
+  }
+
+  gpt::Model model;
+  std::unique_ptr<torch::optim::AdamW> optimizer;
+  torch::Tensor x, y;
+  std::shared_ptr<offload::detail::HookSource> source;
+};
+
+// ---------------------------------------------------------------- the analytical model
+//
+// fp32 everywhere (4 bytes). P parameters; B batch, T seq, W width, H heads,
+// V vocab, L blocks. What one block saves for backward (examples/gpt.hpp):
+//   ln1: x, mean, rstd            BTW + 2BT
+//   qkv: ln1(x)                   BTW
+//   q @ k^T (bmm of copies)       2 BTW
+//   masked_fill: mask             T^2 bytes (bool)
+//   softmax: its result           BHT^2   (att @ v reuses it: same storage)
+//   att @ v: v copy               BTW
+//   proj: y                       BTW
+//   ln2: h, mean, rstd            BTW + 2BT
+//   fc: ln2(h)                    BTW
+//   gelu: fc(...)                 4 BTW
+//   out: gelu(...)                4 BTW
+//   => A_blk = 4 (16 BTW + BHT^2 + 4 BT) + T^2 bytes.
+// Outside the blocks: token ids 8BT, positions 8T, ln_f 4(BTW + 2BT), head
+// input 4 BTW, log_softmax 4 BTV, targets 8BT.
+struct Analysis {
+  std::int64_t params = 0;       // P
+  std::int64_t state = 0;        // 16 P: weights, grads, AdamW exp_avg and exp_avg_sq
+  std::int64_t act_block = 0;    // A_blk
+  std::int64_t act_top = 0;      // outside the blocks
+  std::int64_t activations = 0;  // L A_blk + A_top
+  std::int64_t working = 0;      // W_blk
+  std::int64_t largest = 0;      // s_max, the largest saved storage
+  std::int64_t window = 0;       // Streamed: (max_fwd_stash + prefetch_depth) s_max
+};
+
+Analysis analyse(const Shapes& s, const offload::Options& o) {
+  const auto B = s.batch, T = s.seq, W = s.width, H = s.heads, V = s.vocab, L = s.layers;
+  Analysis a;
+  a.params = V * W + T * W + L * (12 * W * W + 13 * W) + 2 * W + W * V + V;
+  a.state = 16 * a.params;
+  a.act_block = 4 * (16 * B * T * W + B * H * T * T + 4 * B * T) + T * T;
+  a.act_top = 8 * B * T + 8 * T + 4 * (2 * B * T * W + 2 * B * T + B * T * V) + 8 * B * T;
+  a.activations = L * a.act_block + a.act_top;
+  // The largest step of one block's backward: GELU backward (its saved input
+  // 4BTW, the gradient arriving 4BTW and leaving 4BTW) or softmax backward
+  // (result, gradient in and out: 3BHT^2), plus the residual-stream gradient
+  // BTW that the block carries.
+  a.working = 4 * (std::max(12 * B * T * W, 3 * B * H * T * T) + B * T * W);
+  a.largest = 4 * std::max(4 * B * T * W, B * H * T * T);
+  a.window = (o.max_fwd_stash + o.prefetch_depth) * a.largest;
+  return a;
+}
+
+std::int64_t floor_bytes(const Analysis& a, Mode m) {
+  return a.state + a.working + (m == Mode::streamed ? a.window : 0);
+}
+
+}  // namespace
+
+// ================================================================ memory
+
+int run_memory(const Args& args) {
+  const Shapes base = shapes_from(args, Shapes{.batch = args.quick ? 4 : 8, .seq = 128, .width = 256,
+                                               .heads = 8, .vocab = 96, .layers = 0});
+  const offload::Options options{.min_offload_bytes = args.get_int("min-offload-bytes", 1024),
+                                 .max_fwd_stash = args.get_int("max-fwd-stash", 5),
+                                 .prefetch_depth = args.get_int("prefetch-depth", 2)};
+  std::vector<std::int64_t> layer_counts = {4, 8, 16};
+  if (args.kv.count("layers")) layer_counts = {args.get_int("layers", 16)};
+  offload::sim::set_copy_delay_us(0);
+
+  std::cout << "## Peak sim device memory of the demo model: none / Blocking / Streamed vs the floor\n\n"
+            << "Model " << base.describe() << " (L = 4, 8, 16), fp32, AdamW; one training step measured after one "
+            << "warm-up step (AdamW state exists). Options: min_offload_bytes=" << options.min_offload_bytes
+            << ", max_fwd_stash=" << options.max_fwd_stash << ", prefetch_depth=" << options.prefetch_depth
+            << " (the library defaults). Parameters are excluded from offloading. Peaks are of the sim allocator "
+            << "(offload::sim::device_memory(0).peak_bytes after reset_peak), per phase of the step.\n\n"
+            << "floor = 16P (weights, grads, AdamW exp_avg + exp_avg_sq, 4 bytes each)\n"
+            << "      + W_blk = 4 (max(12 BTW, 3 BHT^2) + BTW)   (one block's backward working set)\n"
+            << "      + Streamed only: (max_fwd_stash + prefetch_depth) * s_max, s_max = 4 max(4 BTW, BHT^2)\n"
+            << "activation bytes (measured) = peak_none - 16P; removed = (peak_none - peak) / that.\n"
+            << "A_blk (analytical saved bytes per block) = 4 (16 BTW + BHT^2 + 4 BT) + T^2.\n\n";
+
+  Table table({"L", "mode", "peak MiB", "floor MiB", "peak/floor", "peak/(16P+W_blk)", "act. removed",
+               "fwd/bwd/opt peak MiB",
+               "offloaded MiB/step", "step s", "loss"});
+  std::vector<json::Value> rows;
+  bool target_met = true;
+  for (const auto layers : layer_counts) {
+    Shapes s = base;
+    s.layers = layers;
+    const Analysis a = analyse(s, options);
+    std::int64_t peak_none = 0;
+    float loss_none = 0;
+    for (const Mode mode : {Mode::none, Mode::blocking, Mode::streamed}) {
+      Trainer trainer(s, kSim, make_source<offload::device::Sim>(mode, options));
+      TORCH_CHECK(trainer.parameters() == a.params, "offload-bench memory: analytical P=", a.params,
+                  " but the model has ", trainer.parameters(), " parameters");
+      trainer.step();  // warm-up: creates grads and AdamW state
+      offload::sim::synchronize(0);
+      if (trainer.source) trainer.source->reset_stats();
+      std::int64_t fwd = 0, bwd = 0;
+      offload::sim::reset_peak(0);
+      const auto before = offload::sim::device_memory(0).current_bytes;
+      float loss = 0;
+      const double ns = time_ns([&] {
+        loss = trainer.step(
+            [&] {
+              fwd = offload::sim::device_memory(0).peak_bytes;
+              offload::sim::reset_peak(0);
+            },
+            [&] {
+              offload::sim::synchronize(0);
+              bwd = offload::sim::device_memory(0).peak_bytes;
+              offload::sim::reset_peak(0);
+            });
+        offload::sim::synchronize(0);
+      });
+      const auto opt = offload::sim::device_memory(0).peak_bytes;
+      const auto peak = std::max({fwd, bwd, opt});
+      const offload::Stats st = trainer.source ? trainer.source->stats() : offload::Stats{};
+      if (mode == Mode::none) {
+        peak_none = peak;
+        loss_none = loss;
+      }
+      const auto fl = floor_bytes(a, mode);
+      const double activation_bytes = static_cast<double>(peak_none - a.state);
+      const double removed = mode == Mode::none ? 0.0 : static_cast<double>(peak_none - peak) / activation_bytes;
+      const double ratio = static_cast<double>(peak) / static_cast<double>(fl);
+      if (layers == 16 && mode != Mode::none && (removed < 0.9 || ratio > 1.2)) target_met = false;
+      table.row({std::to_string(layers), mode_name(mode), mib(peak), mode == Mode::none ? "" : mib(fl),
+                 mode == Mode::none ? "" : fixed(ratio, 3) + "x",
+                 mode == Mode::none ? "" : fixed(static_cast<double>(peak) / static_cast<double>(a.state + a.working), 3) + "x",
+                 mode == Mode::none ? "" : fixed(100 * removed, 1) + " %",
+                 mib(fwd) + " / " + mib(bwd) + " / " + mib(opt),
+                 mode == Mode::none ? "" : mib(st.bytes_offloaded), fixed(ns / 1e9, 2),
+                 std::string(fixed(loss, 6)) + (std::memcmp(&loss, &loss_none, sizeof loss) == 0 ? " (=)" : " (DIFFERS)")});
+      rows.push_back(json::object({
+          {"layers", json::num(layers)},
+          {"mode", json::str(mode_key(mode))},
+          {"peak_bytes", json::num(peak)},
+          {"peak_forward_bytes", json::num(fwd)},
+          {"peak_backward_bytes", json::num(bwd)},
+          {"peak_optimizer_bytes", json::num(opt)},
+          {"bytes_at_step_start", json::num(before)},
+          {"floor_bytes", json::num(fl)},
+          {"peak_over_floor", json::num(ratio)},
+          {"activation_bytes", json::num(activation_bytes)},
+          {"activation_fraction_removed", json::num(removed)},
+          {"params", json::num(a.params)},
+          {"state_bytes_16P", json::num(a.state)},
+          {"analytical_activation_bytes", json::num(a.activations)},
+          {"analytical_block_bytes", json::num(a.act_block)},
+          {"working_set_bytes", json::num(a.working)},
+          {"window_bytes", json::num(mode == Mode::streamed ? a.window : 0)},
+          {"bytes_offloaded", json::num(st.bytes_offloaded)},
+          {"tensors_offloaded", json::num(st.tensors_offloaded)},
+          {"passed_through", json::num(st.passed_through())},
+          {"stash_reuses", json::num(st.stash_reuses)},
+          {"step_seconds", json::num(ns / 1e9)},
+          {"loss", json::num(static_cast<double>(loss))},
+          {"loss_bitwise_equal_to_none", json::boolean(std::memcmp(&loss, &loss_none, sizeof loss) == 0)},
+      }));
+    }
+    std::cout << "L=" << layers << ": P=" << a.params << " (16P = " << mib(a.state) << " MiB), analytical "
+              << "activations L*A_blk + A_top = " << mib(a.activations) << " MiB (A_blk = " << mib(a.act_block)
+              << " MiB), W_blk = " << mib(a.working) << " MiB, Streamed window = " << mib(a.window) << " MiB\n";
+  }
+  std::cout << "\n";
+  table.print();
+  std::cout << "\nTarget (L=16, Blocking and Streamed): >= 90 % of activation bytes removed and peak <= 1.2x floor: "
+            << (target_met ? "met" : "MISSED") << "\n";
+  auto fields = header(args, torch_version());
+  fields.push_back({"shapes", json::str(base.describe())});
+  fields.push_back({"options", json::object({{"min_offload_bytes", json::num(options.min_offload_bytes)},
+                                             {"max_fwd_stash", json::num(options.max_fwd_stash)},
+                                             {"prefetch_depth", json::num(options.prefetch_depth)}})});
+  fields.push_back({"floor_formula",
+                    json::str("16P + 4*(max(12BTW, 3BHT^2) + BTW) [+ (max_fwd_stash + prefetch_depth) * "
+                              "4*max(4BTW, BHT^2) for Streamed]")});
+  fields.push_back({"target", json::str("L=16: activation_fraction_removed >= 0.9 and peak_over_floor <= 1.2")});
+  fields.push_back({"target_met", json::boolean(target_met)});
+  fields.push_back({"rows", json::array(rows)});
+  write_result(args, "memory.json", json::object(fields));
+  return 0;
+}
+
+// ================================================================ overlap
+
+int run_overlap(const Args& args) {
+  const Shapes s = shapes_from(args, Shapes{.batch = 8, .seq = 64, .width = 128, .heads = 4, .vocab = 96,
+                                            .layers = 8});
+  const std::int64_t delay = args.get_int("delay-us", 500);
+  const int rounds = static_cast<int>(args.get_int("rounds", args.quick ? 3 : 9));
+  const auto threads = static_cast<int>(args.get_int("threads", 1));
+  at::set_num_threads(threads);  // compute on one core, sim's stream workers on the other
+  // Tuned: a deeper prefetch rides out the bursts of small saved tensors
+  // (LayerNorm's input, mean and rstd come back together); defaults 5 and 2
+  // hide about 70 % of the latency here.
+  const offload::Options options{.min_offload_bytes = args.get_int("min-offload-bytes", 1024),
+                                 .max_fwd_stash = args.get_int("max-fwd-stash", 8),
+                                 .prefetch_depth = args.get_int("prefetch-depth", 4)};
+  const std::vector<Mode> modes = {Mode::none, Mode::blocking, Mode::blocking_timed, Mode::streamed};
+  const std::vector<std::int64_t> delays = {0, delay};
+  std::vector<std::unique_ptr<Trainer>> trainers;
+  for (const Mode m : modes) trainers.push_back(std::make_unique<Trainer>(s, kSim, make_source<offload::device::Sim>(m, options)));
+  for (auto& t : trainers) {
+    t->step();
+    offload::sim::synchronize(0);
+  }
+  // Every (mode, delay) once per round, in an order rotated each round, so
+  // that drift in the machine's load hits every cell alike.
+  const std::size_t cells = modes.size() * delays.size();
+  std::vector<std::vector<double>> times(cells);
+  std::vector<offload::Stats> stats(cells);
+  std::vector<float> losses(cells);
+  std::vector<std::vector<float>> history(modes.size());  // every loss of each mode's trainer, in order
+  for (int r = 0; r < rounds; ++r) {
+    for (std::size_t k = 0; k < cells; ++k) {
+      const std::size_t cell = (k + static_cast<std::size_t>(r) * 3) % cells;
+      const std::size_t i = cell % modes.size();
+      offload::sim::set_copy_delay_us(delays[cell / modes.size()]);
+      auto& t = *trainers[i];
+      if (t.source) t.source->reset_stats();
+      times[cell].push_back(time_ns([&] {
+        losses[cell] = t.step();
+        offload::sim::synchronize(0);
+      }) / 1e6);
+      history[i].push_back(losses[cell]);
+      if (t.source) stats[cell] = t.source->stats();
+    }
+  }
+  offload::sim::set_copy_delay_us(0);
+
+  std::vector<Summary> sum;
+  for (auto& v : times) sum.push_back(summarize(v));
+  auto at = [&](Mode m, std::size_t d) -> const Summary& {
+    const auto i = static_cast<std::size_t>(std::find(modes.begin(), modes.end(), m) - modes.begin());
+    return sum[d * modes.size() + i];
+  };
+  const double t_none = at(Mode::none, 1).median, t_block = at(Mode::blocking_timed, 1).median,
+               t_stream = at(Mode::streamed, 1).median;
+  const double hidden = (t_block - t_stream) / (t_block - t_none);
+  const double delay_exposed_block = t_block - at(Mode::blocking_timed, 0).median;
+  const double delay_exposed_stream = t_stream - at(Mode::streamed, 0).median;
+  const double latency_hidden = 1 - delay_exposed_stream / delay_exposed_block;
+  const double stream_overhead = at(Mode::streamed, 0).median - at(Mode::none, 0).median;
+
+  std::cout << "## Copy/compute overlap on sim, copy delay " << delay << " us per copy\n\n"
+            << "Model " << s.describe() << ", AdamW, " << threads << " intra-op thread (sim's stream workers "
+            << "get the other core). Step time in ms: median of " << rounds << " rounds; each round runs every "
+            << "(mode, delay) once, in a rotated order, after one warm-up step per mode. Options: max_fwd_stash="
+            << options.max_fwd_stash << ", prefetch_depth=" << options.prefetch_depth << ". `Blocking` is the "
+            << "shipped sync::Blocking, whose non_blocking=false copies sim runs inline, without the delay; "
+            << "`Blocking (timed copies)` is the same policy with each copy queued on the compute stream and "
+            << "waited for, so it takes the delay like a copy on a real device: it is the Blocking of the "
+            << "target.\n\n";
+  Table table({"mode", "delay us", "step ms", "IQR ms", "vs none (same delay)", "copies/step",
+               "copy delay if serial ms"});
+  std::vector<json::Value> rows;
+  for (std::size_t d = 0; d < delays.size(); ++d) {
+    for (std::size_t i = 0; i < modes.size(); ++i) {
+      const std::size_t cell = d * modes.size() + i;
+      const auto copies = stats[cell].storages_offloaded + stats[cell].tensors_reloaded;
+      const double none_here = at(Mode::none, d).median;
+      table.row({mode_name(modes[i]), std::to_string(delays[d]), fixed(sum[cell].median, 1),
+                 fixed(sum[cell].q1, 1) + ".." + fixed(sum[cell].q3, 1),
+                 fixed(sum[cell].median / none_here, 3) + "x", std::to_string(copies),
+                 fixed(static_cast<double>(copies * delays[d]) / 1e3, 1)});
+      rows.push_back(json::object({{"mode", json::str(mode_key(modes[i]))},
+                                   {"delay_us", json::num(delays[d])},
+                                   {"step_ms", json::summary(sum[cell])},
+                                   {"ratio_vs_none", json::num(sum[cell].median / none_here)},
+                                   {"d2h_copies", json::num(stats[cell].storages_offloaded)},
+                                   {"h2d_copies", json::num(stats[cell].tensors_reloaded)},
+                                   {"stash_reuses", json::num(stats[cell].stash_reuses)},
+                                   {"bytes_offloaded", json::num(stats[cell].bytes_offloaded)},
+                                   {"loss", json::num(static_cast<double>(losses[cell]))}}));
+    }
+  }
+  table.print();
+  // Each trainer steps the same number of times from the same seed, so the
+  // k-th loss of every mode must be bitwise the same.
+  bool same_loss = true;
+  for (const auto& h : history) {
+    same_loss = same_loss && h.size() == history[0].size() &&
+                std::memcmp(h.data(), history[0].data(), h.size() * sizeof(float)) == 0;
+  }
+  std::cout << "\nAt " << delay << " us: exposed copy time of Blocking (timed) = t_blocking - t_none = "
+            << fixed(t_block - t_none, 1) << " ms; of Streamed = " << fixed(t_stream - t_none, 1) << " ms.\n"
+            << "Fraction of exposed copy time hidden = (t_blocking - t_streamed) / (t_blocking - t_none) = "
+            << fixed(100 * hidden, 1) << " %  (target >= 80 %: " << (hidden >= 0.8 ? "met" : "MISSED") << ")\n"
+            << "Decomposition: the delay itself costs Blocking (timed) " << fixed(delay_exposed_block, 1)
+            << " ms and Streamed " << fixed(delay_exposed_stream, 1) << " ms (t at " << delay
+            << " us - t at 0 us): Streamed hides " << fixed(100 * latency_hidden, 1)
+            << " % of the copy latency; Streamed's machinery on sim at delay 0 costs "
+            << fixed(stream_overhead, 1) << " ms per step over none.\n"
+            << "Losses of every step bitwise equal across modes: " << (same_loss ? "yes" : "NO") << "\n";
+  auto fields = header(args, torch_version());
+  fields.push_back({"shapes", json::str(s.describe())});
+  fields.push_back({"copy_delay_us", json::num(delay)});
+  fields.push_back({"rounds", json::num(rounds)});
+  fields.push_back({"intra_op_threads", json::num(threads)});
+  fields.push_back({"options", json::object({{"max_fwd_stash", json::num(options.max_fwd_stash)},
+                                             {"prefetch_depth", json::num(options.prefetch_depth)},
+                                             {"min_offload_bytes", json::num(options.min_offload_bytes)}})});
+  fields.push_back({"fraction_hidden", json::num(hidden)});
+  fields.push_back({"latency_fraction_hidden", json::num(latency_hidden)});
+  fields.push_back({"streamed_overhead_ms_at_delay_0", json::num(stream_overhead)});
+  fields.push_back({"target", json::str("(t_blocking_timed - t_streamed) / (t_blocking_timed - t_none) >= 0.8")});
+  fields.push_back({"target_met", json::boolean(hidden >= 0.8)});
+  fields.push_back({"losses_equal", json::boolean(same_loss)});
+  fields.push_back({"rows", json::array(rows)});
+  write_result(args, "overlap.json", json::object(fields));
+  return 0;
+}
+
+// ================================================================ gpu
+
+int run_gpu(const Args& args) {
+#if OFFLOAD_HAS_CUDA
+  if (!offload::device::Cuda::available()) {
+    std::cerr << "offload-bench gpu: no CUDA device (this build has device::Cuda, but LibTorch sees no GPU)\n";
+    return 3;
+  }
+  const c10::Device cuda(c10::DeviceType::CUDA, 0);
+  const Shapes s = shapes_from(args, Shapes{.batch = 8, .seq = 512, .width = 1024, .heads = 16, .vocab = 96,
+                                            .layers = 12});
+  const int steps = static_cast<int>(args.get_int("steps", args.quick ? 3 : 10));
+  const offload::Options options{.min_offload_bytes = args.get_int("min-offload-bytes", 1024),
+                                 .max_fwd_stash = args.get_int("max-fwd-stash", 5),
+                                 .prefetch_depth = args.get_int("prefetch-depth", 2)};
+  auto* allocator = c10::getDeviceAllocator(c10::DeviceType::CUDA);
+  const auto agg = static_cast<std::size_t>(c10::CachingAllocator::StatType::AGGREGATE);
+  auto sync = [] { torch::cuda::synchronize(0); };
+
+  std::cout << "## GPU: " << args.get("gpu-name", "?") << "\n\nModel " << s.describe() << ", AdamW, median of "
+            << steps << " steps after 2 warm-up steps.\n\n";
+  Table table({"mode", "step ms", "IQR ms", "vs none", "peak MiB", "offloaded MiB/step", "loss"});
+  std::vector<json::Value> rows;
+  double t_none = 0;
+  float loss_none = 0;
+  for (const Mode mode : {Mode::none, Mode::blocking, Mode::streamed}) {
+    Trainer trainer(s, cuda, make_source<offload::device::Cuda>(mode, options));
+    trainer.step();
+    trainer.step();
+    sync();
+    std::vector<double> ms;
+    float loss = 0;
+    allocator->resetPeakStats(0);
+    for (int i = 0; i < steps; ++i) {
+      if (trainer.source) trainer.source->reset_stats();
+      ms.push_back(time_ns([&] {
+        loss = trainer.step();
+        sync();
+      }) / 1e6);
+    }
+    const auto peak = allocator->getDeviceStats(0).allocated_bytes[agg].peak;
+    const auto st = trainer.source ? trainer.source->stats() : offload::Stats{};
+    const auto sm = summarize(ms);
+    if (mode == Mode::none) {
+      t_none = sm.median;
+      loss_none = loss;
+    }
+    table.row({mode_name(mode), fixed(sm.median, 1), fixed(sm.q1, 1) + ".." + fixed(sm.q3, 1),
+               fixed(sm.median / t_none, 3) + "x", mib(peak), mib(st.bytes_offloaded), fixed(loss, 6)});
+    rows.push_back(json::object({{"mode", json::str(mode_key(mode))},
+                                 {"step_ms", json::summary(sm)},
+                                 {"ratio_vs_none", json::num(sm.median / t_none)},
+                                 {"peak_bytes", json::num(peak)},
+                                 {"bytes_offloaded", json::num(st.bytes_offloaded)},
+                                 {"prefetches", json::num(st.prefetches)},
+                                 {"stash_reuses", json::num(st.stash_reuses)},
+                                 {"loss", json::num(static_cast<double>(loss))},
+                                 {"loss_bitwise_equal_to_none",
+                                  json::boolean(std::memcmp(&loss, &loss_none, sizeof loss) == 0)}}));
+  }
+  table.print();
+
+  // Copies: the policy's path (PinnedHost buffer, side stream, event) vs a
+  // plain pinned copy_ on the current stream, same bytes.
+  std::cout << "\nCopy GB/s (1 GB = 1e9 bytes), median of repeated copies:\n\n";
+  Table copies({"size", "D2H pinned copy_", "D2H PinnedHost side stream", "ratio", "H2D pinned copy_",
+                "H2D PinnedHost side stream", "ratio"});
+  std::vector<json::Value> copy_rows;
+  const auto side = offload::device::Cuda::side_stream(0);
+  for (std::int64_t n = 1 << 20; n <= (std::int64_t{1} << 30); n *= 4) {
+    auto dev = torch::empty({n}, torch::TensorOptions().dtype(torch::kByte).device(cuda)).fill_(1);
+    auto plain = torch::empty({n}, torch::TensorOptions().dtype(torch::kByte).pinned_memory(true)).fill_(2);
+    auto policy = offload::storage::PinnedHost{}.allocate(n, c10::DeviceType::CUDA, options);
+    policy.bytes.fill_(3);
+    auto measure = [&](const std::function<void()>& f) {
+      std::vector<double> t;
+      for (int r = 0; r < 12; ++r) {
+        const double ns = time_ns(f);
+        if (r >= 2) t.push_back(ns);
+      }
+      return static_cast<double>(n) / summarize(t).median;
+    };
+    auto on_side = [&](bool d2h) {
+      c10::Event done(c10::DeviceType::CUDA);
+      c10::Event ready(c10::DeviceType::CUDA);
+      ready.record(offload::device::Cuda::current_stream(0));
+      ready.block(side);
+      {
+        const c10::StreamGuard guard(side);
+        if (d2h) policy.bytes.copy_(dev, true);
+        else dev.copy_(policy.bytes, true);
+        done.record(side);
+      }
+      done.synchronize();
+    };
+    const double d2h_plain = measure([&] { plain.copy_(dev, true); sync(); });
+    const double d2h_policy = measure([&] { on_side(true); });
+    const double h2d_plain = measure([&] { dev.copy_(plain, true); sync(); });
+    const double h2d_policy = measure([&] { on_side(false); });
+    copies.row({size_label(n), fixed(d2h_plain, 2), fixed(d2h_policy, 2), fixed(d2h_policy / d2h_plain, 2) + "x",
+                fixed(h2d_plain, 2), fixed(h2d_policy, 2), fixed(h2d_policy / h2d_plain, 2) + "x"});
+    copy_rows.push_back(json::object({{"bytes", json::num(n)},
+                                      {"d2h_pinned_copy_gb_per_s", json::num(d2h_plain)},
+                                      {"d2h_policy_gb_per_s", json::num(d2h_policy)},
+                                      {"h2d_pinned_copy_gb_per_s", json::num(h2d_plain)},
+                                      {"h2d_policy_gb_per_s", json::num(h2d_policy)},
+                                      {"policy_pinned", json::boolean(policy.pinned)}}));
+  }
+  copies.print();
+  auto fields = header(args, torch_version());
+  fields.push_back({"gpu", json::str(args.get("gpu-name", "?"))});
+  fields.push_back({"date", json::str(args.get("date", ""))});
+  fields.push_back({"shapes", json::str(s.describe())});
+  fields.push_back({"steps", json::array(rows)});
+  fields.push_back({"copies", json::array(copy_rows)});
+  write_result(args, args.get("file", "gpu.json"), json::object(fields));
+  return 0;
+#else
+  std::cerr << "offload-bench gpu: no CUDA device support in this build (OFFLOAD_HAS_CUDA is 0: LibTorch "
+               "without CUDA, or configured with -Dcuda=disabled)\n";
+  (void)args;
+  return 3;
+#endif
+}
+
+}  // namespace bench
