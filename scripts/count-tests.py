@@ -2,7 +2,8 @@
 """Counts test cases from a Meson test log and prints 'N passed, N failed'.
 
 A doctest executable contributes its own test-case counts (its summary
-line); any other Meson test counts as one case, passed or failed by its
+line), and so does a table-driven script that ends with "N passed, N
+failed"; any other Meson test counts as one case, passed or failed by its
 result. A doctest run that crashed before its summary counts one failure.
 """
 import json
@@ -10,6 +11,7 @@ import re
 import sys
 
 SUMMARY = re.compile(r"test cases:\s*(\d+)\s*\|\s*(\d+) passed\s*\|\s*(\d+) failed")
+PLAIN = re.compile(r"^(\d+) passed, (\d+) failed", re.M)  # table-driven scripts (tests/bad_input.py)
 
 passed = failed = 0
 with open(sys.argv[1], encoding="utf-8") as log:
@@ -18,7 +20,8 @@ with open(sys.argv[1], encoding="utf-8") as log:
         if not line:
             continue
         test = json.loads(line)
-        found = SUMMARY.findall(test.get("stdout", "") or "")
+        out = test.get("stdout", "") or ""
+        found = [(0,) + m for m in PLAIN.findall(out)] or SUMMARY.findall(out)
         if found:
             _, p, f = (int(x) for x in found[-1])
             passed += p

@@ -704,8 +704,8 @@ struct SimGuardImpl final : public c10::impl::DeviceGuardImplInterface {
       return;
     }
     auto& s = stream_ref(stream);
-    if (rec->stream == &s) {
-      return;  // FIFO order already waits for it
+    if (rec->stream == &s || rec->done()) {
+      return;  // FIFO order already waits for it, or there is nothing left to wait for
     }
     s.enqueue([rec] { rec->stream->wait(rec->position); });
   }
