@@ -7,6 +7,7 @@
 
 #include <cstdint>
 #include <string>
+#include <string_view>
 
 #include <ATen/core/Tensor.h>
 #include <c10/core/CachingDeviceAllocator.h>
@@ -16,6 +17,14 @@
 #include <c10/core/impl/DeviceGuardImplInterface.h>
 
 namespace offload::device {
+
+/// True when the PrivateUse1 backend is registered under `name` and its
+/// device guard is loaded: how every policy for a named PrivateUse1
+/// backend (Npu, Neuron, Sim) recognises it. Never throws.
+inline bool privateuse1_named(std::string_view name) {
+  return c10::is_privateuse1_backend_registered() && c10::get_privateuse1_backend() == name &&
+         c10::impl::hasDeviceGuardImpl(c10::DeviceType::PrivateUse1);
+}
 
 /// Static helpers for one device type, reached through the device's
 /// registered guard implementation and allocator. Policies use these as

@@ -35,10 +35,7 @@ struct Npu : GenericOps<c10::DeviceType::PrivateUse1> {
   static constexpr bool has_memory_stats = false;
   /// True when PrivateUse1 is registered under the name "npu" and its
   /// device guard is loaded. Never throws.
-  static bool available() {
-    return c10::is_privateuse1_backend_registered() && c10::get_privateuse1_backend() == backend_name &&
-           c10::impl::hasDeviceGuardImpl(device_type);
-  }
+  static bool available() { return privateuse1_named(backend_name); }
   /// Whether the loaded backend has streams and events (probe_runtime,
   /// cached). Never throws.
   static bool runtime_has_events() { return probe_runtime(device_type).streams_and_events; }

@@ -22,10 +22,9 @@ struct Sim : GenericOps<c10::DeviceType::PrivateUse1> {
   static constexpr bool has_events = true;
   static constexpr bool has_pinned_host = true;
   static constexpr bool has_memory_stats = true;
-  /// True when PrivateUse1 is registered under the name "sim".
-  static bool available() {
-    return c10::is_privateuse1_backend_registered() && c10::get_privateuse1_backend() == backend_name;
-  }
+  /// True when PrivateUse1 is registered under the name "sim" and its
+  /// device guard is loaded. Never throws.
+  static bool available() { return privateuse1_named(backend_name); }
 };
 
 }  // namespace offload::device
