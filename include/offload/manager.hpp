@@ -81,6 +81,15 @@ using WeakNode = typename weak_of<NodeRef>::type;
                                          std::uint32_t saved, const WeakNode& grad_fn,
                                          std::int64_t output_nr);
 
+/// A tensor of `dtype` on `device` viewing `storage` with the given
+/// storage offset, sizes and strides (no copy).
+inline at::Tensor view_of(const c10::Storage& storage, c10::Device device, c10::ScalarType dtype,
+                          std::int64_t storage_offset, c10::IntArrayRef sizes, c10::IntArrayRef strides) {
+  auto out = at::empty({0}, at::TensorOptions().dtype(dtype).device(device));
+  out.set_(storage, storage_offset, sizes, strides);
+  return out;
+}
+
 /// What a hooks object keeps for one saved tensor.
 struct Packed {
   c10::VariableVersion version_counter;  ///< shared with the saved tensor (disabled by default)
@@ -205,8 +214,7 @@ class Core final : public HookSource, public std::enable_shared_from_this<Core<D
     // release gives the bytes back and the counter stays balanced.
     stats_.host_bytes_in_use += nbytes;
     const c10::DeviceGuard guard(t.device());
-    auto device_bytes = at::empty({0}, at::TensorOptions().dtype(at::kByte).device(t.device()));
-    device_bytes.set_(storage, 0, {nbytes}, {1});
+    const auto device_bytes = view_of(storage, t.device(), at::kByte, 0, {nbytes}, {1});
     sync_.offload(entry, device_bytes);
     if (Storage::prefers_pinned && options_.pin_memory && !entry->host.pinned) ++stats_.pinned_fallbacks;
     ++stats_.tensors_offloaded;
@@ -231,8 +239,7 @@ class Core final : public HookSource, public std::enable_shared_from_this<Core<D
       const c10::DeviceGuard guard(entry->device);
       if (entry->reloaded) {
         if (auto impl = entry->reloaded->lock()) {
-          device_bytes = at::empty({0}, at::TensorOptions().dtype(at::kByte).device(entry->device));
-          device_bytes.set_(c10::Storage(std::move(impl)), 0, {entry->nbytes}, {1});
+          device_bytes = view_of(c10::Storage(std::move(impl)), entry->device, at::kByte, 0, {entry->nbytes}, {1});
           ++stats_.reloads_shared;
         }
       }
@@ -262,8 +269,8 @@ class Core final : public HookSource, public std::enable_shared_from_this<Core<D
       watch_backward_end();
     }
     const c10::DeviceGuard guard(entry->device);
-    auto out = at::empty({0}, at::TensorOptions().dtype(packed.dtype).device(entry->device));
-    out.set_(device_bytes.storage(), packed.storage_offset, packed.sizes, packed.strides);
+    auto out = view_of(device_bytes.storage(), entry->device, packed.dtype, packed.storage_offset, packed.sizes,
+                       packed.strides);
     if (packed.conj) out._set_conj(true);
     if (packed.neg) out._set_neg(true);
     check_version(packed, out);
