@@ -150,8 +150,7 @@ TEST_CASE_TEMPLATE("parity: a branch whose saved tensors are never unpacked rele
   M manager(offload::Options{.min_offload_bytes = 0});
   auto w1 = on(at::randn({64, 64}), sim0).requires_grad_();
   auto w2 = on(at::randn({64, 64}), sim0).requires_grad_();
-  offload::sim::synchronize();
-  const auto device_before = offload::sim::device_memory(0).current_bytes;
+  const auto device_before = harness::settled_device_bytes();
   for (int step = 0; step < 3; ++step) {
     offload::Scope scope(manager);
     auto used = (w1 * 2).exp().sum();
@@ -162,7 +161,7 @@ TEST_CASE_TEMPLATE("parity: a branch whose saved tensors are never unpacked rele
   offload::sim::synchronize();
   CHECK(manager.stats().host_bytes_in_use == 0);
   CHECK(manager.stats().storages_offloaded >= 6);  // both branches were offloaded each step
-  CHECK(offload::sim::device_memory(0).current_bytes == device_before);
+  CHECK(harness::device_bytes_reaching(device_before) == device_before);
 }
 
 TEST_CASE_TEMPLATE("parity: retain_graph with two backward passes", M, PARITY_TYPES) {
@@ -229,8 +228,7 @@ TEST_CASE_TEMPLATE("device memory drops by exactly the bytes reported as offload
   auto x = on(at::randn({128, 256}), sim0);
   auto w = on(at::randn({256, 256}), sim0).requires_grad_();
   auto forward = [&] { return x.mm(w).tanh().mm(w).sigmoid().sum(); };
-  offload::sim::synchronize();
-  const auto base = offload::sim::device_memory(0).current_bytes;
+  const auto base = harness::settled_device_bytes();
   at::Tensor plain_loss = forward();
   offload::sim::synchronize();
   const auto held_plain = offload::sim::device_memory(0).current_bytes - base;

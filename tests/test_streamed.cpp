@@ -38,8 +38,7 @@ struct Peaks {
 };
 
 Peaks measure(const Chain& chain, const Streamed* manager) {
-  offload::sim::synchronize();
-  const auto base = offload::sim::device_memory(0).current_bytes;
+  const auto base = harness::settled_device_bytes();
   offload::sim::reset_peak(0);
   std::optional<offload::Scope> scope;
   if (manager != nullptr) scope.emplace(*manager);
