@@ -8,9 +8,7 @@
 #include "../examples/gpt.hpp"
 
 #if OFFLOAD_HAS_SIM
-#include <chrono>
 #include <iostream>
-#include <thread>
 
 #include <offload/offload.hpp>
 #include <offload/sim.hpp>
@@ -120,34 +118,15 @@ CustomFunctionResult custom_function_saving_cpu(c10::Device device, const Wrap& 
 }
 
 #if OFFLOAD_HAS_SIM
-std::int64_t settled_device_bytes(int quiet_ms, int timeout_ms) {
-  using clock = std::chrono::steady_clock;
-  offload::sim::synchronize();
-  const auto deadline = clock::now() + std::chrono::milliseconds(timeout_ms);
-  auto last = offload::sim::device_memory(0).current_bytes;
-  auto since = clock::now();
-  while (clock::now() < deadline) {
-    std::this_thread::sleep_for(std::chrono::milliseconds(1));
-    const auto now = offload::sim::device_memory(0).current_bytes;
-    if (now != last) {
-      last = now;
-      since = clock::now();
-    } else if (clock::now() - since >= std::chrono::milliseconds(quiet_ms)) {
-      break;
-    }
+std::int64_t settled_device_bytes() {
+  {
+    const offload::NoOffload no_offload;
+    const auto leaf = torch::zeros({0}, torch::TensorOptions().device(c10::DeviceType::PrivateUse1, 0))
+                          .requires_grad_();
+    (leaf * 2).backward(torch::zeros_like(leaf));
   }
-  return last;
-}
-
-std::int64_t device_bytes_reaching(std::int64_t expected, int timeout_ms) {
   offload::sim::synchronize();
-  const auto deadline = std::chrono::steady_clock::now() + std::chrono::milliseconds(timeout_ms);
-  auto now = offload::sim::device_memory(0).current_bytes;
-  while (now != expected && std::chrono::steady_clock::now() < deadline) {
-    std::this_thread::sleep_for(std::chrono::milliseconds(1));
-    now = offload::sim::device_memory(0).current_bytes;
-  }
-  return now;
+  return offload::sim::device_memory(0).current_bytes;
 }
 
 std::pair<float, float> run_readme_snippet() {

@@ -58,18 +58,15 @@ CustomFunctionResult custom_function_saving_cpu(c10::Device device, const Wrap& 
 /// GPT) and the same steps without it; returns the loss after each.
 std::pair<float, float> run_readme_snippet();
 
-/// Device bytes in use on sim:0 (offload::sim::device_memory) after
-/// offload::sim::synchronize(), read once LibTorch's autograd device thread
-/// has let go of the last backward's buffers: backward() returns when the
-/// graph task completes, before that thread destroys the task it ran last
-/// (and that task's input gradients), so a count read at once can still
-/// include them for a moment.
-/// settled_device_bytes: the count once unchanged for `quiet_ms`
-/// milliseconds (or the last read after `timeout_ms`).
-std::int64_t settled_device_bytes(int quiet_ms = 50, int timeout_ms = 5000);
-/// device_bytes_reaching: the count once it equals `expected`, or the last
-/// read after `timeout_ms` (then the caller's CHECK fails with it).
-std::int64_t device_bytes_reaching(std::int64_t expected, int timeout_ms = 5000);
+/// Device bytes in use on sim:0 (offload::sim::device_memory) once
+/// LibTorch's autograd device thread has let go of the last backward's
+/// buffers. backward() returns when the graph task completes, before that
+/// thread ends its loop iteration and destroys what the task still held
+/// (its last gradients), so a count read at once can include them. This
+/// runs a backward of zero-element tensors (no offloading, 0 bytes)
+/// through the same thread first: when it completes, the thread has
+/// finished every earlier iteration. Calls offload::sim::synchronize().
+std::int64_t settled_device_bytes();
 #endif
 
 /// True when losses, gradients and parameters are bitwise equal; else
