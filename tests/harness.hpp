@@ -59,13 +59,15 @@ CustomFunctionResult custom_function_saving_cpu(c10::Device device, const Wrap& 
 std::pair<float, float> run_readme_snippet();
 
 /// Device bytes in use on sim:0 (offload::sim::device_memory) once
-/// LibTorch's autograd device thread has let go of the last backward's
-/// buffers. backward() returns when the graph task completes, before that
-/// thread ends its loop iteration and destroys what the task still held
-/// (its last gradients), so a count read at once can include them. This
-/// runs a backward of zero-element tensors (no offloading, 0 bytes)
-/// through the same thread first: when it completes, the thread has
-/// finished every earlier iteration. Calls offload::sim::synchronize().
+/// LibTorch's autograd thread for device index 0 has let go of the last
+/// backward's buffers. backward() returns when the graph task completes,
+/// before that thread ends its loop iteration and drops its reference to
+/// the GraphTask (which can still hold tensors, e.g. autograd::grad's
+/// results held by its future), so a count read at once can include them.
+/// This runs a backward of zero-element sim:0 tensors (no offloading, 0
+/// bytes) through the same thread first: when it completes, the thread has
+/// finished every earlier iteration. Covers sim:0's thread only. Calls
+/// offload::sim::synchronize().
 std::int64_t settled_device_bytes();
 #endif
 

@@ -252,8 +252,8 @@ TEST_CASE_TEMPLATE("device memory drops by exactly the bytes reported as offload
 TEST_CASE_TEMPLATE("fault injection: a skipped wait or an early free breaks parity", M, PARITY_TYPES) {
   Substrate substrate(/*delay_us=*/20000);
   const auto plain = harness::train(harness::ModelKind::mlp, sim0, 2);
-  for (auto fault : {offload::testing::Fault::skip_wait, offload::testing::Fault::free_early}) {
-    CAPTURE(static_cast<int>(fault));
+  // One subcase per fault, so each can be run alone (-sc=...; the TSan canaries do).
+  auto check = [&](offload::testing::Fault fault) {
     M manager(offload::Options{.min_offload_bytes = 0, .max_fwd_stash = 1, .prefetch_depth = 1});
     const int fired_before = offload::testing::faults_fired();
     offload::testing::arm_fault(fault, 1000);
@@ -269,7 +269,9 @@ TEST_CASE_TEMPLATE("fault injection: a skipped wait or an early free breaks pari
     CHECK(offload::testing::faults_fired() > fired_before);
     std::string why;
     CHECK((threw || !harness::bitwise_equal(plain, broken, &why)));
-  }
+  };
+  SUBCASE("skipped wait") { check(offload::testing::Fault::skip_wait); }
+  SUBCASE("early free") { check(offload::testing::Fault::free_early); }
 }
 
 TEST_CASE("README usage snippet compiles, runs on sim and matches the run without it") {
