@@ -16,6 +16,19 @@
 
 namespace harness {
 
+GradPair grads_plain_and_wrapped(const at::Tensor& w, const std::function<at::Tensor(const at::Tensor&)>& loss_of,
+                                 const Wrap& wrap) {
+  auto& grad = const_cast<at::Tensor&>(w).mutable_grad();
+  grad = at::Tensor();
+  loss_of(w).backward();
+  GradPair out;
+  out.plain = w.grad().clone();
+  grad = at::Tensor();
+  wrap([&] { return loss_of(w); }).backward();
+  out.wrapped = w.grad();
+  return out;
+}
+
 std::string_view name(ModelKind kind) {
   switch (kind) {
     case ModelKind::mlp: return "mlp";

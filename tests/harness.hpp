@@ -16,6 +16,7 @@
 #include <c10/core/Stream.h>
 
 #include <offload/config.hpp>
+#include <offload/scope.hpp>
 
 namespace harness {
 
@@ -70,6 +71,25 @@ std::pair<float, float> run_readme_snippet();
 /// offload::sim::synchronize().
 std::int64_t settled_device_bytes();
 #endif
+
+/// A Wrap that runs the forward pass inside an offload::Scope of `manager`
+/// (a copy: managers share their state).
+template <class M>
+Wrap with_scope(const M& manager) {
+  return [manager](const Forward& forward) {
+    offload::Scope scope(manager);
+    return forward();
+  };
+}
+
+/// The gradient of `loss_of(w)` with respect to the leaf `w`, computed
+/// twice: without offloading (`plain`), then with the forward pass run by
+/// `wrap` and backward after it returns (`wrapped`, also left in w.grad()).
+struct GradPair {
+  at::Tensor plain, wrapped;
+};
+GradPair grads_plain_and_wrapped(const at::Tensor& w, const std::function<at::Tensor(const at::Tensor&)>& loss_of,
+                                 const Wrap& wrap);
 
 /// True when losses, gradients and parameters are bitwise equal; else
 /// false with the first difference in `why`.

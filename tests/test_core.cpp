@@ -16,13 +16,6 @@ namespace {
 
 using HostManager = offload::Manager<harness::HostAsDevice, offload::storage::PageableHost, offload::sync::Blocking>;
 
-harness::Wrap with_scope(const HostManager& manager) {
-  return [manager](const harness::Forward& forward) {
-    offload::Scope scope(manager);
-    return forward();
-  };
-}
-
 std::string error_of(const offload::Options& options) {
   try {
     options.validate();
@@ -117,19 +110,18 @@ TEST_CASE("NoOffload: an opt-out region inside a scope, nested scopes: innermost
 
 TEST_CASE("Scope: backward after the scope closed and after the manager is gone") {
   auto a = at::randn({16, 16}).requires_grad_();
-  auto expected_loss = (a * 3).sin().sum();
-  expected_loss.backward();
-  auto expected = a.grad().clone();
-  a.grad().zero_();
-  at::Tensor loss;
-  {
-    HostManager manager(offload::Options{.min_offload_bytes = 0});
-    offload::Scope scope(manager);
-    loss = (a * 3).sin().sum();
-    CHECK(manager.stats().tensors_offloaded == 1);
-  }
-  loss.backward();
-  CHECK(at::equal(a.grad(), expected));
+  // The manager lives only for the forward pass: backward runs after the
+  // Scope closed and the manager was destroyed.
+  const auto grads = harness::grads_plain_and_wrapped(
+      a, [](const at::Tensor& t) { return (t * 3).sin().sum(); },
+      [](const harness::Forward& forward) {
+        HostManager manager(offload::Options{.min_offload_bytes = 0});
+        offload::Scope scope(manager);
+        auto loss = forward();
+        CHECK(manager.stats().tensors_offloaded == 1);
+        return loss;
+      });
+  CHECK(at::equal(grads.wrapped, grads.plain));
 }
 
 TEST_CASE("Scope: close() on another thread is an error, the owner can close it") {
@@ -234,7 +226,7 @@ TEST_CASE("Parity on the CPU path: MLP, transformer block and GPT, 3 AdamW steps
     CAPTURE(harness::name(kind));
     const auto plain = harness::train(kind, c10::Device(c10::kCPU), 3);
     HostManager manager(offload::Options{.min_offload_bytes = 0});
-    const auto offloaded = harness::train(kind, c10::Device(c10::kCPU), 3, with_scope(manager),
+    const auto offloaded = harness::train(kind, c10::Device(c10::kCPU), 3, harness::with_scope(manager),
                                           [&](const std::vector<at::Tensor>& p) { manager.exclude(p); });
     std::string why;
     CHECK_MESSAGE(harness::bitwise_equal(plain, offloaded, &why), why);

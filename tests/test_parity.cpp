@@ -38,14 +38,6 @@ struct Substrate {
 };
 
 template <class M>
-harness::Wrap with_scope(const M& manager) {
-  return [manager](const harness::Forward& forward) {
-    offload::Scope scope(manager);
-    return forward();
-  };
-}
-
-template <class M>
 bool is_streamed() {
   return std::is_same_v<typename M::sync_policy_type, offload::sync::Streamed>;
 }
@@ -64,7 +56,7 @@ TEST_CASE_TEMPLATE("parity: MLP, transformer block, GPT on sim:0, 3 AdamW steps"
     const auto plain = harness::train(kind, sim0, 3);
     for (int r = 0; r < repeats; ++r) {
       M manager(offload::Options{.min_offload_bytes = 0, .max_fwd_stash = 2, .prefetch_depth = 2});
-      const auto offloaded = harness::train(kind, sim0, 3, with_scope(manager),
+      const auto offloaded = harness::train(kind, sim0, 3, harness::with_scope(manager),
                                             [&](const std::vector<at::Tensor>& p) { manager.exclude(p); });
       std::string why;
       REQUIRE_MESSAGE(harness::bitwise_equal(plain, offloaded, &why), "repeat ", r, ": ", why);
@@ -78,7 +70,7 @@ TEST_CASE_TEMPLATE("parity: tensors on sim:1 come back on sim:1", M, PARITY_TYPE
   Substrate substrate;
   const auto plain = harness::train(harness::ModelKind::block, sim1, 2);
   M manager(offload::Options{.min_offload_bytes = 0});
-  const auto offloaded = harness::train(harness::ModelKind::block, sim1, 2, with_scope(manager));
+  const auto offloaded = harness::train(harness::ModelKind::block, sim1, 2, harness::with_scope(manager));
   std::string why;
   CHECK_MESSAGE(harness::bitwise_equal(plain, offloaded, &why), why);
   CHECK(manager.stats().storages_offloaded > 0);
@@ -129,7 +121,7 @@ TEST_CASE_TEMPLATE("parity: a CPU tensor saved by a custom Function stays on the
   Substrate substrate;
   const auto plain = harness::custom_function_saving_cpu(sim0);
   M manager(offload::Options{.min_offload_bytes = 0});
-  const auto offloaded = harness::custom_function_saving_cpu(sim0, with_scope(manager));
+  const auto offloaded = harness::custom_function_saving_cpu(sim0, harness::with_scope(manager));
   CHECK(offloaded.cpu_saved_came_back_on == c10::Device(c10::kCPU));
   CHECK(at::equal(plain.grad, offloaded.grad));
   CHECK(manager.stats().passed_other_device >= 1);
@@ -139,7 +131,7 @@ TEST_CASE_TEMPLATE("parity: a CPU tensor saved by a custom Function stays on the
 TEST_CASE_TEMPLATE("parity: parameters are never offloaded", M, PARITY_TYPES) {
   Substrate substrate;
   M manager(offload::Options{.min_offload_bytes = 0});
-  harness::train(harness::ModelKind::mlp, sim0, 1, with_scope(manager));
+  harness::train(harness::ModelKind::mlp, sim0, 1, harness::with_scope(manager));
   const auto stats = manager.stats();
   CHECK(stats.passed_leaf >= 1);  // fc2's weight.t(), saved for fc2's input gradient (fc1's input needs none)
   CHECK(stats.storages_offloaded >= 1);
@@ -178,7 +170,7 @@ TEST_CASE_TEMPLATE("parity: retain_graph with two backward passes", M, PARITY_TY
   const auto plain = run({});
   M manager(offload::Options{.min_offload_bytes = 0});
   at::manual_seed(3);
-  const auto offloaded = run(with_scope(manager));
+  const auto offloaded = run(harness::with_scope(manager));
   CHECK(at::equal(plain, offloaded));
   CHECK(manager.stats().tensors_reloaded + manager.stats().stash_reuses >= 2);
 }
@@ -197,7 +189,7 @@ TEST_CASE_TEMPLATE("parity: double backward (create_graph)", M, PARITY_TYPES) {
   const auto plain = run({});
   M manager(offload::Options{.min_offload_bytes = 0});
   at::manual_seed(4);
-  const auto offloaded = run(with_scope(manager));
+  const auto offloaded = run(harness::with_scope(manager));
   CHECK(at::equal(plain, offloaded));
 }
 
@@ -260,7 +252,7 @@ TEST_CASE_TEMPLATE("fault injection: a skipped wait or an early free breaks pari
     harness::RunResult broken;
     bool threw = false;
     try {
-      broken = harness::train(harness::ModelKind::mlp, sim0, 2, with_scope(manager));
+      broken = harness::train(harness::ModelKind::mlp, sim0, 2, harness::with_scope(manager));
     } catch (const std::exception&) {
       threw = true;
     }

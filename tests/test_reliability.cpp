@@ -80,14 +80,6 @@ bool same(const std::vector<at::Tensor>& a, const std::vector<at::Tensor>& b) {
 
 auto plain = [](auto&& forward) { return forward(); };
 
-template <class M>
-auto scoped(const M& manager) {
-  return [manager](auto&& forward) {
-    offload::Scope scope(manager);
-    return forward();
-  };
-}
-
 }  // namespace
 
 TEST_CASE("host budget: tensors over the budget stay on the device and training is unchanged") {
@@ -96,7 +88,7 @@ TEST_CASE("host budget: tensors over the budget stay on the device and training 
   // x.mm(w1) and tanh's output are 32x128 floats (16 KiB each): a 20 KiB
   // budget holds one of them per step.
   Blocking manager(offload::Options{.min_offload_bytes = 0, .host_budget_bytes = 20 * 1024});
-  const auto got = Mlp(7).train(3, scoped(manager));
+  const auto got = Mlp(7).train(3, harness::with_scope(manager));
   CHECK(same(expected, got));
   const auto stats = manager.stats();
   CHECK(stats.passed_budget > 0);
@@ -110,17 +102,9 @@ TEST_CASE("pinned fallback: a failed pinned allocation uses pageable memory, cou
   using HostPinned = offload::Manager<harness::HostAsDevice, offload::storage::PinnedHost, offload::sync::Blocking>;
   HostPinned manager(offload::Options{.min_offload_bytes = 0});
   auto w = at::randn({32, 32}).requires_grad_();
-  auto expected_loss = (w * 2).exp().sum();
-  expected_loss.backward();
-  const auto expected = w.grad().clone();
-  w.mutable_grad() = at::Tensor();
-  at::Tensor loss;
-  {
-    offload::Scope scope(manager);
-    loss = (w * 2).exp().sum();
-  }
-  loss.backward();
-  CHECK(at::equal(w.grad(), expected));
+  const auto grads = harness::grads_plain_and_wrapped(w, [](const at::Tensor& t) { return (t * 2).exp().sum(); },
+                                                      harness::with_scope(manager));
+  CHECK(at::equal(grads.wrapped, grads.plain));
   CHECK(manager.stats().pinned_fallbacks >= 1);
   CHECK(manager.stats().storages_offloaded >= 1);
 }
@@ -147,7 +131,7 @@ TEST_CASE("lifecycle: an exception mid-forward leaves nothing held once the grap
   CHECK(harness::settled_device_bytes() == device_before);
   CHECK(offload::sim::host_memory().current_bytes == host_before);
   // and the next step works, with the result of a run without offloading
-  CHECK(same(Mlp(3).train(2, plain), model.train(2, scoped(manager))));
+  CHECK(same(Mlp(3).train(2, plain), model.train(2, harness::with_scope(manager))));
 }
 
 TEST_CASE("lifecycle: 1000 steps keep device and host memory flat") {
@@ -155,7 +139,7 @@ TEST_CASE("lifecycle: 1000 steps keep device and host memory flat") {
   Streamed manager(offload::Options{.min_offload_bytes = 0, .max_fwd_stash = 2, .prefetch_depth = 2});
   Mlp model(5);
   std::vector<std::int64_t> device, host, pinned;
-  auto step = scoped(manager);
+  auto step = harness::with_scope(manager);
   for (int s = 0; s < 1000; ++s) {
     model.train(1, step);
     if (s == 9 || s == 999) {
@@ -181,8 +165,8 @@ TEST_CASE("threads: two threads with their own scopes train concurrently, bitwis
   Streamed shared(offload::Options{.min_offload_bytes = 0, .max_fwd_stash = 2});
   Mlp a(11), b(12);
   std::vector<at::Tensor> got_a, got_b;
-  std::thread ta([&] { got_a = a.train(4, scoped(shared)); });
-  std::thread tb([&] { got_b = b.train(4, scoped(shared)); });
+  std::thread ta([&] { got_a = a.train(4, harness::with_scope(shared)); });
+  std::thread tb([&] { got_b = b.train(4, harness::with_scope(shared)); });
   ta.join();
   tb.join();
   CHECK(same(alone_a, got_a));
@@ -280,8 +264,8 @@ TEST_CASE("randomized graphs: gradient parity with Streamed and Blocking on sim,
     const auto expected = random_graph_grads(seed, plain);
     Streamed streamed(offload::Options{.min_offload_bytes = 0, .max_fwd_stash = 2, .prefetch_depth = 2});
     Blocking blocking(offload::Options{.min_offload_bytes = 0});
-    const bool ok = same(expected, random_graph_grads(seed, scoped(streamed))) &&
-                    same(expected, random_graph_grads(seed, scoped(blocking)));
+    const bool ok = same(expected, random_graph_grads(seed, harness::with_scope(streamed))) &&
+                    same(expected, random_graph_grads(seed, harness::with_scope(blocking)));
     if (!ok) failing.push_back(seed);
     CHECK(streamed.stats().storages_offloaded > 0);
   }
@@ -301,7 +285,7 @@ TEST_CASE("randomized graphs: the check can fail (an injected early free is caug
     offload::testing::arm_fault(offload::testing::Fault::free_early, 1000);
     std::vector<at::Tensor> got;
     try {
-      got = random_graph_grads(seed, scoped(streamed));
+      got = random_graph_grads(seed, harness::with_scope(streamed));
     } catch (const std::exception&) {
     }
     offload::testing::disarm_faults();
@@ -327,7 +311,7 @@ TEST_CASE("lifecycle: a storage policy that throws leaves the accounting balance
   offload::Manager<offload::device::Sim, FailingHost, offload::sync::Blocking> manager(
       offload::Options{.min_offload_bytes = 0});
   Mlp model(21);
-  CHECK_THROWS_WITH_AS(model.train(1, scoped(manager)), doctest::Contains("FailingHost: out of host memory"),
+  CHECK_THROWS_WITH_AS(model.train(1, harness::with_scope(manager)), doctest::Contains("FailingHost: out of host memory"),
                        c10::Error);
   CHECK(manager.stats().host_bytes_in_use == 0);
   CHECK(manager.stats().storages_offloaded == 0);

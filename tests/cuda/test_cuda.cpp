@@ -39,14 +39,6 @@ void deterministic() {
 template <class Sync>
 using CudaManager = offload::Manager<offload::device::Cuda, offload::storage::PinnedHost, Sync>;
 
-template <class M>
-harness::Wrap with_scope(const M& manager) {
-  return [manager](const harness::Forward& forward) {
-    offload::Scope scope(manager);
-    return forward();
-  };
-}
-
 }  // namespace
 
 TEST_CASE_TEMPLATE("cuda: parity of MLP, block and GPT, 3 AdamW steps" * doctest::skip(!have_gpu()), Sync,
@@ -58,7 +50,7 @@ TEST_CASE_TEMPLATE("cuda: parity of MLP, block and GPT, 3 AdamW steps" * doctest
     const auto plain = harness::train(kind, cuda0, 3);
     for (int r = 0; r < 5; ++r) {
       CudaManager<Sync> manager(offload::Options{.min_offload_bytes = 0, .max_fwd_stash = 2});
-      const auto off = harness::train(kind, cuda0, 3, with_scope(manager),
+      const auto off = harness::train(kind, cuda0, 3, harness::with_scope(manager),
                                       [&](const std::vector<at::Tensor>& p) { manager.exclude(p); });
       std::string why;
       REQUIRE_MESSAGE(harness::bitwise_equal(plain, off, &why), why);
@@ -73,18 +65,10 @@ TEST_CASE_TEMPLATE("cuda: tensors come back on the device index they came from" 
   const c10::Device device(c10::DeviceType::CUDA, last);
   CudaManager<Sync> manager(offload::Options{.min_offload_bytes = 0});
   auto w = at::randn({64, 64}).to(device).requires_grad_();
-  auto expected_loss = (w * 2).exp().sum();
-  expected_loss.backward();
-  const auto expected = w.grad().clone();
-  w.mutable_grad() = at::Tensor();
-  at::Tensor loss;
-  {
-    offload::Scope scope(manager);
-    loss = (w * 2).exp().sum();
-  }
-  loss.backward();
-  CHECK(w.grad().device() == device);
-  CHECK(at::equal(w.grad(), expected));
+  const auto grads = harness::grads_plain_and_wrapped(w, [](const at::Tensor& t) { return (t * 2).exp().sum(); },
+                                                      harness::with_scope(manager));
+  CHECK(grads.wrapped.device() == device);
+  CHECK(at::equal(grads.wrapped, grads.plain));
   CHECK(manager.stats().storages_offloaded == 1);
 }
 

@@ -104,13 +104,6 @@ std::string expected_builtin_list() {
   return list + "xpu, npu, neuron, sim, generic";
 }
 
-harness::Wrap with_scope(const offload::AnyManager& manager) {
-  return [manager](const harness::Forward& forward) {
-    offload::Scope scope(manager);
-    return forward();
-  };
-}
-
 harness::OnParams excluding(offload::AnyManager manager) {
   return [manager](const std::vector<at::Tensor>& params) mutable { manager.exclude(params); };
 }
@@ -129,7 +122,7 @@ std::string error_of(F&& f) {
 /// equality and returns the manager's stats of the offloaded run.
 offload::Stats train_both(harness::ModelKind kind, c10::Device device, offload::AnyManager manager) {
   const auto plain = harness::train(kind, device, 3);
-  const auto offloaded = harness::train(kind, device, 3, with_scope(manager), excluding(manager));
+  const auto offloaded = harness::train(kind, device, 3, harness::with_scope(manager), excluding(manager));
   std::string why;
   CHECK_MESSAGE(harness::bitwise_equal(plain, offloaded, &why), why);
   return manager.stats();
