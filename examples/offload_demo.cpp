@@ -176,17 +176,22 @@ std::string help_text() {
   return o.str();
 }
 
+/// An integer in [lo, hi]; `range` is how errors name the accepted values
+/// (default "[lo, hi]").
 std::int64_t parse_int(std::string_view flag, const std::string& text, std::int64_t lo, std::int64_t hi,
-                       std::string_view range) {
+                       std::string range = {}) {
+  if (range.empty()) {
+    range = "[" + std::to_string(lo) + ", " + std::to_string(hi) + "]";
+  }
   std::int64_t value = 0;
   const char* first = text.data();
   const char* last = text.data() + text.size();
   const auto [ptr, ec] = std::from_chars(first, last, value);
   if (text.empty() || ec == std::errc::invalid_argument || ptr != last) {
-    throw UsageError(std::string(flag) + ": expected an integer in " + std::string(range) + ", got '" + text + "'");
+    throw UsageError(std::string(flag) + ": expected an integer in " + range + ", got '" + text + "'");
   }
   if (ec == std::errc::result_out_of_range || value < lo || value > hi) {
-    throw UsageError(std::string(flag) + ": " + text + " is out of range; accepted: " + std::string(range));
+    throw UsageError(std::string(flag) + ": " + text + " is out of range; accepted: " + range);
   }
   return value;
 }
@@ -253,17 +258,17 @@ Args parse_args(int argc, char** argv) {
     };
     constexpr std::int64_t int63 = std::numeric_limits<std::int64_t>::max();
     if (flag == "--layers") {
-      a.layers = parse_int(flag, value(), 1, 64, "[1, 64]");
+      a.layers = parse_int(flag, value(), 1, 64);
     } else if (flag == "--width") {
-      a.width = parse_int(flag, value(), 1, 4096, "[1, 4096]");
+      a.width = parse_int(flag, value(), 1, 4096);
     } else if (flag == "--heads") {
-      a.heads = parse_int(flag, value(), 1, 256, "[1, 256]");
+      a.heads = parse_int(flag, value(), 1, 256);
     } else if (flag == "--seq") {
-      a.seq = parse_int(flag, value(), 1, 4096, "[1, 4096]");
+      a.seq = parse_int(flag, value(), 1, 4096);
     } else if (flag == "--batch") {
-      a.batch = parse_int(flag, value(), 1, 4096, "[1, 4096]");
+      a.batch = parse_int(flag, value(), 1, 4096);
     } else if (flag == "--steps") {
-      a.steps = parse_int(flag, value(), 1, 1'000'000, "[1, 1000000]");
+      a.steps = parse_int(flag, value(), 1, 1'000'000);
     } else if (flag == "--lr") {
       a.lr = parse_lr(flag, value());
     } else if (flag == "--seed") {
@@ -290,11 +295,11 @@ Args parse_args(int argc, char** argv) {
     } else if (flag == "--min-offload-bytes") {
       a.min_offload_bytes = parse_bytes(flag, value());
     } else if (flag == "--max-fwd-stash") {
-      a.max_fwd_stash = parse_int(flag, value(), 1, 1024, "[1, 1024]");
+      a.max_fwd_stash = parse_int(flag, value(), 1, 1024);
     } else if (flag == "--prefetch-depth") {
-      a.prefetch_depth = parse_int(flag, value(), 0, 1024, "[0, 1024]");
+      a.prefetch_depth = parse_int(flag, value(), 0, 1024);
     } else if (flag == "--log-every") {
-      a.log_every = parse_int(flag, value(), 0, 1'000'000, "[0, 1000000]");
+      a.log_every = parse_int(flag, value(), 0, 1'000'000);
     } else {
       throw UsageError("unknown flag '" + args[i] + "' (see --help)");
     }
