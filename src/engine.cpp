@@ -26,33 +26,26 @@ namespace offload {
 
 // ---------------------------------------------------------------- Options
 namespace {
-constexpr std::int64_t kMaxBytes = std::int64_t{1} << 50;
-
-void check_range(const char* field, std::int64_t value, std::int64_t lo, std::int64_t hi) {
-  TORCH_CHECK_VALUE(value >= lo && value <= hi, "offload::Options: ", field, " must be in [", lo, ", ",
-                    hi, "], got ", value);
+void check_range(const char* field, std::int64_t value, Range range) {
+  TORCH_CHECK_VALUE(value >= range.lo && value <= range.hi, "offload::Options: ", field, " must be in [", range.lo,
+                    ", ", range.hi, "], got ", value);
 }
 }  // namespace
 
 void Options::validate() const {
-  check_range("min_offload_bytes", min_offload_bytes, 0, kMaxBytes);
-  check_range("max_fwd_stash", max_fwd_stash, 1, 1024);
-  check_range("prefetch_depth", prefetch_depth, 0, 1024);
-  check_range("host_budget_bytes", host_budget_bytes, 0, kMaxBytes);
+  check_range("min_offload_bytes", min_offload_bytes, ranges::min_offload_bytes);
+  check_range("max_fwd_stash", max_fwd_stash, ranges::max_fwd_stash);
+  check_range("prefetch_depth", prefetch_depth, ranges::prefetch_depth);
+  check_range("host_budget_bytes", host_budget_bytes, ranges::host_budget_bytes);
 }
 
 std::ostream& operator<<(std::ostream& os, const Stats& s) {
-  return os << "tensors_seen=" << s.tensors_seen << " tensors_offloaded=" << s.tensors_offloaded
-            << " storages_offloaded=" << s.storages_offloaded << " tensors_aliased=" << s.tensors_aliased
-            << " passed_other_device=" << s.passed_other_device << " passed_small=" << s.passed_small
-            << " passed_excluded=" << s.passed_excluded << " passed_leaf=" << s.passed_leaf
-            << " passed_layout=" << s.passed_layout << " passed_budget=" << s.passed_budget
-            << " bytes_offloaded=" << s.bytes_offloaded << " bytes_reloaded=" << s.bytes_reloaded
-            << " tensors_reloaded=" << s.tensors_reloaded << " reloads_shared=" << s.reloads_shared
-            << " host_bytes_in_use=" << s.host_bytes_in_use << " host_bytes_peak=" << s.host_bytes_peak
-            << " blocking_fallbacks=" << s.blocking_fallbacks << " pinned_fallbacks=" << s.pinned_fallbacks
-            << " stash_reuses=" << s.stash_reuses << " prefetches=" << s.prefetches
-            << " prefetch_peak=" << s.prefetch_peak;
+  const char* separator = "";
+  for (const auto& field : stat_fields) {
+    os << separator << field.name << '=' << s.*field.member;
+    separator = " ";
+  }
+  return os;
 }
 
 // ---------------------------------------------------------------- versions

@@ -8,6 +8,21 @@
 
 namespace offload {
 
+/// A closed range [lo, hi] of accepted values of one Options field.
+struct Range {
+  std::int64_t lo;
+  std::int64_t hi;
+};
+
+/// The accepted range of each integer field of Options: the one place the
+/// bounds live (validation, the demo's flags and the docs read them).
+namespace ranges {
+inline constexpr Range min_offload_bytes{0, std::int64_t{1} << 50};  ///< bytes
+inline constexpr Range max_fwd_stash{1, 1024};                       ///< tensors
+inline constexpr Range prefetch_depth{0, 1024};                      ///< tensors
+inline constexpr Range host_budget_bytes{0, std::int64_t{1} << 50};  ///< bytes; 0 = unlimited
+}  // namespace ranges
+
 /// Settings of one offload manager. Plain data: copy freely. A manager
 /// validates its copy once, in its constructor, before it changes any state.
 ///

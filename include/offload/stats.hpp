@@ -3,8 +3,10 @@
 /// @file
 /// offload::Stats: what a manager did, as counters.
 
+#include <array>
 #include <cstdint>
 #include <iosfwd>
+#include <string_view>
 
 namespace offload {
 
@@ -41,6 +43,40 @@ struct Stats {
            passed_budget;
   }
 };
+
+/// One counter of Stats: its name (as operator<< and the JSON writers spell
+/// it), the member holding it, and what it counts.
+struct StatField {
+  std::string_view name;
+  std::int64_t Stats::* member;
+  std::string_view doc;
+};
+
+/// Every counter of Stats, in declaration order: the one list that printing
+/// and JSON output walk, so a new counter is added here and nowhere else.
+inline constexpr std::array<StatField, 21> stat_fields{{
+    {"tensors_seen", &Stats::tensors_seen, "saved tensors given to the pack hook"},
+    {"tensors_offloaded", &Stats::tensors_offloaded, "saved tensors served from host memory (views of one storage each count)"},
+    {"storages_offloaded", &Stats::storages_offloaded, "distinct storages copied to the host"},
+    {"tensors_aliased", &Stats::tensors_aliased, "saved tensors that reused another view's host copy"},
+    {"passed_other_device", &Stats::passed_other_device, "not on the manager's device type (e.g. CPU tensors)"},
+    {"passed_small", &Stats::passed_small, "storage under Options::min_offload_bytes"},
+    {"passed_excluded", &Stats::passed_excluded, "registered with Manager::exclude (parameters, buffers)"},
+    {"passed_leaf", &Stats::passed_leaf, "leaf tensors that require grad (parameters)"},
+    {"passed_layout", &Stats::passed_layout, "sparse, quantized, nested or other non-strided tensors"},
+    {"passed_budget", &Stats::passed_budget, "would have exceeded Options::host_budget_bytes"},
+    {"bytes_offloaded", &Stats::bytes_offloaded, "bytes copied device -> host"},
+    {"bytes_reloaded", &Stats::bytes_reloaded, "bytes copied host -> device"},
+    {"tensors_reloaded", &Stats::tensors_reloaded, "host -> device copies made"},
+    {"reloads_shared", &Stats::reloads_shared, "unpacks served by a storage already brought back"},
+    {"host_bytes_in_use", &Stats::host_bytes_in_use, "host bytes this manager holds now"},
+    {"host_bytes_peak", &Stats::host_bytes_peak, "most host bytes held at once"},
+    {"blocking_fallbacks", &Stats::blocking_fallbacks, "copies made blocking because the runtime lacked streams/events"},
+    {"pinned_fallbacks", &Stats::pinned_fallbacks, "pinned allocations that failed and used pageable memory"},
+    {"stash_reuses", &Stats::stash_reuses, "unpacks served from the forward stash (no copy back)"},
+    {"prefetches", &Stats::prefetches, "host -> device copies started ahead of (or on) demand by Streamed"},
+    {"prefetch_peak", &Stats::prefetch_peak, "most prefetched buffers outstanding at once (<= Options::prefetch_depth, +1 on demand)"},
+}};
 
 /// Writes the counters as one line of `name=value` pairs.
 std::ostream& operator<<(std::ostream& os, const Stats& stats);
