@@ -1,12 +1,13 @@
 # SPDX-License-Identifier: MIT
 """Checks of offload-demo, run by Meson (examples/meson.build).
 
-usage: check_demo.py tiny|cap-oom|bad-input PATH/TO/offload-demo
+usage: check_demo.py tiny|lstm|cap-oom|bad-input PATH/TO/offload-demo
 
 tiny       3 steps of a tiny model on sim, without and with offloading:
            losses bitwise equal (max_abs_loss_diff == 0), a lower peak of
            device memory with offloading, bytes offloaded and brought back,
            and (when matplotlib is importable) a PNG and its CSV.
+lstm       the same with --model lstm (2 layers), without the plot.
 cap-oom    the same model under a device-memory cap half way between the
            two peaks: the run without offloading runs out of device memory,
            the offloaded run trains every step.
@@ -49,15 +50,19 @@ def summary(demo, extra, tmp, name):
         return json.load(f), proc
 
 
-def check_tiny(demo):
+def check_tiny(demo, model="gpt"):
     with tempfile.TemporaryDirectory() as tmp:
-        try:
-            import matplotlib  # noqa: F401  (only whether the PNG can be checked too)
-            plot = os.path.join(tmp, "memory.png")
-        except ImportError:
-            plot = None
-            print("matplotlib not importable here: skipping the --plot check")
-        s, _ = summary(demo, ["--plot", plot] if plot else [], tmp, "tiny")
+        plot = None
+        if model == "gpt":
+            try:
+                import matplotlib  # noqa: F401  (only whether the PNG can be checked too)
+                plot = os.path.join(tmp, "memory.png")
+            except ImportError:
+                print("matplotlib not importable here: skipping the --plot check")
+        extra = (["--plot", plot] if plot else []) + (["--model", model] if model != "gpt" else [])
+        s, _ = summary(demo, extra, tmp, "tiny")
+        if s["model"]["name"] != model:
+            fail("the summary names model %r, expected %r" % (s["model"]["name"], model))
         if s["steps"] != 3 or len(s["losses_none"]) != 3 or len(s["losses_offload"]) != 3:
             fail("expected 3 losses per run, got %r and %r" % (s["losses_none"], s["losses_offload"]))
         if s["max_abs_loss_diff"] != 0:
@@ -81,8 +86,11 @@ def check_tiny(demo):
                 text = f.read()
             if "without offloading" not in text or "with offloading" not in text:
                 fail("the plot's CSV lacks one of the runs")
-    print("ok: 3 steps, losses bitwise equal, peak %d < %d bytes, %d bytes offloaded"
-          % (s["peak_device_bytes_offload"], s["peak_device_bytes_none"], s["bytes_offloaded"]))
+    if s["stats_offload"]["bytes_offloaded"] != s["bytes_offloaded"]:
+        fail("stats_offload.bytes_offloaded %r differs from bytes_offloaded %r"
+             % (s["stats_offload"]["bytes_offloaded"], s["bytes_offloaded"]))
+    print("ok: %s, 3 steps, losses bitwise equal, peak %d < %d bytes, %d bytes offloaded"
+          % (model, s["peak_device_bytes_offload"], s["peak_device_bytes_none"], s["bytes_offloaded"]))
 
 
 def check_cap_oom(demo):
@@ -127,11 +135,12 @@ def check_bad_input(demo):
 
 
 def main():
-    if len(sys.argv) != 3 or sys.argv[1] not in ("tiny", "cap-oom", "bad-input"):
+    checks = {"tiny": check_tiny, "lstm": lambda demo: check_tiny(demo, "lstm"), "cap-oom": check_cap_oom,
+              "bad-input": check_bad_input}
+    if len(sys.argv) != 3 or sys.argv[1] not in checks:
         print(__doc__)
         sys.exit(2)
-    demo = sys.argv[2]
-    {"tiny": check_tiny, "cap-oom": check_cap_oom, "bad-input": check_bad_input}[sys.argv[1]](demo)
+    checks[sys.argv[1]](sys.argv[2])
 
 
 if __name__ == "__main__":

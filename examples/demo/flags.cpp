@@ -1,0 +1,317 @@
+// SPDX-License-Identifier: MIT
+// offload-demo's flags with CLI11: each flag's range is a validator that
+// also writes the flag's help, so the accepted values are stated once.
+
+#include "flags.hpp"
+
+#include <unistd.h>
+
+#include <array>
+#include <charconv>
+#include <cmath>
+#include <filesystem>
+#include <iostream>
+#include <limits>
+#include <system_error>
+#include <utility>
+#include <vector>
+
+#include <CLI/CLI.hpp>
+
+#include "models.hpp"
+
+namespace demo {
+
+std::string_view mode_name(OffloadMode mode) {
+  switch (mode) {
+    case OffloadMode::none: return "none";
+    case OffloadMode::blocking: return "blocking";
+    case OffloadMode::streamed: return "streamed";
+    case OffloadMode::compare: return "compare";
+  }
+  return "?";
+}
+
+namespace {
+
+namespace fs = std::filesystem;
+
+/// The byte-count flags' upper bound: the largest byte count Options takes.
+constexpr std::int64_t max_bytes_flag = offload::ranges::min_offload_bytes.hi;
+
+/// The example cap shown in --help: between the peak of the default model
+/// with offloading and without it on `sim`, so the run without offloading
+/// runs out of device memory and the offloaded one trains.
+constexpr std::int64_t example_cap_mib = 36;
+
+std::string range_text(offload::Range r) {
+  return "[" + std::to_string(r.lo) + ", " + std::to_string(r.hi) + "]";
+}
+
+/// An integer in `r`, rewritten as plain decimal; `shown` names the range
+/// in errors and --help (default "[lo, hi]").
+CLI::Validator integer_in(offload::Range r, std::string shown = {}) {
+  if (shown.empty()) shown = range_text(r);
+  return CLI::Validator(
+      [r, shown](std::string& text) -> std::string {
+        std::int64_t value = 0;
+        const auto [ptr, ec] = std::from_chars(text.data(), text.data() + text.size(), value);
+        if (text.empty() || ec == std::errc::invalid_argument || ptr != text.data() + text.size()) {
+          return "expected an integer in " + shown + ", got '" + text + "'";
+        }
+        if (ec == std::errc::result_out_of_range || value < r.lo || value > r.hi) {
+          return text + " is out of range; accepted: " + shown;
+        }
+        text = std::to_string(value);
+        return {};
+      },
+      "");
+}
+
+/// A byte count in `r` with an optional K/M/G (KiB/MiB/GiB) suffix,
+/// rewritten as plain bytes.
+CLI::Validator bytes_in(offload::Range r) {
+  const std::string shown = "[" + std::to_string(r.lo) + ", 2^" +
+                            std::to_string(static_cast<int>(std::log2(static_cast<double>(r.hi)))) +
+                            "] bytes, optionally with a suffix K, M or G";
+  return CLI::Validator(
+      [r, shown](std::string& text) -> std::string {
+        static constexpr std::array<std::pair<std::string_view, std::int64_t>, 6> suffixes{{
+            {"KiB", 1024}, {"MiB", 1024 * 1024}, {"GiB", 1024 * 1024 * 1024}, {"K", 1024}, {"M", 1024 * 1024},
+            {"G", 1024 * 1024 * 1024}}};
+        std::string_view digits = text;
+        std::int64_t scale = 1;
+        for (const auto& [suffix, factor] : suffixes) {
+          if (digits.size() > suffix.size() && digits.ends_with(suffix)) {
+            digits.remove_suffix(suffix.size());
+            scale = factor;
+            break;
+          }
+        }
+        std::int64_t value = 0;
+        const auto [ptr, ec] = std::from_chars(digits.data(), digits.data() + digits.size(), value);
+        if (digits.empty() || ec == std::errc::invalid_argument || ptr != digits.data() + digits.size()) {
+          return "expected a byte count in " + shown + ", got '" + text + "'";
+        }
+        if (ec == std::errc::result_out_of_range || value < r.lo / scale || value > r.hi / scale) {
+          return text + " is out of range; accepted: " + shown;
+        }
+        text = std::to_string(value * scale);
+        return {};
+      },
+      "");
+}
+
+/// A number in (0, hi], rewritten in its shortest exact form.
+CLI::Validator positive_number_up_to(double hi) {
+  char buf[32];
+  const auto end = std::to_chars(buf, buf + sizeof buf, hi).ptr;
+  const std::string shown = "(0, " + std::string(buf, end) + "]";
+  return CLI::Validator(
+      [hi, shown](std::string& text) -> std::string {
+        double value = 0;
+        const auto [ptr, ec] = std::from_chars(text.data(), text.data() + text.size(), value);
+        if (text.empty() || ec == std::errc::invalid_argument || ptr != text.data() + text.size()) {
+          return "expected a number in " + shown + ", got '" + text + "'";
+        }
+        if (ec == std::errc::result_out_of_range || !std::isfinite(value) || value <= 0 || value > hi) {
+          return text + " is out of range; accepted: " + shown;
+        }
+        return {};
+      },
+      "");
+}
+
+/// One of `choices`.
+CLI::Validator one_of(std::vector<std::string> choices) {
+  return CLI::Validator(
+      [choices](std::string& text) -> std::string {
+        for (const auto& c : choices) {
+          if (text == c) return {};
+        }
+        std::string list;
+        for (std::size_t i = 0; i < choices.size(); ++i) {
+          list += (i == 0 ? "" : i + 1 == choices.size() ? " or " : ", ") + choices[i];
+        }
+        return "expected " + list + ", got '" + text + "'";
+      },
+      "");
+}
+
+/// A non-empty string; `what` is how the error names it.
+CLI::Validator non_empty(std::string what) {
+  return CLI::Validator(
+      [what](std::string& text) -> std::string {
+        return text.empty() ? "expected " + what + ", got ''" : std::string();
+      },
+      "");
+}
+
+/// A file the demo may create: not a directory, in a writable directory.
+CLI::Validator writable_file() {
+  return CLI::Validator(
+      [](std::string& text) -> std::string {
+        if (text.empty()) return "expected a file name, got ''";
+        const fs::path parent = fs::absolute(fs::path(text)).parent_path();
+        std::error_code ec;
+        if (!fs::is_directory(parent, ec) || ::access(parent.c_str(), W_OK) != 0) {
+          return "cannot write '" + text + "': directory '" + parent.string() +
+                 "' does not exist or is not writable";
+        }
+        if (fs::is_directory(fs::path(text), ec)) return "'" + text + "' is a directory, expected a file name";
+        return {};
+      },
+      "");
+}
+
+/// `text` with its words wrapped at `width` columns (kept line breaks stay),
+/// for the flag descriptions CLI11 indents but does not wrap.
+std::string wrap(const std::string& text, std::size_t width = 72) {
+  std::string out, line, word;
+  auto flush_word = [&] {
+    if (word.empty()) return;
+    if (!line.empty() && line.size() + 1 + word.size() > width) {
+      out += line + "\n";
+      line.clear();
+    }
+    line += (line.empty() ? "" : " ") + word;
+    word.clear();
+  };
+  for (const char ch : text + "\n") {
+    if (ch == ' ' || ch == '\n') {
+      flush_word();
+      if (ch == '\n') {
+        out += line + "\n";
+        line.clear();
+      }
+    } else {
+      word += ch;
+    }
+  }
+  out.pop_back();
+  return out;
+}
+
+/// "(default X)" for an integer default.
+std::string dflt(std::int64_t v) { return " (default " + std::to_string(v) + ")"; }
+
+}  // namespace
+
+std::optional<Args> parse_args(int argc, char** argv) {
+  Args a;
+  std::vector<std::string> model_names;
+  std::string model_help;
+  for (const auto& kind : model_kinds()) {
+    model_names.emplace_back(kind.name);
+    model_help += "\n" + std::string(kind.name) + ": " + std::string(kind.help) + " (" +
+                  std::to_string(kind.default_layers) + " layers by default)";
+  }
+
+  CLI::App app(
+      "Trains a character language model with AdamW on a text file, without and with activation\n"
+      "offloading, from the same initial weights and the same batches, and compares losses (bitwise),\n"
+      "peak device memory and time per step. Vocabulary: the distinct bytes of the text; one token per byte.",
+      std::string(program));
+  app.set_help_flag("-h,--help", "show this text");
+  app.option_defaults()->multi_option_policy(CLI::MultiOptionPolicy::TakeLast);
+  app.get_formatter()->column_width(30);
+  app.footer(
+      "Exit status: 0 trained (also when the run without offloading ran out of device memory),\n"
+      "1 error while training, 2 bad input (one line on stderr naming it).");
+
+  constexpr offload::Range int63{0, std::numeric_limits<std::int64_t>::max()};
+  const std::string g1 = "Model and training (integers unless noted)";
+  app.add_option("--model", a.model, "the model (default gpt):" + model_help)
+      ->transform(one_of(model_names))->type_name("NAME")->group(g1);
+  auto* layers = app.add_option("--layers", a.layers, "transformer blocks or LSTM layers, in [1, 64] (default: the model's)")
+      ->transform(integer_in({1, 64}))->type_name("N")->group(g1);
+  app.add_option("--width", a.width, "model width, in [1, 4096]; gpt: a multiple of --heads" + dflt(a.width))
+      ->transform(integer_in({1, 4096}))->type_name("N")->group(g1);
+  auto* heads = app.add_option("--heads", a.heads, "gpt: attention heads, in [1, 256]" + dflt(a.heads))
+      ->transform(integer_in({1, 256}))->type_name("N")->group(g1);
+  app.add_option("--seq", a.seq, "context length in tokens, in [1, 4096]" + dflt(a.seq))
+      ->transform(integer_in({1, 4096}))->type_name("N")->group(g1);
+  app.add_option("--batch", a.batch, "sequences per step, in [1, 4096]" + dflt(a.batch))
+      ->transform(integer_in({1, 4096}))->type_name("N")->group(g1);
+  app.add_option("--steps", a.steps, "training steps per run, in [1, 1000000]" + dflt(a.steps))
+      ->transform(integer_in({1, 1'000'000}))->type_name("N")->group(g1);
+  app.add_option("--lr", a.lr, "AdamW learning rate, a number in (0, 10] (default 0.003)")
+      ->transform(positive_number_up_to(10))->type_name("X")->group(g1);
+  app.add_option("--seed", a.seed, "seed of the weights and the batch order, in [0, 2^63-1]" + dflt(a.seed))
+      ->transform(integer_in(int63, "[0, 2^63-1]"))->type_name("N")->group(g1);
+  app.add_option("--data", a.data,
+                 "UTF-8/ASCII text to train on, at least --seq + 1 bytes (default: every regular file in " +
+                     std::string(default_data_dir) + "/, concatenated in sorted order)")
+      ->transform(non_empty("a file name"))->type_name("FILE")->group(g1);
+
+  const std::string g2 = "Offloading";
+  std::string offload = "compare";
+  app.add_option("--offload", offload,
+                 "none | blocking | streamed | compare (default compare: the same steps without offloading, "
+                 "then with streamed offloading)")
+      ->transform(one_of({"none", "blocking", "streamed", "compare"}))->type_name("MODE")->group(g2);
+  app.add_option("--device", a.device,
+                 "auto | sim | sim:N | cuda | cuda:N | the detected accelerator's name (default auto: the "
+                 "detected accelerator, else the simulated `sim`)")
+      ->transform(non_empty("auto, sim or an accelerator name"))->type_name("DEV")->group(g2);
+  const auto bytes_range = offload::Range{0, max_bytes_flag};
+  app.add_option("--device-memory-cap", a.device_memory_cap,
+                 "device memory limit in bytes, in [0, 2^50], 0 = none; suffixes K, M, G (KiB, MiB, GiB) are "
+                 "accepted (default 0). On sim: the device's capacity; on CUDA: a memory fraction of the "
+                 "device's total memory. Example: --device-memory-cap " + std::to_string(example_cap_mib) +
+                 "M with the default model on sim: the run without offloading runs out of device memory, the "
+                 "offloaded one trains.")
+      ->transform(bytes_in(bytes_range))->type_name("B")->group(g2);
+  app.add_option("--min-offload-bytes", a.min_offload_bytes,
+                 "saved tensors smaller than this stay on the device, in [0, 2^50]" + dflt(a.min_offload_bytes))
+      ->transform(bytes_in(offload::ranges::min_offload_bytes))->type_name("B")->group(g2);
+  app.add_option("--max-fwd-stash", a.max_fwd_stash,
+                 "streamed: device-to-host copies in flight in forward, in " +
+                     range_text(offload::ranges::max_fwd_stash) + dflt(a.max_fwd_stash))
+      ->transform(integer_in(offload::ranges::max_fwd_stash))->type_name("N")->group(g2);
+  app.add_option("--prefetch-depth", a.prefetch_depth,
+                 "streamed: tensors brought back ahead of need in backward, in " +
+                     range_text(offload::ranges::prefetch_depth) + dflt(a.prefetch_depth))
+      ->transform(integer_in(offload::ranges::prefetch_depth))->type_name("N")->group(g2);
+
+  const std::string g3 = "Output";
+  app.add_option("--summary-json", a.summary_json, "write the results as JSON")
+      ->transform(writable_file())->type_name("PATH")->group(g3);
+  app.add_option("--plot", a.plot,
+                 "write a PNG of device memory over one training step, with and without offloading (and its "
+                 "samples as PATH with .csv); needs python3 with matplotlib: $OFFLOAD_DEMO_PYTHON, else the "
+                 "project's .venv, else python3")
+      ->transform(writable_file())->type_name("PATH")->group(g3);
+  app.add_option("--log-every", a.log_every,
+                 "progress line every N steps when stdout is not a terminal, in [0, 1000000], 0 = about ten "
+                 "per run (default 0)")
+      ->transform(integer_in({0, 1'000'000}))->type_name("N")->group(g3);
+
+  for (auto* option : app.get_options()) option->description(wrap(option->get_description()));
+
+  try {
+    app.parse(argc, argv);
+  } catch (const CLI::CallForHelp&) {
+    std::cout << app.help();
+    return std::nullopt;
+  } catch (const CLI::ParseError& e) {
+    throw UsageError(e.what());
+  }
+
+  a.offload = offload == "none"       ? OffloadMode::none
+              : offload == "blocking" ? OffloadMode::blocking
+              : offload == "streamed" ? OffloadMode::streamed
+                                      : OffloadMode::compare;
+  const auto& kind = model_kind(a.model);
+  if (layers->count() == 0) a.layers = kind.default_layers;
+  if (kind.uses_heads && a.width % a.heads != 0) {
+    throw UsageError("--width " + std::to_string(a.width) + " must be a multiple of --heads " +
+                     std::to_string(a.heads));
+  }
+  if (!kind.uses_heads && heads->count() > 0) {
+    throw UsageError("--heads: --model " + a.model + " has no attention heads");
+  }
+  return a;
+}
+
+}  // namespace demo

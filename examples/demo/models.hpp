@@ -1,0 +1,45 @@
+// SPDX-License-Identifier: MIT
+#pragma once
+// The models offload-demo can train (--model NAME). A model is one file,
+// model_NAME.cpp, that defines a CharModel and registers its ModelKind;
+// nothing else names it. This header needs no LibTorch.
+
+#include <cstdint>
+#include <memory>
+#include <string_view>
+#include <vector>
+
+namespace demo {
+
+class CharModel;  // char_model.hpp
+
+/// Shapes from the command line. Every field is >= 1.
+struct ModelShape {
+  std::int64_t vocab;   ///< distinct tokens (bytes of the text)
+  std::int64_t layers;  ///< transformer blocks or recurrent layers
+  std::int64_t width;   ///< embedding and hidden width
+  std::int64_t heads;   ///< attention heads (models with uses_heads only)
+  std::int64_t seq;     ///< context length in tokens
+};
+
+/// One --model choice.
+struct ModelKind {
+  std::string_view name;         ///< the value of --model
+  std::string_view title;        ///< e.g. "GPT character LM": the report's and the plot's first words
+  std::string_view help;         ///< one line for --help
+  std::int64_t default_layers;   ///< --layers when not given
+  bool uses_heads;               ///< reads --heads (and needs width % heads == 0)
+  /// The model on the CPU, initialised from LibTorch's current seed.
+  std::shared_ptr<CharModel> (*make)(const ModelShape& shape);
+};
+
+/// Every registered model, sorted by name. Filled before main() runs.
+const std::vector<ModelKind>& model_kinds();
+
+/// The kind called `name`; throws std::out_of_range when none is.
+const ModelKind& model_kind(std::string_view name);
+
+/// Adds `kind` (from a model file's static initializer); returns true.
+bool register_model(const ModelKind& kind);
+
+}  // namespace demo

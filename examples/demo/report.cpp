@@ -1,0 +1,166 @@
+// SPDX-License-Identifier: MIT
+
+#include "report.hpp"
+
+#include <algorithm>
+#include <cerrno>
+#include <cstdio>
+#include <cstring>
+#include <fstream>
+#include <functional>
+#include <iostream>
+#include <stdexcept>
+#include <utility>
+#include <vector>
+
+#include <nlohmann/json.hpp>
+
+#include "../stats_json.hpp"
+#include "models.hpp"
+
+namespace demo {
+namespace {
+
+std::string seconds_text(const RunResult& r) {
+  if (r.losses.empty()) return "n/a";
+  char buf[32];
+  std::snprintf(buf, sizeof buf, "%.3f s", r.seconds_per_step());
+  return buf;
+}
+
+std::string ratio_text(double a, double b) {
+  if (!(a > 0) || !(b > 0)) return "";
+  char buf[32];
+  std::snprintf(buf, sizeof buf, "%.2fx", b / a);
+  return buf;
+}
+
+void print_table(const Args& args, const RunResult* none, const RunResult* off) {
+  std::vector<std::pair<std::string, const RunResult*>> cols;
+  if (none) cols.emplace_back("no offload", none);
+  if (off) cols.emplace_back("offload (" + off->name + ")", off);
+  const bool ratio = none && off;
+  std::vector<std::vector<std::string>> rows;
+  auto row = [&](std::string label, const std::function<std::string(const RunResult&)>& cell, std::string r = "") {
+    std::vector<std::string> out{std::move(label)};
+    for (const auto& c : cols) out.push_back(cell(*c.second));
+    if (ratio) out.push_back(std::move(r));
+    rows.push_back(std::move(out));
+  };
+  std::vector<std::string> header{""};
+  for (const auto& c : cols) header.push_back(c.first);
+  if (ratio) header.push_back("offload / none");
+  rows.push_back(header);
+  row("steps trained", [&](const RunResult& r) {
+    return std::to_string(r.losses.size()) + "/" + std::to_string(args.steps) + (r.oom_step ? " (out of memory)" : "");
+  });
+  row("final loss", [](const RunResult& r) {
+    if (r.losses.empty()) return std::string("n/a");
+    char buf[32];
+    std::snprintf(buf, sizeof buf, "%.6f", static_cast<double>(r.losses.back()));
+    return std::string(buf);
+  });
+  row("peak device memory", [](const RunResult& r) { return mib(r.peak_bytes); },
+      ratio && !none->oom_step
+          ? ratio_text(static_cast<double>(none->peak_bytes), static_cast<double>(off->peak_bytes))
+          : "");
+  row("bytes offloaded",
+      [](const RunResult& r) { return r.name == "none" ? std::string("-") : mib(r.stats.bytes_offloaded); });
+  row("bytes brought back",
+      [](const RunResult& r) { return r.name == "none" ? std::string("-") : mib(r.stats.bytes_reloaded); });
+  row("time per step", seconds_text, ratio ? ratio_text(none->seconds_per_step(), off->seconds_per_step()) : "");
+  std::vector<std::size_t> widths(rows.front().size(), 0);
+  for (const auto& r : rows) {
+    for (std::size_t i = 0; i < r.size(); ++i) widths[i] = std::max(widths[i], r[i].size());
+  }
+  std::cout << "\n";
+  for (std::size_t k = 0; k < rows.size(); ++k) {
+    std::string line;
+    for (std::size_t i = 0; i < rows[k].size(); ++i) {
+      const auto& cell = rows[k][i];
+      const auto pad = std::string(widths[i] - cell.size(), ' ');
+      line += i == 0 ? cell + pad : "   " + pad + cell;  // first column left, others right aligned
+    }
+    while (!line.empty() && line.back() == ' ') line.pop_back();
+    std::cout << line << "\n";
+    if (k == 0) std::cout << std::string(line.size(), '-') << "\n";
+  }
+  std::cout << "\n";
+}
+
+}  // namespace
+
+void print_report(const Args& args, const RunResult* none, const RunResult* off) {
+  print_table(args, none, off);
+  if (none && off) {
+    const auto cmp = compare(*none, *off);
+    if (cmp.common == 0) {
+      std::cout << "losses: no step completed in both runs, nothing to compare\n";
+    } else if (cmp.bitwise_equal) {
+      std::cout << "losses: all " << cmp.common << " steps bitwise equal without and with offloading"
+                << (cmp.common < static_cast<std::size_t>(args.steps) ? " (the steps both runs completed)" : "")
+                << "\n";
+    } else {
+      std::cout << "losses: NOT bitwise equal (max abs difference " << cmp.max_abs_diff << " over " << cmp.common
+                << " steps)\n";
+    }
+  }
+  if (none && none->oom_step) {
+    std::cout << "without offloading: ran out of device memory at step " << *none->oom_step << " of " << args.steps;
+    if (off && !off->oom_step) std::cout << "; with offloading: trained all " << args.steps << " steps";
+    std::cout << " (cap " << mib(args.device_memory_cap) << ")\n";
+  }
+  if (off && off->oom_step) {
+    std::cout << "with offloading: ran out of device memory at step " << *off->oom_step << " of " << args.steps
+              << (args.device_memory_cap > 0 ? "; the cap is below what offloading needs" : "") << "\n";
+  }
+  if (off) std::cout << "offload stats: " << off->stats << "\n";
+}
+
+void write_summary(const std::string& path, const Args& args, const Corpus& corpus, const DeviceChoice& device,
+                   const RunResult* none, const RunResult* off) {
+  using Json = nlohmann::ordered_json;
+  auto losses = [](const RunResult* r) { return r ? Json(r->losses) : Json(nullptr); };
+  auto peak = [](const RunResult* r) { return r && r->peak_bytes >= 0 ? Json(r->peak_bytes) : Json(nullptr); };
+  auto per_step = [](const RunResult* r) {
+    return r && !r->losses.empty() ? Json(r->seconds_per_step()) : Json(nullptr);
+  };
+  auto oom_step = [](const RunResult* r) { return r && r->oom_step ? Json(*r->oom_step) : Json(nullptr); };
+  std::optional<Comparison> cmp;
+  if (none && off) cmp = compare(*none, *off);
+  Json model{{"name", args.model}, {"layers", args.layers}, {"width", args.width}};
+  model["heads"] = model_kind(args.model).uses_heads ? Json(args.heads) : Json(nullptr);
+  model.update(Json{{"seq", args.seq}, {"batch", args.batch}, {"lr", args.lr}, {"seed", args.seed}});
+  const Json j{
+      {"device", device.label},
+      {"data_files", corpus.files},
+      {"data_bytes", corpus.bytes},
+      {"vocab", corpus.vocab.size()},
+      {"model", model},
+      {"offload_mode", std::string(mode_name(args.offload))},
+      {"manager", off ? Json(off->manager) : Json(nullptr)},
+      {"device_memory_cap", args.device_memory_cap},
+      {"steps", args.steps},
+      {"losses_none", losses(none)},
+      {"losses_offload", losses(off)},
+      {"losses_bitwise_equal", cmp ? Json(cmp->bitwise_equal) : Json(nullptr)},
+      {"max_abs_loss_diff", cmp ? Json(cmp->max_abs_diff) : Json(nullptr)},
+      {"peak_device_bytes_none", peak(none)},
+      {"peak_device_bytes_offload", peak(off)},
+      {"bytes_offloaded", off ? Json(off->stats.bytes_offloaded) : Json(nullptr)},
+      {"bytes_reloaded", off ? Json(off->stats.bytes_reloaded) : Json(nullptr)},
+      {"oom_without_offload", none && none->oom_step.has_value()},
+      {"oom_step_without_offload", oom_step(none)},
+      {"oom_with_offload", off && off->oom_step.has_value()},
+      {"oom_step_with_offload", oom_step(off)},
+      {"seconds_per_step_none", per_step(none)},
+      {"seconds_per_step_offload", per_step(off)},
+      {"stats_offload", off ? offload_json::stats(off->stats) : Json(nullptr)},
+  };
+  std::ofstream out(path, std::ios::trunc);
+  out << j.dump(2) << "\n";
+  out.close();
+  if (!out) throw std::runtime_error("--summary-json: cannot write '" + path + "': " + std::strerror(errno));
+}
+
+}  // namespace demo

@@ -1,0 +1,170 @@
+// SPDX-License-Identifier: MIT
+// The demo's one translation unit with the optimizer and the offload
+// managers; the models are in model_*.cpp.
+
+#include "training.hpp"
+
+#include <algorithm>
+#include <cmath>
+#include <cstdio>
+#include <cstring>
+#include <iostream>
+#include <random>
+
+#include <torch/optim/adamw.h>
+#include <torch/utils.h>
+
+#include <offload/dispatch.hpp>
+#include <offload/offload.hpp>
+
+#include "char_model.hpp"
+#include "models.hpp"
+
+namespace demo {
+namespace {
+
+/// The manager of `mode` for `device`: through the dispatcher when it picks
+/// that device, else (--device sim while LibTorch reports another
+/// accelerator) with device::Sim named directly.
+offload::AnyManager make_manager(OffloadMode mode, const DeviceChoice& device, const offload::Options& options) {
+  using offload::storage::PinnedHost;
+  const bool blocking = mode == OffloadMode::blocking;
+  if (device.dispatched) {
+    return blocking ? offload::make_manager<PinnedHost, offload::sync::Blocking>(options)
+                    : offload::make_manager<PinnedHost, offload::sync::Streamed>(options);
+  }
+  using offload::device::Sim;
+  if (blocking) return offload::AnyManager(offload::Manager<Sim, PinnedHost, offload::sync::Blocking>(options));
+  return offload::AnyManager(offload::Manager<Sim, PinnedHost, offload::sync::Streamed>(options));
+}
+
+/// The batches of step `step` are the same in every run: offsets from a
+/// generator seeded with --seed, drawn in step order.
+std::pair<torch::Tensor, torch::Tensor> batch(const Args& args, const torch::Tensor& tokens, c10::Device device,
+                                              std::mt19937_64& rng) {
+  std::uniform_int_distribution<std::int64_t> pick(0, tokens.size(0) - args.seq - 1);
+  std::vector<torch::Tensor> xs, ys;
+  for (std::int64_t b = 0; b < args.batch; ++b) {
+    const auto at = pick(rng);
+    xs.push_back(tokens.narrow(0, at, args.seq));
+    ys.push_back(tokens.narrow(0, at + 1, args.seq));
+  }
+  return {torch::stack(xs).to(device), torch::stack(ys).to(device)};
+}
+
+void progress(const Args& args, const RunResult& r, const DeviceMemory& memory, std::int64_t step,
+              double step_seconds, bool last, bool tty) {
+  const std::int64_t every = args.log_every > 0 ? args.log_every : std::max<std::int64_t>(1, args.steps / 10);
+  if (!tty && !last && step != 1 && step % every != 0) return;
+  char line[256];
+  const double tok_s = step_seconds > 0 ? static_cast<double>(args.batch * args.seq) / step_seconds : 0.0;
+  std::snprintf(line, sizeof line, "[%-8s] step %*lld/%lld  loss %.4f  %8.0f tok/s  device %s (peak %s)",
+                r.name.c_str(), static_cast<int>(std::to_string(args.steps).size()), static_cast<long long>(step),
+                static_cast<long long>(args.steps), static_cast<double>(r.losses.back()), tok_s,
+                mib(memory.current()).c_str(), mib(memory.peak()).c_str());
+  if (tty) {
+    std::cout << '\r' << line << "\033[K" << (last ? "\n" : "") << std::flush;
+  } else {
+    std::cout << line << '\n' << std::flush;
+  }
+}
+
+}  // namespace
+
+std::string mib(std::int64_t bytes) {
+  if (bytes < 0) return "n/a";
+  char buf[64];
+  const double m = static_cast<double>(bytes) / (1024.0 * 1024.0);
+  if (m >= 1024) std::snprintf(buf, sizeof buf, "%.2f GiB", m / 1024.0);
+  else std::snprintf(buf, sizeof buf, "%.1f MiB", m);
+  return buf;
+}
+
+RunResult train(const Args& args, const Corpus& corpus, const DeviceChoice& device, const DeviceMemory& memory,
+                OffloadMode mode, const offload::Options& options, bool trace, bool tty) {
+  RunResult r;
+  r.name = std::string(mode_name(mode));
+  const auto tokens = torch::tensor(corpus.ids, torch::kLong);
+  torch::manual_seed(static_cast<std::uint64_t>(args.seed));
+  std::mt19937_64 rng(static_cast<std::uint64_t>(args.seed));
+  const std::int64_t traced = std::min<std::int64_t>(2, args.steps);
+  MemoryTrace tracer(device, memory);
+  memory.reset_peak();
+  std::int64_t step = 0;
+  try {
+    const auto model = model_kind(args.model).make(ModelShape{.vocab = static_cast<std::int64_t>(corpus.vocab.size()),
+                                                              .layers = args.layers,
+                                                              .width = args.width,
+                                                              .heads = args.heads,
+                                                              .seq = args.seq});
+    std::optional<offload::AnyManager> manager;
+    if (mode != OffloadMode::none) manager.emplace(make_manager(mode, device, options));
+    model->to(device.device);
+    if (manager) {
+      manager->exclude(model->parameters());
+      r.manager = manager->describe();
+    }
+    torch::optim::AdamW optimizer(model->parameters(), torch::optim::AdamWOptions(args.lr));
+    for (step = 1; step <= args.steps; ++step) {
+      const auto [x, y] = batch(args, tokens, device.device, rng);
+      const bool tracing = trace && step <= traced;
+      if (tracing) {
+        tracer.start();
+        r.traced_step = step;
+        r.forward_end_ms = r.backward_end_ms = r.step_end_ms = r.oom_ms = -1;
+      }
+      const auto t0 = Clock::now();
+      try {
+        optimizer.zero_grad();
+        torch::Tensor loss;
+        if (manager) {
+          offload::Scope scope(*manager);
+          loss = model->loss(x, y);
+        } else {
+          loss = model->loss(x, y);
+        }
+        if (tracing) r.forward_end_ms = tracer.ms_since_start();
+        loss.backward();
+        if (tracing) r.backward_end_ms = tracer.ms_since_start();
+        optimizer.step();
+        r.losses.push_back(loss.item<float>());
+      } catch (const c10::OutOfMemoryError&) {
+        // Stop the trace here, while the model and optimizer still hold
+        // their memory (the outer handler runs after they are gone).
+        if (tracing) {
+          r.oom_ms = tracer.ms_since_start();
+          r.trace = tracer.stop();
+        }
+        throw;
+      }
+      const double seconds = std::chrono::duration<double>(Clock::now() - t0).count();
+      r.seconds += seconds;
+      if (tracing) {
+        r.step_end_ms = tracer.ms_since_start();
+        r.trace = tracer.stop();
+      }
+      progress(args, r, memory, step, seconds, step == args.steps, tty);
+    }
+    if (manager) r.stats = manager->stats();
+  } catch (const c10::OutOfMemoryError& e) {
+    if (tty) std::cout << '\n';
+    r.oom_step = step;
+    r.oom_message = e.what_without_backtrace();
+    std::cout << "[" << r.name << "] ran out of device memory at step " << step << " of " << args.steps << "\n";
+  }
+  tracer.stop();
+  r.peak_bytes = memory.peak();
+  return r;
+}
+
+Comparison compare(const RunResult& a, const RunResult& b) {
+  Comparison c;
+  c.common = std::min(a.losses.size(), b.losses.size());
+  for (std::size_t i = 0; i < c.common; ++i) {
+    if (std::memcmp(&a.losses[i], &b.losses[i], sizeof(float)) != 0) c.bitwise_equal = false;
+    c.max_abs_diff = std::max(c.max_abs_diff, std::abs(static_cast<double>(a.losses[i]) - b.losses[i]));
+  }
+  return c;
+}
+
+}  // namespace demo
