@@ -1,8 +1,9 @@
 // SPDX-License-Identifier: MIT
 #pragma once
 /// @file
-/// Shared helpers of offload-bench: summaries of repeated timings, a tiny
-/// JSON writer, markdown tables and the command line. No LibTorch here.
+/// Shared helpers of offload-bench: summaries of repeated timings, JSON
+/// result files (nlohmann/json), markdown tables and the parsed command
+/// line. No LibTorch here.
 
 #include <algorithm>
 #include <chrono>
@@ -20,22 +21,32 @@
 #include <utility>
 #include <vector>
 
+#include <nlohmann/json.hpp>
+
+#include "../examples/stats_json.hpp"
+
 namespace bench {
 
-/// Command line of one subcommand: `offload-bench NAME [--quick] [--out DIR] [--key value]...`.
+/// JSON values of the result files; objects keep their fields in insertion order.
+using Json = nlohmann::ordered_json;
+
+/// Command line of one subcommand, `offload-bench NAME [--quick] [--out DIR]
+/// [--flag value]...`, parsed and range-checked by parse_args (main.cpp).
 struct Args {
   std::string name;
   bool quick = false;
-  std::string out = "bench/results";       ///< folder for NAME.json
-  std::map<std::string, std::string> kv;  ///< other --key value pairs
+  std::string out = "bench/results";              ///< folder for NAME.json
+  std::map<std::string, std::int64_t> integers;  ///< integer flags given, by name without "--"
+  std::map<std::string, std::string> texts;      ///< text flags given, by name without "--"
 
+  bool has(const std::string& key) const { return integers.count(key) > 0 || texts.count(key) > 0; }
   std::string get(const std::string& key, const std::string& fallback) const {
-    auto it = kv.find(key);
-    return it == kv.end() ? fallback : it->second;
+    auto it = texts.find(key);
+    return it == texts.end() ? fallback : it->second;
   }
   std::int64_t get_int(const std::string& key, std::int64_t fallback) const {
-    auto it = kv.find(key);
-    return it == kv.end() ? fallback : std::stoll(it->second);
+    auto it = integers.find(key);
+    return it == integers.end() ? fallback : it->second;
   }
 };
 
@@ -90,83 +101,32 @@ double cpu_ns(F&& f) {
 }
 
 // ---------------------------------------------------------------- JSON
-namespace json {
 
-/// A serialized JSON value.
-struct Value {
-  std::string text;
-};
-
-inline Value num(double x) {
-  if (!std::isfinite(x)) return {"null"};
-  std::ostringstream os;
-  os << std::setprecision(10) << x;
-  return {os.str()};
+/// {"median", "q1", "q3", "min", "max", "n"} of `s`.
+inline Json summary_json(const Summary& s) {
+  return Json::object({{"median", s.median}, {"q1", s.q1}, {"q3", s.q3}, {"min", s.min}, {"max", s.max},
+                       {"n", static_cast<std::int64_t>(s.n)}});
 }
-inline Value num(std::int64_t x) { return {std::to_string(x)}; }
-inline Value num(int x) { return {std::to_string(x)}; }
-inline Value boolean(bool b) { return {b ? "true" : "false"}; }
-inline Value str(const std::string& s) {
-  std::string out = "\"";
-  for (char c : s) {
-    switch (c) {
-      case '"': out += "\\\""; break;
-      case '\\': out += "\\\\"; break;
-      case '\n': out += "\\n"; break;
-      case '\t': out += "\\t"; break;
-      default:
-        if (static_cast<unsigned char>(c) < 0x20) {
-          char buf[8];
-          std::snprintf(buf, sizeof buf, "\\u%04x", static_cast<unsigned>(c));
-          out += buf;
-        } else {
-          out += c;
-        }
-    }
-  }
-  return {out + "\""};
-}
-inline Value object(const std::vector<std::pair<std::string, Value>>& fields) {
-  std::string out = "{";
-  for (std::size_t i = 0; i < fields.size(); ++i) {
-    if (i) out += ", ";
-    out += str(fields[i].first).text + ": " + fields[i].second.text;
-  }
-  return {out + "}"};
-}
-inline Value array(const std::vector<Value>& items) {
-  std::string out = "[";
-  for (std::size_t i = 0; i < items.size(); ++i) {
-    if (i) out += ",\n  ";
-    out += items[i].text;
-  }
-  return {out + "]"};
-}
-inline Value summary(const Summary& s) {
-  return object({{"median", num(s.median)}, {"q1", num(s.q1)}, {"q3", num(s.q3)},
-                 {"min", num(s.min)}, {"max", num(s.max)}, {"n", num(static_cast<std::int64_t>(s.n))}});
-}
-
-}  // namespace json
 
 /// Writes `value` to DIR/NAME.json and says so on stdout.
-inline void write_result(const Args& args, const std::string& file, const json::Value& value) {
+inline void write_result(const Args& args, const std::string& file, const Json& value) {
   const std::string path = args.out + "/" + file;
   std::ofstream out(path);
   if (!out) {
     std::cerr << "offload-bench: cannot write " << path << "\n";
     return;
   }
-  out << value.text << "\n";
+  out << value.dump(2) << "\n";
   std::cout << "\nraw numbers: " << path << "\n";
 }
 
-/// Fields every result file carries: what ran where.
-inline std::vector<std::pair<std::string, json::Value>> header(const Args& args, const std::string& torch_version) {
-  return {{"benchmark", json::str(args.name)},
-          {"quick", json::boolean(args.quick)},
-          {"hardware_threads", json::num(static_cast<std::int64_t>(std::thread::hardware_concurrency()))},
-          {"libtorch", json::str(torch_version)}};
+/// Fields every result file carries: what ran where. More are added with
+/// push_back({"name", value}).
+inline Json header(const Args& args, const std::string& torch_version) {
+  return Json::object({{"benchmark", args.name},
+                       {"quick", args.quick},
+                       {"hardware_threads", static_cast<std::int64_t>(std::thread::hardware_concurrency())},
+                       {"libtorch", torch_version}});
 }
 
 // ---------------------------------------------------------------- tables

@@ -1,5 +1,5 @@
 // SPDX-License-Identifier: MIT
-// offload-bench: main(), and the micro benchmarks that need no model:
+// offload-bench: the micro benchmarks that need no model:
 // hook overhead per saved tensor and copy throughput of the storage
 // policies. Narrow ATen headers only (the models live in models.cpp).
 
@@ -127,16 +127,9 @@ Summary direct_ns(offload::detail::HookSource& source, const at::Tensor& t, int 
 std::optional<double> read_number(const std::string& path, const std::string& key) {
   std::ifstream in(path);
   if (!in) return std::nullopt;
-  const std::string text((std::istreambuf_iterator<char>(in)), std::istreambuf_iterator<char>());
-  const auto at = text.find("\"" + key + "\"");
-  if (at == std::string::npos) return std::nullopt;
-  const auto colon = text.find(':', at);
-  if (colon == std::string::npos) return std::nullopt;
-  try {
-    return std::stod(text.substr(colon + 1));
-  } catch (const std::exception&) {
-    return std::nullopt;
-  }
+  const auto j = Json::parse(in, nullptr, /*allow_exceptions=*/false);
+  if (j.is_discarded() || !j.is_object() || !j.contains(key) || !j.at(key).is_number()) return std::nullopt;
+  return j.at(key).get<double>();
 }
 
 }  // namespace
@@ -183,7 +176,7 @@ int run_hook(const Args& args) {
 
   Table table({"case", "end-to-end ns/tensor (median)", "IQR", "direct ns/tensor", "no-hooks ns/op",
                "Python / this"});
-  std::vector<json::Value> rows;
+  std::vector<Json> rows;
   double headline_cpp = 0, headline_direct = 0;
   for (const auto& c : cases) {
     auto leaf = at::ones({kNumel}, at::TensorOptions().dtype(at::kFloat).device(c.device)).requires_grad_();
@@ -239,19 +232,20 @@ int run_hook(const Args& args) {
     table.row({c.key, fixed(s.median, 0), fixed(s.q1, 0) + ".." + fixed(s.q3, 0),
                fixed(direct.median, 0) + " (" + fixed(direct.q1, 0) + ".." + fixed(direct.q3, 0) + ")",
                fixed(base.median, 0), ratio ? fixed(*ratio, 2) + "x" : "n/a"});
-    rows.push_back(json::object({
-        {"case", json::str(c.key)},
-        {"what", json::str(c.what)},
-        {"cpp_ns_per_tensor", json::num(s.median)},
-        {"cpp_ns_per_tensor_spread", json::summary(s)},
-        {"cpp_wall_ns_per_tensor", json::summary(summarize(wall_per_tensor))},
-        {"direct_ns_per_tensor", json::summary(direct)},
-        {"baseline_ns_per_op", json::num(base.median)},
-        {"python_ns_per_tensor", python_ns ? json::num(*python_ns) : json::Value{"null"}},
-        {"ratio", ratio ? json::num(*ratio) : json::Value{"null"}},
-        {"rounds", json::num(n_rounds)},
-        {"tensors_seen_per_run", json::num(stats.tensors_seen / n_rounds)},
-        {"tensors_offloaded_per_run", json::num(stats.tensors_offloaded / n_rounds)},
+    rows.push_back(Json::object({
+        {"case", Json(c.key)},
+        {"what", Json(c.what)},
+        {"cpp_ns_per_tensor", Json(s.median)},
+        {"cpp_ns_per_tensor_spread", summary_json(s)},
+        {"cpp_wall_ns_per_tensor", summary_json(summarize(wall_per_tensor))},
+        {"direct_ns_per_tensor", summary_json(direct)},
+        {"baseline_ns_per_op", Json(base.median)},
+        {"python_ns_per_tensor", python_ns ? Json(*python_ns) : Json(nullptr)},
+        {"ratio", ratio ? Json(*ratio) : Json(nullptr)},
+        {"rounds", Json(n_rounds)},
+        {"tensors_seen_per_run", Json(stats.tensors_seen / n_rounds)},
+        {"tensors_offloaded_per_run", Json(stats.tensors_offloaded / n_rounds)},
+        {"stats", offload_json::stats(stats)},
     }));
   }
   if (python_ns) {
@@ -271,19 +265,19 @@ int run_hook(const Args& args) {
             << "; the manager's hooks alone (direct): " << verdict(direct_ratio) << "\n";
 
   auto fields = header(args, torch_version());
-  fields.push_back({"ops_per_run", json::num(kOps)});
-  fields.push_back({"tensor", json::str("float32[16] (64 bytes)")});
-  fields.push_back({"clock", json::str("process CPU time (CLOCK_PROCESS_CPUTIME_ID / time.process_time_ns)")});
-  fields.push_back({"rounds", json::num(rounds)});
-  fields.push_back({"cpp_ns_per_tensor", json::num(headline_cpp)});
-  fields.push_back({"cpp_direct_ns_per_tensor", json::num(headline_direct)});
-  fields.push_back({"python_ns_per_tensor", python_ns ? json::num(*python_ns) : json::Value{"null"}});
-  fields.push_back({"ratio", headline_ratio ? json::num(*headline_ratio) : json::Value{"null"}});
-  fields.push_back({"ratio_direct", direct_ratio ? json::num(*direct_ratio) : json::Value{"null"}});
-  fields.push_back({"target", json::str("python_ns_per_tensor >= 10 * cpp_ns_per_tensor (case a_cpu_passthrough)")});
-  fields.push_back({"target_met", json::boolean(headline_ratio && *headline_ratio >= 10)});
-  fields.push_back({"cases", json::array(rows)});
-  write_result(args, "hook_overhead.json", json::object(fields));
+  fields.push_back({"ops_per_run", Json(kOps)});
+  fields.push_back({"tensor", Json("float32[16] (64 bytes)")});
+  fields.push_back({"clock", Json("process CPU time (CLOCK_PROCESS_CPUTIME_ID / time.process_time_ns)")});
+  fields.push_back({"rounds", Json(rounds)});
+  fields.push_back({"cpp_ns_per_tensor", Json(headline_cpp)});
+  fields.push_back({"cpp_direct_ns_per_tensor", Json(headline_direct)});
+  fields.push_back({"python_ns_per_tensor", python_ns ? Json(*python_ns) : Json(nullptr)});
+  fields.push_back({"ratio", headline_ratio ? Json(*headline_ratio) : Json(nullptr)});
+  fields.push_back({"ratio_direct", direct_ratio ? Json(*direct_ratio) : Json(nullptr)});
+  fields.push_back({"target", Json("python_ns_per_tensor >= 10 * cpp_ns_per_tensor (case a_cpu_passthrough)")});
+  fields.push_back({"target_met", Json(headline_ratio && *headline_ratio >= 10)});
+  fields.push_back({"cases", Json(rows)});
+  write_result(args, "hook_overhead.json", fields);
   return 0;
 }
 
@@ -313,7 +307,7 @@ int run_copy(const Args& args) {
             << "is the sync::Streamed path: non_blocking copy on a side stream, then waiting on its event. "
             << "memcpy copies the same bytes between pre-touched buffers. Ratio = policy / memcpy.\n";
 
-  std::vector<json::Value> rows;
+  std::vector<Json> rows;
   bool all_met = true;
   for (const bool d2h : {true, false}) {
     const std::string dir = d2h ? "D2H" : "H2D";
@@ -389,13 +383,13 @@ int run_copy(const Args& args) {
         cells.push_back(i == 0 ? fixed(gbs, 2) : fixed(gbs, 2) + " (" + fixed(ratio, 2) + "x)");
         const bool target_row = copies[i].key == "pinned_copy" || copies[i].key == "pageable_copy";
         if (target_row && n >= (1 << 20) && ratio < 0.8) all_met = false;
-        rows.push_back(json::object({{"direction", json::str(dir)},
-                                     {"bytes", json::num(n)},
-                                     {"path", json::str(copies[i].key)},
-                                     {"gb_per_s", json::num(gbs)},
-                                     {"gb_per_s_iqr", json::array({json::num(gbs_lo), json::num(gbs_hi)})},
-                                     {"ratio_vs_memcpy", json::num(ratio)},
-                                     {"ns", json::summary(s)}}));
+        rows.push_back(Json::object({{"direction", Json(dir)},
+                                     {"bytes", Json(n)},
+                                     {"path", Json(copies[i].key)},
+                                     {"gb_per_s", Json(gbs)},
+                                     {"gb_per_s_iqr", Json::array({Json(gbs_lo), Json(gbs_hi)})},
+                                     {"ratio_vs_memcpy", Json(ratio)},
+                                     {"ns", summary_json(s)}}));
       }
       table.row(cells);
     }
@@ -405,67 +399,11 @@ int run_copy(const Args& args) {
   }
   std::cout << "\nTarget: copy_ rows >= 0.8x memcpy at >= 1 MiB: " << (all_met ? "met" : "MISSED") << "\n";
   auto fields = header(args, torch_version());
-  fields.push_back({"target", json::str("pinned_copy and pageable_copy >= 0.8 x memcpy for bytes >= 1 MiB")});
-  fields.push_back({"target_met", json::boolean(all_met)});
-  fields.push_back({"rows", json::array(rows)});
-  write_result(args, "copy.json", json::object(fields));
+  fields.push_back({"target", Json("pinned_copy and pageable_copy >= 0.8 x memcpy for bytes >= 1 MiB")});
+  fields.push_back({"target_met", Json(all_met)});
+  fields.push_back({"rows", Json(rows)});
+  write_result(args, "copy.json", fields);
   return 0;
 }
 
 }  // namespace bench
-
-// ================================================================ main
-
-namespace {
-
-void usage() {
-  std::cout << "usage: offload-bench NAME [--quick] [--out DIR] [--key value]...\n"
-               "  hook     host ns per saved tensor, C++ hooks vs Python (--python FILE from bench/hook_overhead.py)\n"
-               "  memory   peak sim device bytes of the GPT demo model: none / Blocking / Streamed vs the floor\n"
-               "  copy     D2H / H2D GB/s of PinnedHost and PageableHost on sim vs memcpy\n"
-               "  overlap  step time none / Blocking / Streamed on sim with a copy delay (--delay-us N)\n"
-               "  gpu      NVIDIA GPU: step time none vs Streamed, D2H/H2D GB/s vs a pinned copy_\n";
-}
-
-}  // namespace
-
-int main(int argc, char** argv) {
-  bench::Args args;
-  for (int i = 1; i < argc; ++i) {
-    const std::string a = argv[i];
-    if (a == "--help" || a == "-h") {
-      usage();
-      return 0;
-    }
-    if (a == "--quick") {
-      args.quick = true;
-    } else if (a.rfind("--", 0) == 0 && i + 1 < argc) {
-      const std::string key = a.substr(2);
-      if (key == "out") args.out = argv[++i];
-      else args.kv[key] = argv[++i];
-    } else if (args.name.empty()) {
-      args.name = a;
-    } else {
-      std::cerr << "offload-bench: unexpected argument '" << a << "'\n";
-      usage();
-      return 2;
-    }
-  }
-  try {
-    if (args.name == "gpu") {
-      offload::install_hooks();  // before any backward pass; no sim on a GPU run
-      return bench::run_gpu(args);
-    }
-    offload::sim::install();
-    offload::install_hooks();
-    if (args.name == "hook") return bench::run_hook(args);
-    if (args.name == "copy") return bench::run_copy(args);
-    if (args.name == "memory") return bench::run_memory(args);
-    if (args.name == "overlap") return bench::run_overlap(args);
-  } catch (const std::exception& e) {
-    std::cerr << "offload-bench " << args.name << ": " << e.what() << "\n";
-    return 1;
-  }
-  usage();
-  return 2;
-}

@@ -217,7 +217,7 @@ int run_memory(const Args& args) {
                                  .max_fwd_stash = args.get_int("max-fwd-stash", 5),
                                  .prefetch_depth = args.get_int("prefetch-depth", 2)};
   std::vector<std::int64_t> layer_counts = {4, 8, 16};
-  if (args.kv.count("layers")) layer_counts = {args.get_int("layers", 16)};
+  if (args.has("layers")) layer_counts = {args.get_int("layers", 16)};
   offload::sim::set_copy_delay_us(0);
 
   std::cout << "## Peak sim device memory of the demo model: none / Blocking / Streamed vs the floor\n\n"
@@ -235,7 +235,7 @@ int run_memory(const Args& args) {
   Table table({"L", "mode", "peak MiB", "floor MiB", "peak/floor", "peak/(16P+W_blk)", "act. removed",
                "fwd/bwd/opt peak MiB",
                "offloaded MiB/step", "step s", "loss"});
-  std::vector<json::Value> rows;
+  std::vector<Json> rows;
   bool target_met = true;
   for (const auto layers : layer_counts) {
     Shapes s = base;
@@ -286,31 +286,32 @@ int run_memory(const Args& args) {
                  mib(fwd) + " / " + mib(bwd) + " / " + mib(opt),
                  mode == Mode::none ? "" : mib(st.bytes_offloaded), fixed(ns / 1e9, 2),
                  std::string(fixed(loss, 6)) + (std::memcmp(&loss, &loss_none, sizeof loss) == 0 ? " (=)" : " (DIFFERS)")});
-      rows.push_back(json::object({
-          {"layers", json::num(layers)},
-          {"mode", json::str(mode_key(mode))},
-          {"peak_bytes", json::num(peak)},
-          {"peak_forward_bytes", json::num(fwd)},
-          {"peak_backward_bytes", json::num(bwd)},
-          {"peak_optimizer_bytes", json::num(opt)},
-          {"bytes_at_step_start", json::num(before)},
-          {"floor_bytes", json::num(fl)},
-          {"peak_over_floor", json::num(ratio)},
-          {"activation_bytes", json::num(activation_bytes)},
-          {"activation_fraction_removed", json::num(removed)},
-          {"params", json::num(a.params)},
-          {"state_bytes_16P", json::num(a.state)},
-          {"analytical_activation_bytes", json::num(a.activations)},
-          {"analytical_block_bytes", json::num(a.act_block)},
-          {"working_set_bytes", json::num(a.working)},
-          {"window_bytes", json::num(mode == Mode::streamed ? a.window : 0)},
-          {"bytes_offloaded", json::num(st.bytes_offloaded)},
-          {"tensors_offloaded", json::num(st.tensors_offloaded)},
-          {"passed_through", json::num(st.passed_through())},
-          {"stash_reuses", json::num(st.stash_reuses)},
-          {"step_seconds", json::num(ns / 1e9)},
-          {"loss", json::num(static_cast<double>(loss))},
-          {"loss_bitwise_equal_to_none", json::boolean(std::memcmp(&loss, &loss_none, sizeof loss) == 0)},
+      rows.push_back(Json::object({
+          {"layers", Json(layers)},
+          {"mode", Json(mode_key(mode))},
+          {"peak_bytes", Json(peak)},
+          {"peak_forward_bytes", Json(fwd)},
+          {"peak_backward_bytes", Json(bwd)},
+          {"peak_optimizer_bytes", Json(opt)},
+          {"bytes_at_step_start", Json(before)},
+          {"floor_bytes", Json(fl)},
+          {"peak_over_floor", Json(ratio)},
+          {"activation_bytes", Json(activation_bytes)},
+          {"activation_fraction_removed", Json(removed)},
+          {"params", Json(a.params)},
+          {"state_bytes_16P", Json(a.state)},
+          {"analytical_activation_bytes", Json(a.activations)},
+          {"analytical_block_bytes", Json(a.act_block)},
+          {"working_set_bytes", Json(a.working)},
+          {"window_bytes", Json(mode == Mode::streamed ? a.window : 0)},
+          {"bytes_offloaded", Json(st.bytes_offloaded)},
+          {"tensors_offloaded", Json(st.tensors_offloaded)},
+          {"passed_through", Json(st.passed_through())},
+          {"stash_reuses", Json(st.stash_reuses)},
+          {"step_seconds", Json(ns / 1e9)},
+          {"loss", Json(static_cast<double>(loss))},
+          {"loss_bitwise_equal_to_none", Json(std::memcmp(&loss, &loss_none, sizeof loss) == 0)},
+          {"stats", offload_json::stats(st)},
       }));
     }
     std::cout << "L=" << layers << ": P=" << a.params << " (16P = " << mib(a.state) << " MiB), analytical "
@@ -322,17 +323,17 @@ int run_memory(const Args& args) {
   std::cout << "\nTarget (L=16, Blocking and Streamed): >= 90 % of activation bytes removed and peak <= 1.2x floor: "
             << (target_met ? "met" : "MISSED") << "\n";
   auto fields = header(args, torch_version());
-  fields.push_back({"shapes", json::str(base.describe())});
-  fields.push_back({"options", json::object({{"min_offload_bytes", json::num(options.min_offload_bytes)},
-                                             {"max_fwd_stash", json::num(options.max_fwd_stash)},
-                                             {"prefetch_depth", json::num(options.prefetch_depth)}})});
+  fields.push_back({"shapes", Json(base.describe())});
+  fields.push_back({"options", Json::object({{"min_offload_bytes", Json(options.min_offload_bytes)},
+                                             {"max_fwd_stash", Json(options.max_fwd_stash)},
+                                             {"prefetch_depth", Json(options.prefetch_depth)}})});
   fields.push_back({"floor_formula",
-                    json::str("16P + 4*(max(12BTW, 3BHT^2) + BTW) [+ (max_fwd_stash + prefetch_depth) * "
+                    Json("16P + 4*(max(12BTW, 3BHT^2) + BTW) [+ (max_fwd_stash + prefetch_depth) * "
                               "4*max(4BTW, BHT^2) for Streamed]")});
-  fields.push_back({"target", json::str("L=16: activation_fraction_removed >= 0.9 and peak_over_floor <= 1.2")});
-  fields.push_back({"target_met", json::boolean(target_met)});
-  fields.push_back({"rows", json::array(rows)});
-  write_result(args, "memory.json", json::object(fields));
+  fields.push_back({"target", Json("L=16: activation_fraction_removed >= 0.9 and peak_over_floor <= 1.2")});
+  fields.push_back({"target_met", Json(target_met)});
+  fields.push_back({"rows", Json(rows)});
+  write_result(args, "memory.json", fields);
   return 0;
 }
 
@@ -408,7 +409,7 @@ int run_overlap(const Args& args) {
             << "target.\n\n";
   Table table({"mode", "delay us", "step ms", "IQR ms", "vs none (same delay)", "copies/step",
                "copy delay if serial ms"});
-  std::vector<json::Value> rows;
+  std::vector<Json> rows;
   for (std::size_t d = 0; d < delays.size(); ++d) {
     for (std::size_t i = 0; i < modes.size(); ++i) {
       const std::size_t cell = d * modes.size() + i;
@@ -418,15 +419,16 @@ int run_overlap(const Args& args) {
                  fixed(sum[cell].q1, 1) + ".." + fixed(sum[cell].q3, 1),
                  fixed(sum[cell].median / none_here, 3) + "x", std::to_string(copies),
                  fixed(static_cast<double>(copies * delays[d]) / 1e3, 1)});
-      rows.push_back(json::object({{"mode", json::str(mode_key(modes[i]))},
-                                   {"delay_us", json::num(delays[d])},
-                                   {"step_ms", json::summary(sum[cell])},
-                                   {"ratio_vs_none", json::num(sum[cell].median / none_here)},
-                                   {"d2h_copies", json::num(stats[cell].storages_offloaded)},
-                                   {"h2d_copies", json::num(stats[cell].tensors_reloaded)},
-                                   {"stash_reuses", json::num(stats[cell].stash_reuses)},
-                                   {"bytes_offloaded", json::num(stats[cell].bytes_offloaded)},
-                                   {"loss", json::num(static_cast<double>(losses[cell]))}}));
+      rows.push_back(Json::object({{"mode", Json(mode_key(modes[i]))},
+                                   {"delay_us", Json(delays[d])},
+                                   {"step_ms", summary_json(sum[cell])},
+                                   {"ratio_vs_none", Json(sum[cell].median / none_here)},
+                                   {"d2h_copies", Json(stats[cell].storages_offloaded)},
+                                   {"h2d_copies", Json(stats[cell].tensors_reloaded)},
+                                   {"stash_reuses", Json(stats[cell].stash_reuses)},
+                                   {"bytes_offloaded", Json(stats[cell].bytes_offloaded)},
+                                   {"loss", Json(static_cast<double>(losses[cell]))},
+                                   {"stats", offload_json::stats(stats[cell])}}));
     }
   }
   table.print();
@@ -448,21 +450,21 @@ int run_overlap(const Args& args) {
             << fixed(stream_overhead, 1) << " ms per step over none.\n"
             << "Losses of every step bitwise equal across modes: " << (same_loss ? "yes" : "NO") << "\n";
   auto fields = header(args, torch_version());
-  fields.push_back({"shapes", json::str(s.describe())});
-  fields.push_back({"copy_delay_us", json::num(delay)});
-  fields.push_back({"rounds", json::num(rounds)});
-  fields.push_back({"intra_op_threads", json::num(threads)});
-  fields.push_back({"options", json::object({{"max_fwd_stash", json::num(options.max_fwd_stash)},
-                                             {"prefetch_depth", json::num(options.prefetch_depth)},
-                                             {"min_offload_bytes", json::num(options.min_offload_bytes)}})});
-  fields.push_back({"fraction_hidden", json::num(hidden)});
-  fields.push_back({"latency_fraction_hidden", json::num(latency_hidden)});
-  fields.push_back({"streamed_overhead_ms_at_delay_0", json::num(stream_overhead)});
-  fields.push_back({"target", json::str("(t_blocking_timed - t_streamed) / (t_blocking_timed - t_none) >= 0.8")});
-  fields.push_back({"target_met", json::boolean(hidden >= 0.8)});
-  fields.push_back({"losses_equal", json::boolean(same_loss)});
-  fields.push_back({"rows", json::array(rows)});
-  write_result(args, "overlap.json", json::object(fields));
+  fields.push_back({"shapes", Json(s.describe())});
+  fields.push_back({"copy_delay_us", Json(delay)});
+  fields.push_back({"rounds", Json(rounds)});
+  fields.push_back({"intra_op_threads", Json(threads)});
+  fields.push_back({"options", Json::object({{"max_fwd_stash", Json(options.max_fwd_stash)},
+                                             {"prefetch_depth", Json(options.prefetch_depth)},
+                                             {"min_offload_bytes", Json(options.min_offload_bytes)}})});
+  fields.push_back({"fraction_hidden", Json(hidden)});
+  fields.push_back({"latency_fraction_hidden", Json(latency_hidden)});
+  fields.push_back({"streamed_overhead_ms_at_delay_0", Json(stream_overhead)});
+  fields.push_back({"target", Json("(t_blocking_timed - t_streamed) / (t_blocking_timed - t_none) >= 0.8")});
+  fields.push_back({"target_met", Json(hidden >= 0.8)});
+  fields.push_back({"losses_equal", Json(same_loss)});
+  fields.push_back({"rows", Json(rows)});
+  write_result(args, "overlap.json", fields);
   return 0;
 }
 
@@ -488,7 +490,7 @@ int run_gpu(const Args& args) {
   std::cout << "## GPU: " << args.get("gpu-name", "?") << "\n\nModel " << s.describe() << ", AdamW, median of "
             << steps << " steps after 2 warm-up steps.\n\n";
   Table table({"mode", "step ms", "IQR ms", "vs none", "peak MiB", "offloaded MiB/step", "loss"});
-  std::vector<json::Value> rows;
+  std::vector<Json> rows;
   double t_none = 0;
   float loss_none = 0;
   for (const Mode mode : {Mode::none, Mode::blocking, Mode::streamed}) {
@@ -515,16 +517,17 @@ int run_gpu(const Args& args) {
     }
     table.row({mode_name(mode), fixed(sm.median, 1), fixed(sm.q1, 1) + ".." + fixed(sm.q3, 1),
                fixed(sm.median / t_none, 3) + "x", mib(peak), mib(st.bytes_offloaded), fixed(loss, 6)});
-    rows.push_back(json::object({{"mode", json::str(mode_key(mode))},
-                                 {"step_ms", json::summary(sm)},
-                                 {"ratio_vs_none", json::num(sm.median / t_none)},
-                                 {"peak_bytes", json::num(peak)},
-                                 {"bytes_offloaded", json::num(st.bytes_offloaded)},
-                                 {"prefetches", json::num(st.prefetches)},
-                                 {"stash_reuses", json::num(st.stash_reuses)},
-                                 {"loss", json::num(static_cast<double>(loss))},
+    rows.push_back(Json::object({{"mode", Json(mode_key(mode))},
+                                 {"step_ms", summary_json(sm)},
+                                 {"ratio_vs_none", Json(sm.median / t_none)},
+                                 {"peak_bytes", Json(peak)},
+                                 {"bytes_offloaded", Json(st.bytes_offloaded)},
+                                 {"prefetches", Json(st.prefetches)},
+                                 {"stash_reuses", Json(st.stash_reuses)},
+                                 {"loss", Json(static_cast<double>(loss))},
                                  {"loss_bitwise_equal_to_none",
-                                  json::boolean(std::memcmp(&loss, &loss_none, sizeof loss) == 0)}}));
+                                  Json(std::memcmp(&loss, &loss_none, sizeof loss) == 0)},
+                                 {"stats", offload_json::stats(st)}}));
   }
   table.print();
 
@@ -533,7 +536,7 @@ int run_gpu(const Args& args) {
   std::cout << "\nCopy GB/s (1 GB = 1e9 bytes), median of repeated copies:\n\n";
   Table copies({"size", "D2H pinned copy_", "D2H PinnedHost side stream", "ratio", "H2D pinned copy_",
                 "H2D PinnedHost side stream", "ratio"});
-  std::vector<json::Value> copy_rows;
+  std::vector<Json> copy_rows;
   const auto side = offload::device::Cuda::side_stream(0);
   for (std::int64_t n = 1 << 20; n <= (std::int64_t{1} << 30); n *= 4) {
     auto dev = torch::empty({n}, torch::TensorOptions().dtype(torch::kByte).device(cuda)).fill_(1);
@@ -567,21 +570,21 @@ int run_gpu(const Args& args) {
     const double h2d_policy = measure([&] { on_side(false); });
     copies.row({size_label(n), fixed(d2h_plain, 2), fixed(d2h_policy, 2), fixed(d2h_policy / d2h_plain, 2) + "x",
                 fixed(h2d_plain, 2), fixed(h2d_policy, 2), fixed(h2d_policy / h2d_plain, 2) + "x"});
-    copy_rows.push_back(json::object({{"bytes", json::num(n)},
-                                      {"d2h_pinned_copy_gb_per_s", json::num(d2h_plain)},
-                                      {"d2h_policy_gb_per_s", json::num(d2h_policy)},
-                                      {"h2d_pinned_copy_gb_per_s", json::num(h2d_plain)},
-                                      {"h2d_policy_gb_per_s", json::num(h2d_policy)},
-                                      {"policy_pinned", json::boolean(policy.pinned)}}));
+    copy_rows.push_back(Json::object({{"bytes", Json(n)},
+                                      {"d2h_pinned_copy_gb_per_s", Json(d2h_plain)},
+                                      {"d2h_policy_gb_per_s", Json(d2h_policy)},
+                                      {"h2d_pinned_copy_gb_per_s", Json(h2d_plain)},
+                                      {"h2d_policy_gb_per_s", Json(h2d_policy)},
+                                      {"policy_pinned", Json(policy.pinned)}}));
   }
   copies.print();
   auto fields = header(args, torch_version());
-  fields.push_back({"gpu", json::str(args.get("gpu-name", "?"))});
-  fields.push_back({"date", json::str(args.get("date", ""))});
-  fields.push_back({"shapes", json::str(s.describe())});
-  fields.push_back({"steps", json::array(rows)});
-  fields.push_back({"copies", json::array(copy_rows)});
-  write_result(args, args.get("file", "gpu.json"), json::object(fields));
+  fields.push_back({"gpu", Json(args.get("gpu-name", "?"))});
+  fields.push_back({"date", Json(args.get("date", ""))});
+  fields.push_back({"shapes", Json(s.describe())});
+  fields.push_back({"steps", Json(rows)});
+  fields.push_back({"copies", Json(copy_rows)});
+  write_result(args, args.get("file", "gpu.json"), fields);
   return 0;
 #else
   std::cerr << "offload-bench gpu: no CUDA device support in this build (OFFLOAD_HAS_CUDA is 0: LibTorch "

@@ -18,6 +18,7 @@
 
 #include <CLI/CLI.hpp>
 
+#include "../flag_checks.hpp"
 #include "models.hpp"
 
 namespace demo {
@@ -35,6 +36,8 @@ std::string_view mode_name(OffloadMode mode) {
 namespace {
 
 namespace fs = std::filesystem;
+using flag_checks::integer_in;
+using flag_checks::range_text;
 
 /// The byte-count flags' upper bound: the largest byte count Options takes.
 constexpr std::int64_t max_bytes_flag = offload::ranges::min_offload_bytes.hi;
@@ -44,36 +47,16 @@ constexpr std::int64_t max_bytes_flag = offload::ranges::min_offload_bytes.hi;
 /// runs out of device memory and the offloaded one trains.
 constexpr std::int64_t example_cap_mib = 36;
 
-std::string range_text(offload::Range r) {
-  return "[" + std::to_string(r.lo) + ", " + std::to_string(r.hi) + "]";
-}
-
-/// An integer in `r`, rewritten as plain decimal; `shown` names the range
-/// in errors and --help (default "[lo, hi]").
-CLI::Validator integer_in(offload::Range r, std::string shown = {}) {
-  if (shown.empty()) shown = range_text(r);
-  return CLI::Validator(
-      [r, shown](std::string& text) -> std::string {
-        std::int64_t value = 0;
-        const auto [ptr, ec] = std::from_chars(text.data(), text.data() + text.size(), value);
-        if (text.empty() || ec == std::errc::invalid_argument || ptr != text.data() + text.size()) {
-          return "expected an integer in " + shown + ", got '" + text + "'";
-        }
-        if (ec == std::errc::result_out_of_range || value < r.lo || value > r.hi) {
-          return text + " is out of range; accepted: " + shown;
-        }
-        text = std::to_string(value);
-        return {};
-      },
-      "");
+/// "[lo, 2^k]" for a range whose upper end is a power of two.
+std::string pow2_range_text(offload::Range r) {
+  return "[" + std::to_string(r.lo) + ", 2^" + std::to_string(static_cast<int>(std::log2(static_cast<double>(r.hi)))) +
+         "]";
 }
 
 /// A byte count in `r` with an optional K/M/G (KiB/MiB/GiB) suffix,
 /// rewritten as plain bytes.
 CLI::Validator bytes_in(offload::Range r) {
-  const std::string shown = "[" + std::to_string(r.lo) + ", 2^" +
-                            std::to_string(static_cast<int>(std::log2(static_cast<double>(r.hi)))) +
-                            "] bytes, optionally with a suffix K, M or G";
+  const std::string shown = pow2_range_text(r) + " bytes, optionally with a suffix K, M or G";
   return CLI::Validator(
       [r, shown](std::string& text) -> std::string {
         static constexpr std::array<std::pair<std::string_view, std::int64_t>, 6> suffixes{{
@@ -192,9 +175,6 @@ std::string wrap(const std::string& text, std::size_t width = 72) {
   return out;
 }
 
-/// "(default X)" for an integer default.
-std::string dflt(std::int64_t v) { return " (default " + std::to_string(v) + ")"; }
-
 }  // namespace
 
 std::optional<Args> parse_args(int argc, char** argv) {
@@ -219,26 +199,36 @@ std::optional<Args> parse_args(int argc, char** argv) {
       "Exit status: 0 trained (also when the run without offloading ran out of device memory),\n"
       "1 error while training, 2 bad input (one line on stderr naming it).");
 
+  // An integer flag: its help gets ", in RANGE (default D)" from the one
+  // range its validator checks.
+  const auto integer = [&app](const std::string& name, std::int64_t& target, offload::Range range,
+                              const std::string& help, const std::string& group, const std::string& shown = {},
+                              const std::string& default_text = {}) {
+    const std::string d = default_text.empty() ? std::to_string(target) : default_text;
+    return app.add_option(name, target, help + ", in " + (shown.empty() ? range_text(range) : shown) + " (default " +
+                                             d + ")")
+        ->transform(integer_in(range, shown))->type_name("N")->group(group);
+  };
+  const auto bytes = [&app](const std::string& name, std::int64_t& target, offload::Range range,
+                            const std::string& help, const std::string& more = {}) {
+    return app.add_option(name, target, help + ", in " + pow2_range_text(range) + " (default " +
+                                             std::to_string(target) + ")" + more)
+        ->transform(bytes_in(range))->type_name("B")->group("Offloading");
+  };
+
   constexpr offload::Range int63{0, std::numeric_limits<std::int64_t>::max()};
   const std::string g1 = "Model and training (integers unless noted)";
   app.add_option("--model", a.model, "the model (default gpt):" + model_help)
       ->transform(one_of(model_names))->type_name("NAME")->group(g1);
-  auto* layers = app.add_option("--layers", a.layers, "transformer blocks or LSTM layers, in [1, 64] (default: the model's)")
-      ->transform(integer_in({1, 64}))->type_name("N")->group(g1);
-  app.add_option("--width", a.width, "model width, in [1, 4096]; gpt: a multiple of --heads" + dflt(a.width))
-      ->transform(integer_in({1, 4096}))->type_name("N")->group(g1);
-  auto* heads = app.add_option("--heads", a.heads, "gpt: attention heads, in [1, 256]" + dflt(a.heads))
-      ->transform(integer_in({1, 256}))->type_name("N")->group(g1);
-  app.add_option("--seq", a.seq, "context length in tokens, in [1, 4096]" + dflt(a.seq))
-      ->transform(integer_in({1, 4096}))->type_name("N")->group(g1);
-  app.add_option("--batch", a.batch, "sequences per step, in [1, 4096]" + dflt(a.batch))
-      ->transform(integer_in({1, 4096}))->type_name("N")->group(g1);
-  app.add_option("--steps", a.steps, "training steps per run, in [1, 1000000]" + dflt(a.steps))
-      ->transform(integer_in({1, 1'000'000}))->type_name("N")->group(g1);
+  auto* layers = integer("--layers", a.layers, {1, 64}, "transformer blocks or LSTM layers", g1, "", "the model's");
+  integer("--width", a.width, {1, 4096}, "model width (gpt: a multiple of --heads)", g1);
+  auto* heads = integer("--heads", a.heads, {1, 256}, "gpt: attention heads", g1);
+  integer("--seq", a.seq, {1, 4096}, "context length in tokens", g1);
+  integer("--batch", a.batch, {1, 4096}, "sequences per step", g1);
+  integer("--steps", a.steps, {1, 1'000'000}, "training steps per run", g1);
   app.add_option("--lr", a.lr, "AdamW learning rate, a number in (0, 10] (default 0.003)")
       ->transform(positive_number_up_to(10))->type_name("X")->group(g1);
-  app.add_option("--seed", a.seed, "seed of the weights and the batch order, in [0, 2^63-1]" + dflt(a.seed))
-      ->transform(integer_in(int63, "[0, 2^63-1]"))->type_name("N")->group(g1);
+  integer("--seed", a.seed, int63, "seed of the weights and the batch order", g1, "[0, 2^63-1]");
   app.add_option("--data", a.data,
                  "UTF-8/ASCII text to train on, at least --seq + 1 bytes (default: every regular file in " +
                      std::string(default_data_dir) + "/, concatenated in sorted order)")
@@ -254,25 +244,18 @@ std::optional<Args> parse_args(int argc, char** argv) {
                  "auto | sim | sim:N | cuda | cuda:N | the detected accelerator's name (default auto: the "
                  "detected accelerator, else the simulated `sim`)")
       ->transform(non_empty("auto, sim or an accelerator name"))->type_name("DEV")->group(g2);
-  const auto bytes_range = offload::Range{0, max_bytes_flag};
-  app.add_option("--device-memory-cap", a.device_memory_cap,
-                 "device memory limit in bytes, in [0, 2^50], 0 = none; suffixes K, M, G (KiB, MiB, GiB) are "
-                 "accepted (default 0). On sim: the device's capacity; on CUDA: a memory fraction of the "
-                 "device's total memory. Example: --device-memory-cap " + std::to_string(example_cap_mib) +
-                 "M with the default model on sim: the run without offloading runs out of device memory, the "
-                 "offloaded one trains.")
-      ->transform(bytes_in(bytes_range))->type_name("B")->group(g2);
-  app.add_option("--min-offload-bytes", a.min_offload_bytes,
-                 "saved tensors smaller than this stay on the device, in [0, 2^50]" + dflt(a.min_offload_bytes))
-      ->transform(bytes_in(offload::ranges::min_offload_bytes))->type_name("B")->group(g2);
-  app.add_option("--max-fwd-stash", a.max_fwd_stash,
-                 "streamed: device-to-host copies in flight in forward, in " +
-                     range_text(offload::ranges::max_fwd_stash) + dflt(a.max_fwd_stash))
-      ->transform(integer_in(offload::ranges::max_fwd_stash))->type_name("N")->group(g2);
-  app.add_option("--prefetch-depth", a.prefetch_depth,
-                 "streamed: tensors brought back ahead of need in backward, in " +
-                     range_text(offload::ranges::prefetch_depth) + dflt(a.prefetch_depth))
-      ->transform(integer_in(offload::ranges::prefetch_depth))->type_name("N")->group(g2);
+  bytes("--device-memory-cap", a.device_memory_cap, {0, max_bytes_flag}, "device memory limit in bytes",
+        "; 0 = none; suffixes K, M, G (KiB, MiB, GiB) are accepted. On sim: the device's capacity; on CUDA: a "
+        "memory fraction of the device's total memory. Example: --device-memory-cap " +
+            std::to_string(example_cap_mib) +
+            "M with the default model on sim: the run without offloading runs out of device memory, the "
+            "offloaded one trains.");
+  bytes("--min-offload-bytes", a.min_offload_bytes, offload::ranges::min_offload_bytes,
+        "saved tensors smaller than this stay on the device");
+  integer("--max-fwd-stash", a.max_fwd_stash, offload::ranges::max_fwd_stash,
+          "streamed: device-to-host copies in flight in forward", g2);
+  integer("--prefetch-depth", a.prefetch_depth, offload::ranges::prefetch_depth,
+          "streamed: tensors brought back ahead of need in backward", g2);
 
   const std::string g3 = "Output";
   app.add_option("--summary-json", a.summary_json, "write the results as JSON")
@@ -282,10 +265,8 @@ std::optional<Args> parse_args(int argc, char** argv) {
                  "samples as PATH with .csv); needs python3 with matplotlib: $OFFLOAD_DEMO_PYTHON, else the "
                  "project's .venv, else python3")
       ->transform(writable_file())->type_name("PATH")->group(g3);
-  app.add_option("--log-every", a.log_every,
-                 "progress line every N steps when stdout is not a terminal, in [0, 1000000], 0 = about ten "
-                 "per run (default 0)")
-      ->transform(integer_in({0, 1'000'000}))->type_name("N")->group(g3);
+  integer("--log-every", a.log_every, {0, 1'000'000},
+          "progress line every N steps when stdout is not a terminal (0: about ten per run)", g3);
 
   for (auto* option : app.get_options()) option->description(wrap(option->get_description()));
 
