@@ -66,7 +66,7 @@ int main(int argc, char** argv) {
                "baseline measured in the same run and writes its raw numbers to OUT/NAME.json.",
                "offload-bench");
   app.set_help_flag("-h,--help", "show this text (NAME --help: that benchmark's flags)");
-  app.require_subcommand(1);
+  app.require_subcommand(0, 1);  // none: the error below, which names the benchmarks
   app.option_defaults()->multi_option_policy(CLI::MultiOptionPolicy::TakeLast);
   const auto add = [&](const char* name, const char* what) {
     auto* sub = app.add_subcommand(name, what);
@@ -102,6 +102,10 @@ int main(int argc, char** argv) {
     return app.exit(e);
   } catch (const CLI::ParseError& e) {
     std::cerr << "offload-bench: " << e.what() << "\n";
+    return 2;
+  }
+  if (args.name.empty()) {
+    std::cerr << "offload-bench: name a benchmark: hook, memory, copy, overlap or gpu (see --help)\n";
     return 2;
   }
   try {
