@@ -80,6 +80,11 @@ def main():
     ap.add_argument("--keep", action="store_true", help="keep the temporary directory")
     args = ap.parse_args()
     cxx = shlex.split(args.cxx)
+    # Meson reports a compiler launcher (ccache, sccache) as the first word of
+    # the compiler command; CMake takes it separately.
+    launcher = []
+    if len(cxx) > 1 and os.path.basename(cxx[0]) in ("ccache", "sccache"):
+        launcher = ["-DCMAKE_CXX_COMPILER_LAUNCHER=" + cxx[0]]
 
     tmp = tempfile.mkdtemp(prefix="offload-install-")
     status = 1
@@ -106,7 +111,7 @@ def main():
             shutil.copy(consumer_main, src)
             find_torch = args.mode == "cmake-find-torch"
             configure = [args.cmake, "-S", src, "-B", build, "-DCMAKE_BUILD_TYPE=",  # no -O: quicker
-                         "-DCMAKE_CXX_COMPILER=" + cxx[0],
+                         "-DCMAKE_CXX_COMPILER=" + cxx[len(launcher)], *launcher,
                          "-DCMAKE_PREFIX_PATH=" + prefix + ";" + os.path.join(args.libtorch, "share", "cmake"),
                          "-DCONSUMER_FIND_TORCH=" + ("ON" if find_torch else "OFF")]
             print("+", " ".join(shlex.quote(c) for c in configure), flush=True)
