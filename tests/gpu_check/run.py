@@ -13,6 +13,7 @@ on a machine without a GPU.
    the folder was the only source of those headers: ninja's record of every
    header each object read (`ninja -t deps`) holds Boost, doctest, CLI11 and
    nlohmann headers only from the folder, and some of each kind it must use.
+   Taking one Hana header out of the folder must make that check fail.
    Proof that no registry was used: apt-get, apt, pip, pip3 and sudo are
    stubs on PATH that record any call (none may happen), PIP_NO_INDEX is set.
 """
@@ -62,6 +63,28 @@ def fake_libtorch(tmp, name, minor, cuda):
     if cuda:
         open(os.path.join(d, "lib", "libtorch_cuda.so"), "w").close()
     return d
+
+
+def header_origins(ninja, build, include):
+    """From ninja's record of the headers each object read: how many of each
+    kind (HEADER_DIRS) came from `include`, and the set of those that did not."""
+    record = subprocess.run([ninja, "-C", build, "-t", "deps"], capture_output=True, text=True).stdout
+    inside, outside = {}, set()
+    for line in record.splitlines():
+        path = line.strip()
+        if not path or ": #deps" in line:
+            continue
+        full = os.path.realpath(os.path.join(build, path))
+        kind = next((d for d in HEADER_DIRS if d in full.split(os.sep)), None)
+        if kind is None:
+            continue
+        if full.startswith(include + os.sep):
+            inside[kind] = inside.get(kind, 0) + 1
+        else:
+            outside.add(full)
+    for p in sorted(outside)[:20]:
+        print("  read from outside the folder:", p)
+    return inside, outside
 
 
 def main():
@@ -117,30 +140,22 @@ def main():
                     "--targets", ",".join(TARGETS)], env)
         print(done.stdout[-6000:], end="")
         check(done.returncode == 0, f"offline build of {', '.join(TARGETS)} ({time.monotonic() - t0:.0f} s)")
+        include = os.path.realpath(os.path.join(deps, "include"))
         if done.returncode == 0:
-            record = subprocess.run([args.ninja, "-C", build, "-t", "deps"], capture_output=True, text=True).stdout
-            include = os.path.realpath(os.path.join(deps, "include"))
-            inside, outside = {}, set()
-            for line in record.splitlines():
-                path = line.strip()
-                if not path or path.endswith(":") or ": #deps" in line:
-                    continue
-                full = os.path.realpath(os.path.join(build, path))
-                parts = full.split(os.sep)
-                kind = next((d for d in HEADER_DIRS if d in parts), None)
-                if kind is None:
-                    continue
-                if full.startswith(include + os.sep):
-                    inside[kind] = inside.get(kind, 0) + 1
-                else:
-                    outside.add(full)
-            for p in sorted(outside)[:20]:
-                print("  read from outside the folder:", p)
+            inside, outside = header_origins(args.ninja, build, include)
             check(not outside, f"no Boost/doctest/CLI11/nlohmann header read from outside {include} ({len(outside)} were)")
             check(inside.get("boost", 0) > 0 and inside.get("doctest", 0) > 0,
                   f"Boost.Hana and doctest headers read from the folder: {inside}")
             with open(os.path.join(build, "compile_commands.json")) as f:
                 check("-isystem " + include in f.read(), f"compile commands pass -isystem {include}")
+            # The check can fail: a header missing from the folder is read
+            # from the system's copy (or the compile fails where there is none).
+            os.remove(os.path.join(include, "boost", "hana", "tuple.hpp"))
+            again = run([args.ninja, "-C", build, TARGETS[1]], env)
+            inside, outside = header_origins(args.ninja, build, include)
+            check(again.returncode != 0 or any(p.endswith("/boost/hana/tuple.hpp") for p in outside),
+                  "with boost/hana/tuple.hpp taken out of the folder, the check reports it read from elsewhere "
+                  f"(build exit {again.returncode}, outside: {sorted(outside)})")
         check(not os.path.exists(calls),
               "no registry client called" + ("" if not os.path.exists(calls) else ": " + open(calls).read().strip()))
     finally:
