@@ -17,6 +17,7 @@
 #include <ATen/ops/_local_scalar_dense.h>
 #include <ATen/ops/_reshape_alias_native.h>
 #include <ATen/ops/as_strided_native.h>
+#include <ATen/ops/native_batch_norm.h>
 #include <ATen/ops/from_blob.h>
 #include <ATen/ops/resize_native.h>
 #include <ATen/ops/set_native.h>
@@ -197,6 +198,31 @@ at::Tensor copy_from_and_resize(const at::Tensor& self, const at::Tensor& dst) {
   return copy_from(self, dst, false);
 }
 
+// native_batch_norm updates running_mean and running_var in place, but its
+// schema does not mark them as written, so the CPU fallback (which copies
+// back only arguments marked so) would leave sim's running statistics
+// untouched. Run on CPU views of the sim memory instead: the CPU kernel
+// updates the statistics where they live.
+std::tuple<at::Tensor, at::Tensor, at::Tensor> native_batch_norm(
+    const at::Tensor& input, const std::optional<at::Tensor>& weight, const std::optional<at::Tensor>& bias,
+    const std::optional<at::Tensor>& running_mean, const std::optional<at::Tensor>& running_var, bool training,
+    double momentum, double eps) {
+  const auto host = [&](const std::optional<at::Tensor>& t) -> std::optional<at::Tensor> {
+    if (!t.has_value() || !t->defined()) {
+      return t;
+    }
+    TORCH_CHECK(t->device() == input.device(),
+                "Expected all tensors to be on the same device, but found at least two devices, ", input.device(),
+                " and ", t->device(), "! (when checking arguments for aten::native_batch_norm)");
+    return host_view(*t);
+  };
+  const c10::DeviceGuard guard(input.device());
+  drain_current(input.device().index());
+  const auto [out, mean, invstd] = at::native_batch_norm(host_view(input), host(weight), host(bias),
+                                                         host(running_mean), host(running_var), training, momentum, eps);
+  return {out.to(input.device()), mean.to(input.device()), invstd.to(input.device())};
+}
+
 // ------------------------------------------------------------------ fallback
 
 // Ops that legitimately take CPU index tensors next to device tensors.
@@ -242,6 +268,15 @@ void sim_fallback(const c10::OperatorHandle& op, torch::jit::Stack* stack) {
                 *sim_device, " and ", *other_device, "! (when checking arguments for ", schema.name(), ")");
     drain_current(sim_device->index());
   }
+  // The CPU fallback runs the operator on the CPU: without a CPU kernel it
+  // would fail with an error about the CPU, so say which device asked.
+  TORCH_CHECK_NOT_IMPLEMENTED(
+      op.hasKernelForDispatchKey(c10::DispatchKey::CPU) ||
+          op.hasKernelForDispatchKey(c10::DispatchKey::CompositeExplicitAutograd) ||
+          op.hasKernelForDispatchKey(c10::DispatchKey::CompositeExplicitAutogradNonFunctional),
+      "offload::sim: operator ", schema.name(), schema.overload_name().empty() ? "" : ".", schema.overload_name(),
+      " cannot run on ", sim_device ? sim_device->str() : c10::get_privateuse1_backend(),
+      ": it has no kernel for this device, and none for the CPU that the sim could run instead");
   at::native::cpu_fallback(op, stack, /*error_on_views=*/true);
 }
 
@@ -276,16 +311,19 @@ void view_via_cpu_kernel(const c10::OperatorHandle& op, torch::jit::Stack* stack
 }
 
 // Operators the CPU runs with its own kernel but other backends run through
-// a CompositeExplicitAutograd(NonFunctional) decomposition (native_layer_norm
-// is one): the sim sends them to the CPU kernel too, so results match the
-// CPU bit for bit. Views, factories and the copy machinery keep their
-// composite kernels.
+// a composite decomposition (native_layer_norm has a CompositeExplicitAutograd
+// one, mish_backward a CompositeImplicitAutograd one): the sim sends them to
+// the CPU kernel too, so results match the CPU bit for bit. As on the CPU
+// and CUDA, a backend kernel of a CompositeImplicitAutograd operator is not
+// differentiated through (those are backward helpers). Views, factories and
+// the copy machinery keep their composite kernels.
 bool needs_cpu_kernel(const c10::OperatorHandle& op) {
   const auto& schema = op.schema();
   if (schema.name().rfind("aten::", 0) != 0 || op.hasKernelForDispatchKey(c10::DispatchKey::PrivateUse1) ||
       !op.hasKernelForDispatchKey(c10::DispatchKey::CPU) ||
       !(op.hasKernelForDispatchKey(c10::DispatchKey::CompositeExplicitAutograd) ||
-        op.hasKernelForDispatchKey(c10::DispatchKey::CompositeExplicitAutogradNonFunctional))) {
+        op.hasKernelForDispatchKey(c10::DispatchKey::CompositeExplicitAutogradNonFunctional) ||
+        op.hasKernelForDispatchKey(c10::DispatchKey::CompositeImplicitAutograd))) {
     return false;
   }
   static constexpr std::string_view keep_composite[] = {
@@ -333,6 +371,7 @@ void register_kernels() {
   aten->impl("_local_scalar_dense", TORCH_FN(local_scalar_dense));
   aten->impl("_copy_from", TORCH_FN(copy_from));
   aten->impl("_copy_from_and_resize", TORCH_FN(copy_from_and_resize));
+  aten->impl("native_batch_norm", TORCH_FN(native_batch_norm));
 
   for (const auto& name : c10::Dispatcher::singleton().getAllOpNames()) {
     const auto op = c10::Dispatcher::singleton().findOp(name);
@@ -349,6 +388,28 @@ void register_kernels() {
     }
     aten->impl(qualified.c_str(), view ? torch::CppFunction::makeFromBoxedFunction<&view_via_cpu_kernel>()
                                        : torch::CppFunction::makeFromBoxedFunction<&sim_fallback>());
+  }
+
+  // Operators whose CompositeExplicitAutograd kernel picks an algorithm by
+  // the device type: for any accelerator but CUDA, convolution ends in
+  // convolution_overrideable, which only the backend implements. The sim
+  // runs them on the CPU, which picks the CPU's algorithm, so results are
+  // the CPU's bit for bit (channels_last kept: the fallback copies back
+  // with the CPU result's strides).
+  for (const char* name : {"convolution", "convolution_backward", "_convolution", "_convolution.deprecated"}) {
+    aten->impl(name, torch::CppFunction::makeFromBoxedFunction<&sim_fallback>());
+  }
+  register_cell_kernels(*aten);
+
+  // A copy from or to a conjugated or negated sim tensor goes through
+  // _copy_from, which no math-bit kernel handles: the Conjugate and Negative
+  // fallbacks would materialise the source with clone(), which copies
+  // through _copy_from again, without end. copy_from() honours both bits
+  // itself (host_view keeps them), so those keys pass the call through.
+  for (const auto key : {c10::DispatchKey::Conjugate, c10::DispatchKey::Negative}) {
+    auto* bits = new torch::Library(torch::Library::IMPL, "aten", key, __FILE__, __LINE__);
+    bits->impl("_copy_from", torch::CppFunction::makeFallthrough());
+    bits->impl("_copy_from_and_resize", torch::CppFunction::makeFallthrough());
   }
 
   auto* all = new torch::Library(torch::Library::IMPL, "_", c10::DispatchKey::PrivateUse1, __FILE__, __LINE__);

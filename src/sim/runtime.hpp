@@ -2,13 +2,18 @@
 #pragma once
 
 // Internal interface between the sim runtime (backend.cpp: streams,
-// allocators, guard, hooks) and the sim kernels (kernels.cpp). Not installed.
+// allocators, guard, hooks) and the sim kernels (kernels.cpp, cells.cpp).
+// Not installed.
 
 #include <c10/core/Device.h>
 #include <c10/core/Stream.h>
 
 #include <cstdint>
 #include <functional>
+
+namespace torch {
+class Library;
+}
 
 namespace offload::sim::detail {
 
@@ -36,5 +41,8 @@ std::int64_t copy_delay_us_now();
 
 /// Registers the native kernels and the boxed fallback (kernels.cpp).
 void register_kernels();
+
+/// Registers the fused LSTM and GRU cells, forward and backward (cells.cpp).
+void register_cell_kernels(torch::Library& aten);
 
 }  // namespace offload::sim::detail
