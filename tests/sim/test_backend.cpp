@@ -20,6 +20,8 @@
 #include <functional>
 #include <string>
 #include <thread>
+#include <tuple>
+#include <type_traits>
 #include <vector>
 
 namespace {
@@ -60,10 +62,18 @@ struct PieceRun {
 };
 using Piece = std::function<PieceRun(const c10::Device&)>;
 
+// How a piece's results on sim are compared with the CPU's.
+enum class Compare {
+  bitwise,  ///< the same bytes
+  close,    ///< allclose (rtol 1e-5, atol 1e-6): sim takes the accelerator's algorithm, the CPU another
+};
+
 // Runs `piece` on the CPU and on sim:0 (same seeds), back-propagates a fixed
 // upstream gradient through every floating output, and checks outputs and
-// leaf gradients are bitwise equal and that sim results stayed on sim:0.
-void check_piece(const char* name, const Piece& piece) {
+// leaf gradients are equal (bitwise unless `compare` says otherwise) and
+// that sim results stayed on sim:0. A leaf without a gradient must lack it
+// on both devices.
+void check_piece(const std::string& name, const Piece& piece, Compare compare = Compare::bitwise) {
   INFO("piece: " << std::string(name));
   const auto run = [&](const c10::Device& device) {
     torch::manual_seed(1234);
@@ -71,7 +81,7 @@ void check_piece(const char* name, const Piece& piece) {
     torch::Tensor total;
     for (const auto& out : r.outputs) {
       CHECK(out.device() == device);
-      if (out.requires_grad()) {
+      if (out.requires_grad() && out.numel() > 0) {
         const auto upstream = torch::linspace(-1.0, 1.0, out.numel()).view(out.sizes()).to(device);
         const auto term = (out * upstream).sum();
         total = total.defined() ? total + term : term;
@@ -85,7 +95,10 @@ void check_piece(const char* name, const Piece& piece) {
       values.push_back(out.detach().cpu());
     }
     for (const auto& leaf : r.leaves) {
-      REQUIRE(leaf.grad().defined());
+      if (!leaf.grad().defined()) {
+        values.emplace_back();
+        continue;
+      }
       CHECK(leaf.grad().device() == device);
       values.push_back(leaf.grad().cpu());
     }
@@ -96,7 +109,16 @@ void check_piece(const char* name, const Piece& piece) {
   REQUIRE(expected.size() == actual.size());
   for (std::size_t i = 0; i < expected.size(); ++i) {
     INFO("value " << i);
-    CHECK(bitwise_equal(expected[i], actual[i]));
+    REQUIRE(expected[i].defined() == actual[i].defined());
+    if (!expected[i].defined()) {
+      continue;
+    }
+    if (compare == Compare::bitwise || !expected[i].is_floating_point()) {
+      CHECK(bitwise_equal(expected[i], actual[i]));
+    } else {
+      CHECK(actual[i].sizes() == expected[i].sizes());
+      CHECK(torch::allclose(actual[i], expected[i], 1e-5, 1e-6));
+    }
   }
 }
 
@@ -277,6 +299,367 @@ TEST_CASE("sim: model pieces match the CPU bit for bit, forward and backward") {
     const auto parts = x.chunk(2, 1);
     return PieceRun{{y * 2, z + 1, w.contiguous(), parts[1] * parts[0]}, {x}};
   });
+}
+
+// --------------------------------------------------------------- torch::nn coverage
+
+namespace {
+
+namespace nn = torch::nn;
+using Shapes = std::vector<std::vector<int64_t>>;
+
+// A piece that builds a module (after check_piece's seed, so both devices get
+// the same parameters), moves it to the device, and calls it on leaves of
+// `shapes` (standard normal). Outputs: what `call` returns, then the
+// module's buffers (BatchNorm's running statistics); leaves: the inputs and
+// the parameters.
+template <class Make, class Call>
+Piece module_piece(Make make, Shapes shapes, Call call, bool channels_last = false) {
+  return [=](const c10::Device& d) {
+    auto m = make();
+    m->to(d);
+    std::vector<torch::Tensor> xs;
+    for (const auto& shape : shapes) {
+      auto x = torch::randn(shape);
+      if (channels_last) {
+        x = x.contiguous(x.dim() == 4 ? at::MemoryFormat::ChannelsLast : at::MemoryFormat::ChannelsLast3d);
+      }
+      xs.push_back(leaf(x, d));
+    }
+    PieceRun r{call(m, xs), xs};
+    for (const auto& b : m->buffers()) {
+      r.outputs.push_back(b);
+    }
+    for (const auto& p : m->parameters()) {
+      r.leaves.push_back(p);
+    }
+    return r;
+  };
+}
+
+template <class Make>
+Piece unary(Make make, std::vector<int64_t> shape, bool channels_last = false) {
+  return module_piece(make, {std::move(shape)},
+                      [](auto& m, std::vector<torch::Tensor>& x) { return std::vector<torch::Tensor>{m(x[0])}; },
+                      channels_last);
+}
+
+// A loss module on `inputs` leaf inputs of `shape` and a target made by
+// `target` (on the CPU, then moved).
+template <int inputs = 1, class Make>
+Piece loss_piece(Make make, std::vector<int64_t> shape, std::function<torch::Tensor()> target) {
+  return [=](const c10::Device& d) {
+    auto m = make();
+    m->to(d);
+    std::vector<torch::Tensor> xs;
+    for (int i = 0; i < inputs; ++i) {
+      xs.push_back(leaf(torch::randn(shape), d));
+    }
+    const auto t = target().to(d);
+    torch::Tensor out;
+    if constexpr (inputs == 2) {
+      out = m(xs.at(0), xs.at(1), t);
+    } else {
+      out = m(xs.at(0), t);
+    }
+    return PieceRun{{out}, xs};
+  };
+}
+
+template <class Make>
+Piece triple_piece(Make make, std::vector<int64_t> shape) {
+  return module_piece(make, {shape, shape, shape},
+                      [](auto& m, std::vector<torch::Tensor>& x) {
+    auto out = m(x[0], x[1], x[2]);
+    if constexpr (std::is_same_v<decltype(out), torch::Tensor>) {
+      return std::vector<torch::Tensor>{out};
+    } else {
+      return std::vector<torch::Tensor>{std::get<0>(out), std::get<1>(out)};  // attention: output, weights
+    }
+  });
+}
+
+// Recurrent modules: the output and the final state(s).
+template <class Make>
+Piece recurrent(Make make, std::vector<int64_t> shape) {
+  return module_piece(make, {std::move(shape)}, [](auto& m, std::vector<torch::Tensor>& x) {
+    auto [out, state] = m(x[0]);
+    if constexpr (requires { std::get<0>(state); }) {
+      return std::vector<torch::Tensor>{out, std::get<0>(state), std::get<1>(state)};
+    } else {
+      return std::vector<torch::Tensor>{out, state};
+    }
+  });
+}
+
+torch::Tensor rand01(std::vector<int64_t> shape) { return torch::rand(shape); }
+torch::Tensor classes(std::vector<int64_t> shape, int64_t n) { return torch::randint(n, shape, torch::kLong); }
+torch::Tensor signs(std::vector<int64_t> shape) { return torch::randint(2, shape, torch::kFloat) * 2 - 1; }
+
+}  // namespace
+
+TEST_CASE("sim: every trainable torch::nn module matches the CPU, forward and backward") {
+  const auto check = [](const std::string& name, const Piece& piece, Compare compare = Compare::bitwise) {
+    SUBCASE(name.c_str()) { check_piece(name, piece, compare); }
+  };
+
+  // convolutions
+  check("Conv1d", unary([] { return nn::Conv1d(nn::Conv1dOptions(3, 4, 3).stride(2).padding(1)); }, {2, 3, 9}));
+  check("Conv2d groups dilation", unary([] { return nn::Conv2d(nn::Conv2dOptions(4, 6, 3).groups(2).dilation(2).padding(2)); }, {2, 4, 7, 7}));
+  check("Conv2d padding same, channels_last", unary([] { return nn::Conv2d(nn::Conv2dOptions(3, 4, 3).padding(torch::kSame).bias(false)); }, {2, 3, 6, 6}, true));
+  check("Conv2d depthwise", unary([] { return nn::Conv2d(nn::Conv2dOptions(4, 4, 3).groups(4)); }, {1, 4, 6, 6}));
+  check("Conv3d", unary([] { return nn::Conv3d(nn::Conv3dOptions(2, 3, 2).stride(1)); }, {1, 2, 4, 4, 4}));
+  check("Conv3d channels_last", unary([] { return nn::Conv3d(nn::Conv3dOptions(2, 3, 3).padding(1)); }, {1, 2, 4, 4, 4}, true));
+  check("ConvTranspose1d", unary([] { return nn::ConvTranspose1d(nn::ConvTranspose1dOptions(3, 2, 3).stride(2).output_padding(1)); }, {2, 3, 5}));
+  check("ConvTranspose2d groups", unary([] { return nn::ConvTranspose2d(nn::ConvTranspose2dOptions(4, 2, 2).stride(2).groups(2)); }, {1, 4, 3, 3}));
+  check("ConvTranspose2d channels_last", unary([] { return nn::ConvTranspose2d(nn::ConvTranspose2dOptions(3, 3, 3).padding(1).dilation(2)); }, {2, 3, 4, 4}, true));
+  check("ConvTranspose3d", unary([] { return nn::ConvTranspose3d(nn::ConvTranspose3dOptions(2, 2, 2).stride(2)); }, {1, 2, 2, 3, 3}));
+
+  // pooling
+  check("MaxPool1d", unary([] { return nn::MaxPool1d(nn::MaxPool1dOptions(2)); }, {2, 3, 8}));
+  check("MaxPool2d", unary([] { return nn::MaxPool2d(nn::MaxPool2dOptions(3).stride(2).padding(1)); }, {2, 3, 7, 7}));
+  check("MaxPool2d channels_last", unary([] { return nn::MaxPool2d(nn::MaxPool2dOptions(2)); }, {2, 3, 6, 6}, true));
+  check("MaxPool3d", unary([] { return nn::MaxPool3d(nn::MaxPool3dOptions(2)); }, {1, 2, 4, 4, 4}));
+  check("AvgPool1d", unary([] { return nn::AvgPool1d(nn::AvgPool1dOptions(3).stride(2)); }, {2, 3, 9}));
+  check("AvgPool2d", unary([] { return nn::AvgPool2d(nn::AvgPool2dOptions(2).ceil_mode(true)); }, {2, 3, 5, 5}));
+  check("AvgPool3d", unary([] { return nn::AvgPool3d(nn::AvgPool3dOptions(2)); }, {1, 2, 4, 4, 4}));
+  check("AdaptiveAvgPool1d", unary([] { return nn::AdaptiveAvgPool1d(nn::AdaptiveAvgPool1dOptions(3)); }, {2, 3, 7}));
+  check("AdaptiveAvgPool2d", unary([] { return nn::AdaptiveAvgPool2d(nn::AdaptiveAvgPool2dOptions({1, 1})); }, {2, 3, 5, 5}));
+  check("AdaptiveAvgPool3d", unary([] { return nn::AdaptiveAvgPool3d(nn::AdaptiveAvgPool3dOptions(2)); }, {1, 2, 5, 5, 5}));
+  check("AdaptiveMaxPool1d", unary([] { return nn::AdaptiveMaxPool1d(nn::AdaptiveMaxPool1dOptions(3)); }, {2, 3, 7}));
+  check("AdaptiveMaxPool2d", unary([] { return nn::AdaptiveMaxPool2d(nn::AdaptiveMaxPool2dOptions({2, 3})); }, {2, 3, 5, 7}));
+  check("AdaptiveMaxPool3d", unary([] { return nn::AdaptiveMaxPool3d(nn::AdaptiveMaxPool3dOptions(2)); }, {1, 2, 5, 5, 5}));
+  check("LPPool1d", unary([] { return nn::LPPool1d(nn::LPPool1dOptions(2, 2)); }, {2, 3, 8}));
+  check("LPPool2d", unary([] { return nn::LPPool2d(nn::LPPool2dOptions(2, 2)); }, {2, 3, 6, 6}));
+  check("LPPool3d", unary([] { return nn::LPPool3d(nn::LPPool3dOptions(2, 2)); }, {1, 2, 4, 4, 4}));
+  check("FractionalMaxPool2d", unary([] { return nn::FractionalMaxPool2d(nn::FractionalMaxPool2dOptions(2).output_size(3)); }, {2, 3, 7, 7}));
+  check("FractionalMaxPool3d", unary([] { return nn::FractionalMaxPool3d(nn::FractionalMaxPool3dOptions(2).output_size(2)); }, {1, 2, 5, 5, 5}));
+  check("MaxUnpool2d", module_piece([] { return nn::MaxPool2d(nn::MaxPool2dOptions(2).stride(2)); }, {{1, 2, 4, 4}},
+                                    [](auto& m, std::vector<torch::Tensor>& x) {
+                                      auto [y, idx] = m->forward_with_indices(x[0]);
+                                      nn::MaxUnpool2d unpool(nn::MaxUnpool2dOptions(2).stride(2));
+                                      unpool->to(x[0].device());
+                                      return std::vector<torch::Tensor>{unpool(y, idx)};
+                                    }));
+  check("MaxUnpool1d", module_piece([] { return nn::MaxPool1d(nn::MaxPool1dOptions(2)); }, {{1, 2, 8}},
+                                    [](auto& m, std::vector<torch::Tensor>& x) {
+                                      auto [y, idx] = m->forward_with_indices(x[0]);
+                                      return std::vector<torch::Tensor>{nn::MaxUnpool1d(nn::MaxUnpool1dOptions(2))(y, idx)};
+                                    }));
+  check("MaxUnpool3d", module_piece([] { return nn::MaxPool3d(nn::MaxPool3dOptions(2)); }, {{1, 1, 4, 4, 4}},
+                                    [](auto& m, std::vector<torch::Tensor>& x) {
+                                      auto [y, idx] = m->forward_with_indices(x[0]);
+                                      return std::vector<torch::Tensor>{nn::MaxUnpool3d(nn::MaxUnpool3dOptions(2))(y, idx)};
+                                    }));
+
+  // normalizations (training mode: batch statistics, running statistics updated)
+  check("BatchNorm1d", unary([] { return nn::BatchNorm1d(4); }, {5, 4}));
+  check("BatchNorm2d", unary([] { return nn::BatchNorm2d(3); }, {4, 3, 5, 5}));
+  check("BatchNorm2d channels_last", unary([] { return nn::BatchNorm2d(3); }, {4, 3, 5, 5}, true));
+  check("BatchNorm3d", unary([] { return nn::BatchNorm3d(2); }, {2, 2, 3, 3, 3}));
+  check("InstanceNorm1d", unary([] { return nn::InstanceNorm1d(nn::InstanceNorm1dOptions(3).affine(true).track_running_stats(true)); }, {2, 3, 8}));
+  check("InstanceNorm2d", unary([] { return nn::InstanceNorm2d(nn::InstanceNorm2dOptions(3).affine(true)); }, {2, 3, 5, 5}));
+  check("InstanceNorm3d", unary([] { return nn::InstanceNorm3d(nn::InstanceNorm3dOptions(2).affine(true)); }, {2, 2, 3, 3, 3}));
+  check("LayerNorm", unary([] { return nn::LayerNorm(nn::LayerNormOptions({5, 6})); }, {3, 5, 6}));
+  check("GroupNorm", unary([] { return nn::GroupNorm(nn::GroupNormOptions(2, 4)); }, {3, 4, 5, 5}));
+  // GroupNorm's backward formula keeps channels_last on the CPU only and
+  // makes gradient and input contiguous on any other device: a different CPU
+  // kernel path on sim (docs/support-matrix.md).
+  check("GroupNorm channels_last", unary([] { return nn::GroupNorm(nn::GroupNormOptions(2, 4)); }, {3, 4, 5, 5}, true),
+        Compare::close);
+  check("LocalResponseNorm", unary([] { return nn::LocalResponseNorm(nn::LocalResponseNormOptions(3)); }, {2, 5, 4, 4}));
+  check("CrossMapLRN2d", unary([] { return nn::CrossMapLRN2d(nn::CrossMapLRN2dOptions(3)); }, {2, 5, 4, 4}));
+
+  // activations
+  check("ReLU", unary([] { return nn::ReLU(); }, {4, 7}));
+  check("ReLU6", unary([] { return nn::ReLU6(); }, {4, 7}));
+  check("LeakyReLU", unary([] { return nn::LeakyReLU(nn::LeakyReLUOptions().negative_slope(0.1)); }, {4, 7}));
+  check("PReLU", unary([] { return nn::PReLU(nn::PReLUOptions().num_parameters(3)); }, {4, 3, 5}));
+  check("RReLU (training)", unary([] { return nn::RReLU(); }, {4, 7}));
+  check("ELU", unary([] { return nn::ELU(); }, {4, 7}));
+  check("SELU", unary([] { return nn::SELU(); }, {4, 7}));
+  check("CELU", unary([] { return nn::CELU(nn::CELUOptions().alpha(0.5)); }, {4, 7}));
+  check("GELU", unary([] { return nn::GELU(); }, {4, 7}));
+  check("GELU tanh", unary([] { return nn::GELU(nn::GELUOptions().approximate("tanh")); }, {4, 7}));
+  check("SiLU", unary([] { return nn::SiLU(); }, {4, 7}));
+  check("Mish", unary([] { return nn::Mish(); }, {4, 7}));
+  check("Sigmoid", unary([] { return nn::Sigmoid(); }, {4, 7}));
+  check("Tanh", unary([] { return nn::Tanh(); }, {4, 7}));
+  check("Softplus", unary([] { return nn::Softplus(); }, {4, 7}));
+  check("Softshrink", unary([] { return nn::Softshrink(); }, {4, 7}));
+  check("Hardshrink", unary([] { return nn::Hardshrink(); }, {4, 7}));
+  check("Tanhshrink", unary([] { return nn::Tanhshrink(); }, {4, 7}));
+  check("Hardtanh", unary([] { return nn::Hardtanh(); }, {4, 7}));
+  check("LogSigmoid", unary([] { return nn::LogSigmoid(); }, {4, 7}));
+  check("Softsign", unary([] { return nn::Softsign(); }, {4, 7}));
+  check("Threshold", unary([] { return nn::Threshold(0.1, 20.0); }, {4, 7}));
+  check("GLU", unary([] { return nn::GLU(); }, {4, 8}));
+  check("Softmax", unary([] { return nn::Softmax(1); }, {4, 7}));
+  check("Softmin", unary([] { return nn::Softmin(1); }, {4, 7}));
+  check("LogSoftmax", unary([] { return nn::LogSoftmax(1); }, {4, 7}));
+  check("Softmax2d", unary([] { return nn::Softmax2d(); }, {2, 3, 4, 4}));
+  check("MultiheadAttention", triple_piece([] { return nn::MultiheadAttention(nn::MultiheadAttentionOptions(8, 2)); }, {5, 2, 8}));
+
+  // linear, embedding, dropout, shape
+  check("Linear", unary([] { return nn::Linear(6, 4); }, {3, 6}));
+  check("Bilinear", module_piece([] { return nn::Bilinear(3, 4, 5); }, {{2, 3}, {2, 4}},
+                                 [](auto& m, std::vector<torch::Tensor>& x) { return std::vector<torch::Tensor>{m(x[0], x[1])}; }));
+  check("Identity, Flatten, Unflatten", module_piece([] { return nn::Flatten(); }, {{2, 3, 4}},
+                                                     [](auto& m, std::vector<torch::Tensor>& x) {
+                                                       return std::vector<torch::Tensor>{
+                                                           nn::Unflatten(nn::UnflattenOptions(1, {4, 3}))(m(nn::Identity()(x[0])))};
+                                                     }));
+  check("Embedding", [](const c10::Device& d) {
+    nn::Embedding m(nn::EmbeddingOptions(10, 4).padding_idx(0).max_norm(2.0));
+    m->to(d);
+    return PieceRun{{m(torch::tensor({{1, 0, 3}, {9, 3, 3}}, torch::kLong).to(d))}, {m->weight}};
+  });
+  for (const auto mode : {"sum", "mean", "max"}) {
+    check(std::string("EmbeddingBag ") + mode, [mode](const c10::Device& d) {
+      nn::EmbeddingBagOptions options(10, 4);
+      if (std::string(mode) == "sum") options.mode(torch::kSum);
+      if (std::string(mode) == "mean") options.mode(torch::kMean);
+      if (std::string(mode) == "max") options.mode(torch::kMax);
+      nn::EmbeddingBag m(options);
+      m->to(d);
+      const auto idx = torch::tensor({1, 2, 4, 5, 4, 3, 2, 9}, torch::kLong).to(d);
+      const auto offsets = torch::tensor({0, 3, 5}, torch::kLong).to(d);
+      return PieceRun{{m(idx, offsets)}, {m->weight}};
+    });
+  }
+  check("Dropout", unary([] { return nn::Dropout(0.3); }, {8, 8}));
+  check("Dropout2d", unary([] { return nn::Dropout2d(0.3); }, {2, 4, 3, 3}));
+  check("Dropout3d", unary([] { return nn::Dropout3d(0.3); }, {2, 4, 2, 3, 3}));
+  check("AlphaDropout", unary([] { return nn::AlphaDropout(0.3); }, {8, 8}));
+  check("FeatureAlphaDropout", unary([] { return nn::FeatureAlphaDropout(0.3); }, {2, 4, 3, 3}));
+  check("CosineSimilarity", module_piece([] { return nn::CosineSimilarity(); }, {{4, 6}, {4, 6}},
+                                         [](auto& m, std::vector<torch::Tensor>& x) { return std::vector<torch::Tensor>{m(x[0], x[1])}; }));
+  check("PairwiseDistance", module_piece([] { return nn::PairwiseDistance(); }, {{4, 6}, {4, 6}},
+                                         [](auto& m, std::vector<torch::Tensor>& x) { return std::vector<torch::Tensor>{m(x[0], x[1])}; }));
+
+  // recurrent: sim takes the accelerator's path (fused cells, per-step
+  // products), the CPU its own (oneDNN LSTM; input products of all steps at
+  // once), so values agree to rounding only (docs/support-matrix.md).
+  check("RNN tanh 2 layers", recurrent([] { return nn::RNN(nn::RNNOptions(4, 5).num_layers(2)); }, {3, 2, 4}), Compare::close);
+  check("RNN relu bidirectional batch_first", recurrent([] { return nn::RNN(nn::RNNOptions(4, 5).nonlinearity(torch::kReLU).bidirectional(true).batch_first(true)); }, {2, 3, 4}), Compare::close);
+  check("LSTM 2 layers batch_first", recurrent([] { return nn::LSTM(nn::LSTMOptions(4, 5).num_layers(2).batch_first(true)); }, {2, 3, 4}), Compare::close);
+  check("LSTM bidirectional, projections", recurrent([] { return nn::LSTM(nn::LSTMOptions(4, 5).bidirectional(true).proj_size(3)); }, {3, 2, 4}), Compare::close);
+  check("GRU 2 layers batch_first", recurrent([] { return nn::GRU(nn::GRUOptions(4, 5).num_layers(2).batch_first(true)); }, {2, 3, 4}), Compare::close);
+  check("GRU bidirectional", recurrent([] { return nn::GRU(nn::GRUOptions(4, 5).bidirectional(true)); }, {3, 2, 4}), Compare::close);
+  check("RNNCell", unary([] { return nn::RNNCell(4, 5); }, {3, 4}), Compare::close);
+  check("LSTMCell", module_piece([] { return nn::LSTMCell(4, 5); }, {{3, 4}}, [](auto& m, std::vector<torch::Tensor>& x) {
+          auto [h, c] = m(x[0]);
+          return std::vector<torch::Tensor>{h, c};
+        }), Compare::close);
+  check("GRUCell", unary([] { return nn::GRUCell(4, 5); }, {3, 4}), Compare::close);
+
+  // transformer
+  check("TransformerEncoderLayer", unary([] { return nn::TransformerEncoderLayer(nn::TransformerEncoderLayerOptions(8, 2).dim_feedforward(16)); }, {5, 2, 8}));
+  check("TransformerDecoderLayer", module_piece([] { return nn::TransformerDecoderLayer(nn::TransformerDecoderLayerOptions(8, 2).dim_feedforward(16)); }, {{4, 2, 8}, {5, 2, 8}},
+                                                [](auto& m, std::vector<torch::Tensor>& x) { return std::vector<torch::Tensor>{m(x[0], x[1])}; }));
+  check("Transformer", module_piece([] { return nn::Transformer(nn::TransformerOptions(8, 2, 1, 1).dim_feedforward(16)); }, {{5, 2, 8}, {4, 2, 8}},
+                                    [](auto& m, std::vector<torch::Tensor>& x) { return std::vector<torch::Tensor>{m(x[0], x[1])}; }));
+
+  // padding, upsampling, pixel shuffle, fold/unfold
+  check("ReflectionPad1d", unary([] { return nn::ReflectionPad1d(2); }, {2, 3, 6}));
+  check("ReflectionPad2d", unary([] { return nn::ReflectionPad2d(nn::ReflectionPad2dOptions({1, 2, 2, 1})); }, {2, 3, 5, 5}));
+  check("ReflectionPad3d", unary([] { return nn::ReflectionPad3d(1); }, {1, 2, 3, 3, 3}));
+  check("ReplicationPad1d", unary([] { return nn::ReplicationPad1d(2); }, {2, 3, 6}));
+  check("ReplicationPad2d", unary([] { return nn::ReplicationPad2d(2); }, {2, 3, 5, 5}));
+  check("ReplicationPad3d", unary([] { return nn::ReplicationPad3d(1); }, {1, 2, 3, 3, 3}));
+  check("ZeroPad1d", unary([] { return nn::ZeroPad1d(2); }, {2, 3, 6}));
+  check("ZeroPad2d", unary([] { return nn::ZeroPad2d(nn::ZeroPad2dOptions({1, 0, 2, 1})); }, {2, 3, 5, 5}));
+  check("ZeroPad3d", unary([] { return nn::ZeroPad3d(1); }, {1, 2, 3, 3, 3}));
+  check("ConstantPad1d", unary([] { return nn::ConstantPad1d(nn::ConstantPad1dOptions(2, 0.5)); }, {2, 3, 6}));
+  check("ConstantPad2d", unary([] { return nn::ConstantPad2d(nn::ConstantPad2dOptions(1, -1.0)); }, {2, 3, 5, 5}));
+  check("ConstantPad3d", unary([] { return nn::ConstantPad3d(nn::ConstantPad3dOptions(1, 2.0)); }, {1, 2, 3, 3, 3}));
+  check("Upsample nearest", unary([] { return nn::Upsample(nn::UpsampleOptions().scale_factor(std::vector<double>{2, 2}).mode(torch::kNearest)); }, {2, 3, 4, 4}));
+  check("Upsample nearest channels_last", unary([] { return nn::Upsample(nn::UpsampleOptions().scale_factor(std::vector<double>{2, 2}).mode(torch::kNearest)); }, {2, 3, 4, 4}, true));
+  check("Upsample linear", unary([] { return nn::Upsample(nn::UpsampleOptions().size(std::vector<int64_t>{9}).mode(torch::kLinear).align_corners(true)); }, {2, 3, 4}));
+  check("Upsample bilinear", unary([] { return nn::Upsample(nn::UpsampleOptions().scale_factor(std::vector<double>{2, 2}).mode(torch::kBilinear).align_corners(false)); }, {2, 3, 4, 4}));
+  check("Upsample bicubic", unary([] { return nn::Upsample(nn::UpsampleOptions().size(std::vector<int64_t>{7, 7}).mode(torch::kBicubic).align_corners(false)); }, {1, 2, 4, 4}));
+  check("Upsample trilinear", unary([] { return nn::Upsample(nn::UpsampleOptions().scale_factor(std::vector<double>{2, 2, 2}).mode(torch::kTrilinear).align_corners(false)); }, {1, 2, 3, 3, 3}));
+  check("PixelShuffle", unary([] { return nn::PixelShuffle(2); }, {2, 8, 3, 3}));
+  check("PixelUnshuffle", unary([] { return nn::PixelUnshuffle(2); }, {2, 2, 4, 4}));
+  check("Fold", unary([] { return nn::Fold(nn::FoldOptions({4, 5}, {2, 2})); }, {2, 12, 12}));
+  check("Unfold", unary([] { return nn::Unfold(nn::UnfoldOptions({2, 3}).padding(1).stride(2)); }, {2, 3, 5, 5}));
+
+  // losses
+  const auto same = [](std::vector<int64_t> s) { return [s] { return torch::randn(s); }; };
+  check("L1Loss", loss_piece([] { return nn::L1Loss(); }, {4, 5}, same({4, 5})));
+  check("MSELoss", loss_piece([] { return nn::MSELoss(); }, {4, 5}, same({4, 5})));
+  check("HuberLoss", loss_piece([] { return nn::HuberLoss(nn::HuberLossOptions().delta(0.5)); }, {4, 5}, same({4, 5})));
+  check("SmoothL1Loss", loss_piece([] { return nn::SmoothL1Loss(); }, {4, 5}, same({4, 5})));
+  check("CrossEntropyLoss label smoothing", loss_piece([] { return nn::CrossEntropyLoss(nn::CrossEntropyLossOptions().label_smoothing(0.1)); }, {6, 5}, [] { return classes({6}, 5); }));
+  check("CrossEntropyLoss probabilities", loss_piece([] { return nn::CrossEntropyLoss(); }, {6, 5}, [] { return torch::softmax(torch::randn({6, 5}), 1); }));
+  check("NLLLoss weighted", [](const c10::Device& d) {
+    nn::NLLLoss m(nn::NLLLossOptions().weight(torch::rand({5})).ignore_index(2));
+    m->to(d);
+    const auto x = leaf(torch::log_softmax(torch::randn({6, 5}), 1), d);
+    return PieceRun{{m(x, classes({6}, 5).to(d))}, {x}};
+  });
+  check("BCELoss", [](const c10::Device& d) {
+    nn::BCELoss m;
+    const auto x = leaf(torch::randn({4, 5}), d);
+    return PieceRun{{m(torch::sigmoid(x), rand01({4, 5}).to(d))}, {x}};
+  });
+  check("BCEWithLogitsLoss", loss_piece([] { return nn::BCEWithLogitsLoss(nn::BCEWithLogitsLossOptions().pos_weight(torch::full({5}, 2.0))); }, {4, 5}, [] { return rand01({4, 5}); }));
+  check("KLDivLoss", loss_piece([] { return nn::KLDivLoss(nn::KLDivLossOptions().reduction(torch::kBatchMean)); }, {4, 5}, [] { return torch::softmax(torch::randn({4, 5}), 1); }));
+  check("PoissonNLLLoss", loss_piece([] { return nn::PoissonNLLLoss(); }, {4, 5}, [] { return rand01({4, 5}) * 3; }));
+  check("SoftMarginLoss", loss_piece([] { return nn::SoftMarginLoss(); }, {4, 5}, [] { return signs({4, 5}); }));
+  check("HingeEmbeddingLoss", loss_piece([] { return nn::HingeEmbeddingLoss(); }, {4, 5}, [] { return signs({4, 5}); }));
+  check("MultiLabelSoftMarginLoss", loss_piece([] { return nn::MultiLabelSoftMarginLoss(); }, {4, 5}, [] { return torch::randint(2, {4, 5}, torch::kFloat); }));
+  check("MultiLabelMarginLoss", loss_piece([] { return nn::MultiLabelMarginLoss(); }, {3, 4}, [] { return torch::tensor({{3, 0, -1, 1}, {1, 2, 3, -1}, {0, -1, 0, 0}}, torch::kLong); }));
+  check("MultiMarginLoss", loss_piece([] { return nn::MultiMarginLoss(); }, {6, 5}, [] { return classes({6}, 5); }));
+  check("CosineEmbeddingLoss", loss_piece<2>([] { return nn::CosineEmbeddingLoss(); }, {4, 6}, [] { return signs({4}); }));
+  check("MarginRankingLoss", loss_piece<2>([] { return nn::MarginRankingLoss(); }, {6}, [] { return signs({6}); }));
+  check("TripletMarginLoss", triple_piece([] { return nn::TripletMarginLoss(); }, {4, 6}));
+  check("TripletMarginWithDistanceLoss", triple_piece([] { return nn::TripletMarginWithDistanceLoss(); }, {4, 6}));
+  check("AdaptiveLogSoftmaxWithLoss", [](const c10::Device& d) {
+    nn::AdaptiveLogSoftmaxWithLoss m(nn::AdaptiveLogSoftmaxWithLossOptions(6, 10, {4, 8}).div_value(2.0));
+    m->to(d);
+    const auto x = leaf(torch::randn({5, 6}), d);
+    const auto out = m(x, classes({5}, 10).to(d));
+    auto leaves = m->parameters();
+    leaves.push_back(x);
+    return PieceRun{{out.output}, leaves};
+  });
+  check("CTCLoss", [](const c10::Device& d) {
+    nn::CTCLoss m;
+    m->to(d);
+    const auto x = leaf(torch::log_softmax(torch::randn({8, 2, 5}), 2), d);
+    const auto targets = torch::tensor({{1, 2, 2}, {3, 4, 1}}, torch::kLong).to(d);
+    const auto input_lengths = torch::tensor({8, 7}, torch::kLong);
+    const auto target_lengths = torch::tensor({3, 2}, torch::kLong);
+    return PieceRun{{m(x, targets, input_lengths, target_lengths)}, {x}};
+  });
+}
+
+TEST_CASE("sim: conjugate and negative bits are honoured, without recursion") {
+  check_piece("c * c.conj()", [](const c10::Device& d) {
+    const auto h = leaf(torch::randn({64}), d);
+    const auto c = torch::view_as_complex(h.reshape({4, 8, 2}));
+    return PieceRun{{torch::view_as_real(c * c.conj()), torch::view_as_real(c.conj().resolve_conj()),
+                     torch::view_as_real(c.conj() * 2)},
+                    {h}};
+  });
+  const auto dev = sim_device(0);
+  const auto cpu = torch::view_as_complex(torch::randn({4, 8, 2}));
+  const auto expected = cpu.conj().resolve_conj();
+  CHECK(torch::equal(cpu.conj().to(dev).cpu().resolve_conj(), expected));  // a conj CPU tensor to sim
+  CHECK(torch::equal(cpu.to(dev).conj().cpu().resolve_conj(), expected));  // a conj sim tensor to the CPU
+  CHECK(torch::equal(cpu.to(dev).conj().clone().cpu().resolve_conj(), expected));
+  const auto real = torch::randn({5});
+  CHECK(torch::equal(real.to(dev)._neg_view().cpu().resolve_neg(), -real));
+  CHECK(torch::equal(real._neg_view().to(dev).cpu().resolve_neg(), -real));
+}
+
+TEST_CASE("sim: an operator sim cannot run raises an error naming it and the device") {
+  const auto x = torch::randn({8}).to(sim_device(1));
+  const auto msg = error_of([&] { (void)at::_fused_dropout(x, 0.5); });
+  CHECK(msg.find("aten::_fused_dropout") != std::string::npos);
+  CHECK(msg.find("sim:1") != std::string::npos);
+  CHECK_THROWS_AS((void)at::_fused_dropout(x, 0.5), c10::NotImplementedError);
 }
 
 TEST_CASE("sim: AdamW steps on a tiny model match the CPU bit for bit") {
