@@ -7,6 +7,7 @@
 
 #include <cmath>
 #include <cstdint>
+#include <limits>
 
 #include <torch/torch.h>
 
@@ -42,7 +43,9 @@ struct BlockImpl : torch::nn::Module {
     auto v = parts[2].view({b, t, heads, hd}).transpose(1, 2);
     auto att = q.matmul(k.transpose(-2, -1)) * (1.0 / std::sqrt(static_cast<double>(hd)));
     auto mask = torch::ones({t, t}, torch::TensorOptions().dtype(torch::kBool).device(x.device())).triu(1);
-    att = drop(torch::softmax(att.masked_fill(mask, -1e9), -1));
+    // -inf, not a large negative number: representable in fp16 and bf16 too;
+    // softmax gives the masked positions exactly 0 either way.
+    att = drop(torch::softmax(att.masked_fill(mask, -std::numeric_limits<double>::infinity()), -1));
     auto y = att.matmul(v).transpose(1, 2).contiguous().view({b, t, w});
     auto h = x + drop(proj(y));
     return h + drop(out(torch::gelu(fc(ln2(h)))));

@@ -86,7 +86,11 @@ RunResult train(ModelKind kind, c10::Device device, int steps, const Wrap& wrap,
       break;
     }
   }
-  auto params = module->parameters();
+  return train_params(module->parameters(), forward, steps, wrap, on_params);
+}
+
+RunResult train_params(const std::vector<at::Tensor>& params, const Forward& forward, int steps, const Wrap& wrap,
+                       const OnParams& on_params, const std::function<void(int)>& after_step) {
   if (on_params) on_params(params);
   torch::optim::AdamW optimizer(params, torch::optim::AdamWOptions(1e-2));
   RunResult result;
@@ -96,11 +100,14 @@ RunResult train(ModelKind kind, c10::Device device, int steps, const Wrap& wrap,
     loss.backward();
     result.losses.push_back(loss.item<float>());
     if (step + 1 == steps) {
-      for (auto& p : params) result.last_grads.push_back(p.grad().to(torch::kCPU));
+      for (const auto& p : params) {
+        result.last_grads.push_back(p.grad().defined() ? p.grad().to(torch::kCPU) : torch::Tensor());
+      }
     }
     optimizer.step();
+    if (after_step) after_step(step);
   }
-  for (auto& p : params) result.params.push_back(p.detach().to(torch::kCPU));
+  for (const auto& p : params) result.params.push_back(p.detach().to(torch::kCPU));
   return result;
 }
 
@@ -194,6 +201,14 @@ bool bitwise_equal(const RunResult& a, const RunResult& b, std::string* why) {
       return;
     }
     for (std::size_t i = 0; i < p.size(); ++i) {
+      if (!p[i].defined() || !q[i].defined()) {
+        if (p[i].defined() != q[i].defined()) {
+          out << what << " " << i << " is defined in one run only";
+          ok = false;
+          return;
+        }
+        continue;
+      }
       if (p[i].sizes() != q[i].sizes() || p[i].scalar_type() != q[i].scalar_type() ||
           std::memcmp(p[i].contiguous().data_ptr(), q[i].contiguous().data_ptr(), p[i].nbytes()) != 0) {
         out << what << " " << i << " differs (max abs diff "

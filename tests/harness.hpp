@@ -46,6 +46,13 @@ struct RunResult {
 RunResult train(ModelKind kind, c10::Device device, int steps, const Wrap& wrap = {},
                 const OnParams& on_params = {});
 
+/// Trains `params` `steps` AdamW steps (lr 1e-2) on the loss `forward`
+/// returns, the forward pass run by `wrap` when given; `after_step` (when
+/// given) runs after each optimizer step with the step's index.
+RunResult train_params(const std::vector<at::Tensor>& params, const Forward& forward, int steps,
+                       const Wrap& wrap = {}, const OnParams& on_params = {},
+                       const std::function<void(int)>& after_step = {});
+
 /// A custom torch::autograd::Function saves a device tensor x and a CPU
 /// tensor c on purpose; backward reports where c came back.
 struct CustomFunctionResult {
