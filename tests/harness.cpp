@@ -1,6 +1,7 @@
 // SPDX-License-Identifier: MIT
 #include "harness.hpp"
 
+#include <algorithm>
 #include <sstream>
 
 #include <torch/torch.h>
@@ -92,7 +93,11 @@ RunResult train(ModelKind kind, c10::Device device, int steps, const Wrap& wrap,
 RunResult train_params(const std::vector<at::Tensor>& params, const Forward& forward, int steps, const Wrap& wrap,
                        const OnParams& on_params, const std::function<void(int)>& after_step) {
   if (on_params) on_params(params);
-  torch::optim::AdamW optimizer(params, torch::optim::AdamWOptions(1e-2));
+  // AdamW's default eps (1e-8) is 0 in fp16, where a parameter whose
+  // gradient is 0 or underflows when squared would step by x / 0.
+  const bool half = std::any_of(params.begin(), params.end(),
+                                [](const at::Tensor& p) { return p.scalar_type() == at::kHalf; });
+  torch::optim::AdamW optimizer(params, torch::optim::AdamWOptions(1e-2).eps(half ? 1e-4 : 1e-8));
   RunResult result;
   for (int step = 0; step < steps; ++step) {
     optimizer.zero_grad();

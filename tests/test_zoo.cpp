@@ -276,8 +276,9 @@ TEST_CASE_TEMPLATE("zoo: each model family trains bitwise equal with and without
                                  "gpt bf16", "gpt fp16"}) {
     CAPTURE(name);
     const auto plain = train(name, 3);
-    for (const float loss : plain.losses) {
-      REQUIRE(std::isfinite(loss));  // parity of NaNs would prove little
+    for (std::size_t step = 0; step < plain.losses.size(); ++step) {
+      CAPTURE(step);
+      REQUIRE(std::isfinite(plain.losses[step]));  // parity of NaNs would prove little
     }
     for (const std::int64_t min_bytes : {std::int64_t{1}, offload::Options{}.min_offload_bytes}) {
       CAPTURE(min_bytes);
