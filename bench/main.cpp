@@ -39,6 +39,7 @@ const std::vector<IntFlag> option_flags = {
     {"min-offload-bytes", offload::ranges::min_offload_bytes, "Options::min_offload_bytes"},
     {"max-fwd-stash", offload::ranges::max_fwd_stash, "Options::max_fwd_stash"},
     {"prefetch-depth", offload::ranges::prefetch_depth, "Options::prefetch_depth"},
+    {"prefetch-bytes", offload::ranges::prefetch_bytes, "Options::prefetch_bytes"},
 };
 
 void add_ints(CLI::App& sub, bench::Args& args, const std::vector<IntFlag>& flags) {

@@ -44,13 +44,13 @@ struct TimedBlocking {
     State(const offload::Options& options, Storage& storage) : options_(options), storage_(&storage) {}
     void offload(const std::shared_ptr<offload::Entry>& entry, const at::Tensor& device_bytes) {
       entry->host = storage_->allocate(entry->nbytes, Device::device_type, options_);
-      entry->host.bytes.copy_(device_bytes, /*non_blocking=*/true);
+      offload::piece_of(entry->host, entry->piece).copy_(offload::piece_of(device_bytes, entry->piece), /*non_blocking=*/true);
       Device::current_stream(entry->device.index()).synchronize();
     }
     at::Tensor reload(const std::shared_ptr<offload::Entry>& entry) {
       const c10::DeviceGuard guard(entry->device);
-      auto bytes = at::empty({entry->nbytes}, at::TensorOptions().dtype(at::kByte).device(entry->device));
-      bytes.copy_(entry->host.bytes, /*non_blocking=*/true);
+      auto bytes = at::empty({entry->device_nbytes}, at::TensorOptions().dtype(at::kByte).device(entry->device));
+      offload::piece_of(bytes, entry->piece).copy_(offload::piece_of(entry->host, entry->piece), /*non_blocking=*/true);
       Device::current_stream(entry->device.index()).synchronize();
       return bytes;
     }
@@ -181,8 +181,31 @@ struct Analysis {
   std::int64_t activations = 0;  // L A_blk + A_top
   std::int64_t working = 0;      // W_blk
   std::int64_t largest = 0;      // s_max, the largest saved storage
-  std::int64_t window = 0;       // Streamed: (max_fwd_stash + prefetch_depth) s_max
+  std::int64_t window = 0;       // Streamed: max_fwd_stash s_max + the prefetch window
 };
+
+// Options from the command line (--min-offload-bytes, --max-fwd-stash,
+// --prefetch-depth, --prefetch-bytes); the library defaults otherwise.
+offload::Options options_from(const Args& args) {
+  const offload::Options d;
+  return {.min_offload_bytes = args.get_int("min-offload-bytes", d.min_offload_bytes),
+          .max_fwd_stash = args.get_int("max-fwd-stash", d.max_fwd_stash),
+          .prefetch_depth = args.get_int("prefetch-depth", d.prefetch_depth),
+          .prefetch_bytes = args.get_int("prefetch-bytes", d.prefetch_bytes)};
+}
+
+std::string describe(const offload::Options& o) {
+  return "min_offload_bytes=" + std::to_string(o.min_offload_bytes) +
+         ", max_fwd_stash=" + std::to_string(o.max_fwd_stash) + ", prefetch_depth=" + std::to_string(o.prefetch_depth) +
+         ", prefetch_bytes=" + std::to_string(o.prefetch_bytes);
+}
+
+Json options_json(const offload::Options& o) {
+  return Json::object({{"min_offload_bytes", Json(o.min_offload_bytes)},
+                       {"max_fwd_stash", Json(o.max_fwd_stash)},
+                       {"prefetch_depth", Json(o.prefetch_depth)},
+                       {"prefetch_bytes", Json(o.prefetch_bytes)}});
+}
 
 Analysis analyse(const Shapes& s, const offload::Options& o) {
   const auto B = s.batch, T = s.seq, W = s.width, H = s.heads, V = s.vocab, L = s.layers;
@@ -198,7 +221,10 @@ Analysis analyse(const Shapes& s, const offload::Options& o) {
   // BTW that the block carries.
   a.working = 4 * (std::max(12 * B * T * W, 3 * B * H * T * T) + B * T * W);
   a.largest = 4 * std::max(4 * B * T * W, B * H * T * T);
-  a.window = (o.max_fwd_stash + o.prefetch_depth) * a.largest;
+  // The prefetch window: prefetch_bytes of buffers (at least one storage),
+  // or prefetch_depth storages when prefetch_bytes is 0.
+  const auto prefetch = o.prefetch_bytes > 0 ? std::max(o.prefetch_bytes, a.largest) : o.prefetch_depth * a.largest;
+  a.window = o.max_fwd_stash * a.largest + prefetch;
   return a;
 }
 
@@ -213,22 +239,20 @@ std::int64_t floor_bytes(const Analysis& a, Mode m) {
 int run_memory(const Args& args) {
   const Shapes base = shapes_from(args, Shapes{.batch = args.quick ? 4 : 8, .seq = 128, .width = 256,
                                                .heads = 8, .vocab = 96, .layers = 0});
-  const offload::Options options{.min_offload_bytes = args.get_int("min-offload-bytes", 1024),
-                                 .max_fwd_stash = args.get_int("max-fwd-stash", 5),
-                                 .prefetch_depth = args.get_int("prefetch-depth", 2)};
+  const offload::Options options = options_from(args);
   std::vector<std::int64_t> layer_counts = {4, 8, 16};
   if (args.has("layers")) layer_counts = {args.get_int("layers", 16)};
   offload::sim::set_copy_delay_us(0);
 
   std::cout << "## Peak sim device memory of the demo model: none / Blocking / Streamed vs the floor\n\n"
             << "Model " << base.describe() << " (L = 4, 8, 16), fp32, AdamW; one training step measured after one "
-            << "warm-up step (AdamW state exists). Options: min_offload_bytes=" << options.min_offload_bytes
-            << ", max_fwd_stash=" << options.max_fwd_stash << ", prefetch_depth=" << options.prefetch_depth
-            << " (the library defaults). Parameters are excluded from offloading. Peaks are of the sim allocator "
+            << "warm-up step (AdamW state exists). Options: " << describe(options)
+            << " (the library defaults unless given). Parameters are excluded from offloading. Peaks are of the sim allocator "
             << "(offload::sim::device_memory(0).peak_bytes after reset_peak), per phase of the step.\n\n"
             << "floor = 16P (weights, grads, AdamW exp_avg + exp_avg_sq, 4 bytes each)\n"
             << "      + W_blk = 4 (max(12 BTW, 3 BHT^2) + BTW)   (one block's backward working set)\n"
-            << "      + Streamed only: (max_fwd_stash + prefetch_depth) * s_max, s_max = 4 max(4 BTW, BHT^2)\n"
+            << "      + Streamed only: max_fwd_stash * s_max + max(prefetch_bytes, s_max) (prefetch_depth * s_max "
+            << "when prefetch_bytes is 0), s_max = 4 max(4 BTW, BHT^2)\n"
             << "activation bytes (measured) = peak_none - 16P; removed = (peak_none - peak) / that.\n"
             << "A_blk (analytical saved bytes per block) = 4 (16 BTW + BHT^2 + 4 BT) + T^2.\n\n";
 
@@ -324,12 +348,11 @@ int run_memory(const Args& args) {
             << (target_met ? "met" : "MISSED") << "\n";
   auto fields = header(args, torch_version());
   fields.push_back({"shapes", Json(base.describe())});
-  fields.push_back({"options", Json::object({{"min_offload_bytes", Json(options.min_offload_bytes)},
-                                             {"max_fwd_stash", Json(options.max_fwd_stash)},
-                                             {"prefetch_depth", Json(options.prefetch_depth)}})});
+  fields.push_back({"options", options_json(options)});
   fields.push_back({"floor_formula",
-                    Json("16P + 4*(max(12BTW, 3BHT^2) + BTW) [+ (max_fwd_stash + prefetch_depth) * "
-                              "4*max(4BTW, BHT^2) for Streamed]")});
+                    Json("16P + 4*(max(12BTW, 3BHT^2) + BTW) [+ max_fwd_stash * s_max + max(prefetch_bytes, "
+                         "s_max) (prefetch_depth * s_max if prefetch_bytes = 0), s_max = 4*max(4BTW, BHT^2), "
+                         "for Streamed]")});
   fields.push_back({"target", Json("L=16: activation_fraction_removed >= 0.9 and peak_over_floor <= 1.2")});
   fields.push_back({"target_met", Json(target_met)});
   fields.push_back({"rows", Json(rows)});
@@ -346,12 +369,8 @@ int run_overlap(const Args& args) {
   const int rounds = static_cast<int>(args.get_int("rounds", args.quick ? 3 : 9));
   const auto threads = static_cast<int>(args.get_int("threads", 1));
   at::set_num_threads(threads);  // compute on one core, sim's stream workers on the other
-  // Tuned: a deeper prefetch rides out the bursts of small saved tensors
-  // (LayerNorm's input, mean and rstd come back together); defaults 5 and 2
-  // hide about 70 % of the latency here.
-  const offload::Options options{.min_offload_bytes = args.get_int("min-offload-bytes", 1024),
-                                 .max_fwd_stash = args.get_int("max-fwd-stash", 8),
-                                 .prefetch_depth = args.get_int("prefetch-depth", 4)};
+  // The library defaults (no tuning) unless flags say otherwise.
+  const offload::Options options = options_from(args);
   const std::vector<Mode> modes = {Mode::none, Mode::blocking, Mode::blocking_timed, Mode::streamed};
   const std::vector<std::int64_t> delays = {0, delay};
   std::vector<std::unique_ptr<Trainer>> trainers;
@@ -401,8 +420,8 @@ int run_overlap(const Args& args) {
   std::cout << "## Copy/compute overlap on sim, copy delay " << delay << " us per copy\n\n"
             << "Model " << s.describe() << ", AdamW, " << threads << " intra-op thread (sim's stream workers "
             << "get the other core). Step time in ms: median of " << rounds << " rounds; each round runs every "
-            << "(mode, delay) once, in a rotated order, after one warm-up step per mode. Options: max_fwd_stash="
-            << options.max_fwd_stash << ", prefetch_depth=" << options.prefetch_depth << ". `Blocking` is the "
+            << "(mode, delay) once, in a rotated order, after one warm-up step per mode. Options: "
+            << describe(options) << ". `Blocking` is the "
             << "shipped sync::Blocking, whose non_blocking=false copies sim runs inline, without the delay; "
             << "`Blocking (timed copies)` is the same policy with each copy queued on the compute stream and "
             << "waited for, so it takes the delay like a copy on a real device: it is the Blocking of the "
@@ -454,9 +473,7 @@ int run_overlap(const Args& args) {
   fields.push_back({"copy_delay_us", Json(delay)});
   fields.push_back({"rounds", Json(rounds)});
   fields.push_back({"intra_op_threads", Json(threads)});
-  fields.push_back({"options", Json::object({{"max_fwd_stash", Json(options.max_fwd_stash)},
-                                             {"prefetch_depth", Json(options.prefetch_depth)},
-                                             {"min_offload_bytes", Json(options.min_offload_bytes)}})});
+  fields.push_back({"options", options_json(options)});
   fields.push_back({"fraction_hidden", Json(hidden)});
   fields.push_back({"latency_fraction_hidden", Json(latency_hidden)});
   fields.push_back({"streamed_overhead_ms_at_delay_0", Json(stream_overhead)});
@@ -480,9 +497,7 @@ int run_gpu(const Args& args) {
   const Shapes s = shapes_from(args, Shapes{.batch = 8, .seq = 512, .width = 1024, .heads = 16, .vocab = 96,
                                             .layers = 12});
   const int steps = static_cast<int>(args.get_int("steps", args.quick ? 3 : 10));
-  const offload::Options options{.min_offload_bytes = args.get_int("min-offload-bytes", 1024),
-                                 .max_fwd_stash = args.get_int("max-fwd-stash", 5),
-                                 .prefetch_depth = args.get_int("prefetch-depth", 2)};
+  const offload::Options options = options_from(args);
   auto* allocator = c10::getDeviceAllocator(c10::DeviceType::CUDA);
   const auto agg = static_cast<std::size_t>(c10::CachingAllocator::StatType::AGGREGATE);
   auto sync = [] { torch::cuda::synchronize(0); };

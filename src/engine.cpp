@@ -36,6 +36,7 @@ void Options::validate() const {
   check_range("min_offload_bytes", min_offload_bytes, ranges::min_offload_bytes);
   check_range("max_fwd_stash", max_fwd_stash, ranges::max_fwd_stash);
   check_range("prefetch_depth", prefetch_depth, ranges::prefetch_depth);
+  check_range("prefetch_bytes", prefetch_bytes, ranges::prefetch_bytes);
   check_range("host_budget_bytes", host_budget_bytes, ranges::host_budget_bytes);
 }
 

@@ -6,6 +6,7 @@
 #include "doctest.hpp"
 
 #include <ATen/ATen.h>
+#include <c10/core/GradMode.h>
 #include <c10/util/Exception.h>
 
 #include <offload/offload.hpp>
@@ -32,6 +33,7 @@ TEST_CASE("Options: defaults are valid and documented values") {
   CHECK(options.min_offload_bytes == 1024);
   CHECK(options.max_fwd_stash == 5);
   CHECK(options.prefetch_depth == 2);
+  CHECK(options.prefetch_bytes == std::int64_t{16} << 20);
   CHECK(options.pin_memory);
   CHECK(options.host_budget_bytes == 0);
   CHECK_NOTHROW(options.validate());
@@ -50,6 +52,8 @@ TEST_CASE("Options: every out-of-range field names itself, its value and the ran
       {{.max_fwd_stash = 1025}, "offload::Options: max_fwd_stash must be in [1, 1024], got 1025"},
       {{.prefetch_depth = -1}, "offload::Options: prefetch_depth must be in [0, 1024], got -1"},
       {{.prefetch_depth = 1025}, "offload::Options: prefetch_depth must be in [0, 1024], got 1025"},
+      {{.prefetch_bytes = -1}, "offload::Options: prefetch_bytes must be in [0, 1125899906842624], got -1"},
+      {{.prefetch_bytes = huge}, "offload::Options: prefetch_bytes must be in [0, 1125899906842624], got 1125899906842625"},
       {{.host_budget_bytes = -5}, "offload::Options: host_budget_bytes must be in [0, 1125899906842624], got -5"},
   };
   for (const auto& row : rows) {
@@ -243,4 +247,104 @@ TEST_CASE("Parity harness can fail: a perturbed run is reported") {
   std::string why;
   CHECK_FALSE(harness::bitwise_equal(plain, perturbed, &why));
   CHECK(why.find("parameter 0") != std::string::npos);
+}
+
+TEST_CASE("Views: only the bytes a saved view reads are copied; the issue's narrow case") {
+  // h is a 512 x 512 float non-leaf (1 MiB); v = h.narrow(1, 0, 8) reads
+  // 8 floats of each row: 16,384 bytes. Only those travel and stay on the host.
+  HostManager manager(offload::Options{.min_offload_bytes = 0});
+  auto w = at::randn({512, 512}).requires_grad_();
+  auto run = [&](bool offload, std::int64_t start) {
+    w.mutable_grad() = at::Tensor();
+    std::optional<offload::Scope> scope;
+    if (offload) scope.emplace(manager);
+    auto h = w * 2.0;
+    auto v = h.narrow(1, start, 8);
+    auto loss = v.pow(2).sum();
+    scope.reset();
+    loss.backward();
+    return std::make_pair(loss.detach().clone(), w.grad().clone());
+  };
+  for (std::int64_t start : {0, 3, 504}) {
+    CAPTURE(start);
+    manager.reset_stats();
+    const auto [plain_loss, plain_grad] = run(false, start);
+    const auto [off_loss, off_grad] = run(true, start);
+    CHECK(at::equal(plain_loss, off_loss));
+    CHECK(at::equal(plain_grad, off_grad));
+    const auto stats = manager.stats();
+    CHECK(stats.storages_offloaded == 1);
+    CHECK(stats.bytes_offloaded == 16384);
+    CHECK(stats.host_bytes_peak == 16384);
+    CHECK(stats.bytes_reloaded == 16384);
+    CHECK(stats.host_bytes_in_use == 0);
+  }
+}
+
+TEST_CASE("Views: a later view of the same storage reaching outside what was copied copies what is missing") {
+  // h: 64 rows of 1 KiB. Saved in turn: rows 0-3, rows 2-5 (2 KiB missing),
+  // 8 floats of every row (strided: 2 KiB), rows 8-9 as complex64, rows 0-5
+  // again (covered). Each comes back with its own dtype, sizes, strides and
+  // storage offset, from one device buffer per backward pass.
+  HostManager manager(offload::Options{.min_offload_bytes = 32768});
+  auto w = at::randn({64, 256}).requires_grad_();
+  std::vector<at::Tensor> unpacked_geometry;
+  auto run = [&](bool offload) {
+    w.mutable_grad() = at::Tensor();
+    std::optional<offload::Scope> scope;
+    if (offload) scope.emplace(manager);
+    auto h = w * 2.0;
+    auto a = h.narrow(0, 0, 4);
+    auto b = h.narrow(0, 2, 4);
+    auto c = h.narrow(1, 0, 8);
+    auto hc = at::view_as_complex(h.narrow(0, 8, 2).view({2, 128, 2}));
+    auto d = h.narrow(0, 0, 6);
+    auto loss = a.pow(2).sum() + b.pow(3).sum() + c.pow(2).sum() + at::real(hc * hc).sum() + d.pow(2).sum();
+    scope.reset();
+    loss.backward();
+    return std::make_pair(loss.detach().clone(), w.grad().clone());
+  };
+  const auto [plain_loss, plain_grad] = run(false);
+  const auto [off_loss, off_grad] = run(true);
+  CHECK(at::equal(plain_loss, off_loss));
+  CHECK(at::equal(plain_grad, off_grad));
+  const auto stats = manager.stats();
+  CHECK(stats.storages_offloaded == 1);
+  CHECK(stats.tensors_aliased == stats.tensors_offloaded - 1);
+  // 4096 (rows 0-3) + 2048 (rows 4-5) + 2048 (the column block) + 2048 (rows 8-9)
+  CHECK(stats.bytes_offloaded == 4096 + 2048 + 2048 + 2048);
+  CHECK(stats.host_bytes_peak == stats.bytes_offloaded);
+  CHECK(stats.tensors_reloaded == 1);  // one device buffer for every view
+  CHECK(stats.reloads_shared == stats.tensors_offloaded - 1);
+  CHECK(stats.bytes_reloaded == stats.bytes_offloaded);
+  CHECK(stats.host_bytes_in_use == 0);
+}
+
+TEST_CASE("Views: unpacked views keep their dtype, sizes, strides and storage offset") {
+  // The hooks object directly: pack under no-grad as the engine does, unpack,
+  // compare geometry and bytes; then a later view that reaches outside.
+  HostManager manager(offload::Options{.min_offload_bytes = 0});
+  auto source = manager.hook_source();
+  const auto h = at::randn({32, 64});
+  const std::vector<at::Tensor> views = {
+      h.narrow(1, 5, 8), h.narrow(0, 3, 2), h.t(), at::view_as_complex(h.narrow(0, 4, 1).view({32, 2})),
+      h.select(1, 7).unsqueeze(0).expand({3, 32}), h.narrow(0, 1, 0)};
+  std::vector<std::unique_ptr<torch::autograd::SavedVariableHooks>> hooks;
+  {
+    const c10::NoGradGuard no_grad;
+    for (const auto& v : views) {
+      hooks.push_back(source->make_hooks());
+      hooks.back()->call_pack_hook(v);
+    }
+  }
+  for (std::size_t i = 0; i < views.size(); ++i) {
+    CAPTURE(i);
+    const auto back = hooks[i]->call_unpack_hook();
+    CHECK((back.scalar_type() == views[i].scalar_type()));
+    CHECK((back.sizes() == views[i].sizes()));
+    CHECK((back.strides() == views[i].strides()));
+    CHECK(back.storage_offset() == views[i].storage_offset());
+    CHECK(at::equal(back, views[i]));
+  }
+  CHECK(manager.stats().storages_offloaded == 1);
 }

@@ -71,7 +71,8 @@ TEST_CASE("Streamed: forward memory stays within the stash window; backward pref
     for (std::int64_t depth : {0, 1, 3}) {
       CAPTURE(stash);
       CAPTURE(depth);
-      Streamed manager(offload::Options{.min_offload_bytes = 0, .max_fwd_stash = stash, .prefetch_depth = depth});
+      Streamed manager(offload::Options{
+          .min_offload_bytes = 0, .max_fwd_stash = stash, .prefetch_depth = depth, .prefetch_bytes = 0});
       const auto off = measure(chain, &manager);
       CHECK(at::equal(off.grad, plain.grad));
       // live: the activation being computed, its input, and the stash
@@ -82,6 +83,31 @@ TEST_CASE("Streamed: forward memory stays within the stash window; backward pref
       CHECK(off.backward <= (depth + 1 + 4) * kAct);
     }
   }
+}
+
+TEST_CASE("Streamed: the prefetch window counts bytes, not tensors, when prefetch_bytes is set") {
+  offload::sim::install();
+  offload::sim::ScopedKnobs restore;
+  offload::sim::set_copy_delay_us(1000);
+  offload::sim::set_poison_freed(true);
+  Chain chain;
+  const auto plain = measure(chain, nullptr);
+  // depth 1 is ignored: the window holds as many 256 KiB activations as fit
+  for (std::int64_t fit : {1, 3, 6}) {
+    CAPTURE(fit);
+    Streamed manager(offload::Options{
+        .min_offload_bytes = 0, .max_fwd_stash = 1, .prefetch_depth = 1, .prefetch_bytes = fit * kAct + kAct / 2});
+    const auto off = measure(chain, &manager);
+    CHECK(at::equal(off.grad, plain.grad));
+    const auto stats = manager.stats();
+    CHECK(stats.prefetch_peak == fit);
+    CHECK(off.backward <= (fit + 1 + 4) * kAct);
+  }
+  // A window smaller than one activation still brings one back ahead.
+  Streamed tiny(offload::Options{.min_offload_bytes = 0, .max_fwd_stash = 1, .prefetch_bytes = 1});
+  const auto off = measure(chain, &tiny);
+  CHECK(at::equal(off.grad, plain.grad));
+  CHECK(tiny.stats().prefetch_peak == 1);
 }
 
 TEST_CASE("Streamed: a tensor still in the forward stash is reused, not copied back") {

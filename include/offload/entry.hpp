@@ -6,12 +6,14 @@
 
 #include <cstdint>
 #include <optional>
+#include <vector>
 
 #include <ATen/core/Tensor.h>
 #include <c10/core/Device.h>
 #include <c10/core/Event.h>
 #include <c10/core/Stream.h>
 #include <c10/core/StorageImpl.h>
+#include <c10/util/SmallVector.h>
 #include <c10/util/intrusive_ptr.h>
 
 namespace offload {
@@ -23,6 +25,35 @@ struct HostBuffer {
   bool pinned = false; ///< page-locked (eligible for asynchronous copies)
 };
 
+/// The bytes of a storage that saved views cover, as a strided uint8
+/// geometry over the storage: byte offset, sizes and strides in bytes. A
+/// dense piece is one contiguous byte range (sizes {n}, strides {1}); a
+/// strided one is a saved view seen as bytes (its sizes plus a last
+/// dimension of its element size), copied element by element.
+struct Piece {
+  std::int64_t offset = 0;                  ///< first byte, from the start of the storage
+  c10::SmallVector<std::int64_t, 6> sizes;  ///< in bytes along the last dimension
+  c10::SmallVector<std::int64_t, 6> strides;
+  /// Bytes the piece holds (its host copy's size): the product of sizes.
+  std::int64_t nbytes() const noexcept {
+    std::int64_t n = 1;
+    for (auto s : sizes) n *= s;
+    return n;
+  }
+  bool dense() const noexcept { return sizes.size() == 1 && strides.size() == 1 && strides[0] == 1; }
+  friend bool operator==(const Piece&, const Piece&) = default;
+};
+
+/// `piece` of the storage viewed by `storage_bytes`, a 1-D uint8 tensor that
+/// starts at byte 0 of that storage (or of a buffer laid out like it).
+inline at::Tensor piece_of(const at::Tensor& storage_bytes, const Piece& piece) {
+  return storage_bytes.as_strided(piece.sizes, piece.strides, storage_bytes.storage_offset() + piece.offset);
+}
+
+/// The host copy of `piece` (a contiguous CPU uint8 tensor of piece.nbytes()
+/// elements) shaped like the piece, for copy_ to and from piece_of().
+inline at::Tensor piece_of(const HostBuffer& host, const Piece& piece) { return host.bytes.view(piece.sizes); }
+
 /// One device storage offloaded to the host. Shared (std::shared_ptr) by
 /// every saved tensor that views it; destroyed, with its host memory, when
 /// the last of them is released by autograd.
@@ -32,7 +63,23 @@ struct HostBuffer {
 /// pointers past release().
 struct Entry {
   c10::Device device{c10::DeviceType::CPU};  ///< where the storage lived (type and index)
-  std::int64_t nbytes = 0;                   ///< bytes of the storage
+  std::int64_t nbytes = 0;                   ///< bytes of `host`: piece.nbytes()
+  /// The bytes the sync policy copies (from the first saved view): only
+  /// these travel and are held on the host, not the whole storage.
+  Piece piece;
+  /// Size of the device buffer a reload allocates: storage bytes
+  /// [0, device_nbytes), enough for every piece, so that each view comes
+  /// back with its own storage offset. Bytes no piece covers are undefined.
+  std::int64_t device_nbytes = 0;
+  /// Pieces added by later saved views of the same storage and version that
+  /// reached outside what was copied; the manager copies them itself
+  /// (blocking, on the current stream) and writes them into the device
+  /// buffer after the sync policy's reload.
+  struct Extra {
+    Piece piece;
+    HostBuffer host;
+  };
+  std::vector<Extra> extra;
   std::uint64_t seq = 0;                     ///< pack order within the manager (0, 1, 2, ...)
   std::int64_t version = 0;                  ///< version counter of the saved tensor at pack
   HostBuffer host;                           ///< the copy on the host

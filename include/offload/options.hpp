@@ -21,6 +21,7 @@ inline constexpr Range min_offload_bytes{0, std::int64_t{1} << 50};  ///< bytes
 inline constexpr Range max_fwd_stash{1, 1024};                       ///< tensors
 inline constexpr Range prefetch_depth{0, 1024};                      ///< tensors
 inline constexpr Range host_budget_bytes{0, std::int64_t{1} << 50};  ///< bytes; 0 = unlimited
+inline constexpr Range prefetch_bytes{0, std::int64_t{1} << 50};    ///< bytes; 0 = count tensors (prefetch_depth)
 }  // namespace ranges
 
 /// Settings of one offload manager. Plain data: copy freely. A manager
@@ -40,8 +41,19 @@ struct Options {
 
   /// sync::Streamed: how many offloaded tensors backward brings back ahead
   /// of the one it needs now. 0 reloads on demand only.
-  /// Accepted range: [0, 1024]. Default 2 tensors.
+  /// Accepted range: [0, 1024]. Default 2 tensors. Used only when
+  /// prefetch_bytes is 0.
   std::int64_t prefetch_depth = 2;
+
+  /// sync::Streamed: how many bytes backward keeps in flight ahead of need
+  /// (device buffers of offloaded tensors brought back, not yet used),
+  /// whatever the tensor count, so that small saved tensors (LayerNorm's
+  /// mean and rstd) do not take a slot like a large activation. At least
+  /// one tensor is brought back ahead even if it alone exceeds the window.
+  /// 0 = count tensors with prefetch_depth instead.
+  /// Accepted range: offload::ranges::prefetch_bytes ([0, 2^50]).
+  /// Default 16 MiB (chosen on bench/README.md's overlap benchmark).
+  std::int64_t prefetch_bytes = std::int64_t{16} << 20;
 
   /// Whether storage::PinnedHost may use page-locked host memory. When false
   /// it allocates pageable memory (same results, slower copies).

@@ -6,10 +6,10 @@
 // and use-after-free faults can be tested on machines without an accelerator.
 //
 // Device memory is ordinary host memory (so every ATen CPU kernel can run on
-// it through the boxed CPU fallback), but it is handed out by a counting
-// allocator with an optional capacity, released in stream order and, in
-// checking mode, filled with 0xFF bytes (NaN for floating types) when it is
-// allocated and when it is released. Every stream of every device is one
+// it through the boxed CPU fallback), but it is handed out by a counting,
+// caching allocator with an optional capacity, released in stream order and,
+// in checking mode, filled with 0xFF bytes (NaN for floating types) when it
+// is handed out and when it is released. Every stream of every device is one
 // worker thread with a FIFO queue: a `non_blocking` copy between the CPU and
 // a sim device is queued on the current stream of the sim device (after an
 // optional delay that widens race windows on purpose), events complete when
@@ -37,9 +37,19 @@
 //   generator (the sim devices share it). Tensors of different devices in
 //   one operator are an error, except 0-dim CPU tensors (scalars) and CPU
 //   index tensors, as on CUDA.
-// - Memory: released blocks go to a bounded quarantine (64 MiB, 1024 blocks)
-//   before they are returned to malloc, so that a late reader sees the
-//   poison rather than reused memory; the counters drop at release.
+// - Memory: both allocators cache, as CUDA's caching allocator and pinned
+//   host allocator do. Sizes are rounded up (512 bytes below 1 MiB, 128 KiB
+//   above); a released block is kept idle by size and handed out again for
+//   a request it fits (best fit, at most 25 % larger), on any stream. A
+//   device block is released in stream order (see device_memory()), so it
+//   is reused only after the work queued on its streams before the free has
+//   run; at once when those streams are idle, the usual case since compute
+//   runs inline. In checking mode a released device block first waits in a
+//   bounded quarantine (64 MiB, 1024 blocks), so that a late reader sees the
+//   poison rather than the next owner's data. Idle blocks above 1 GiB per
+//   cache, and all of them at empty_cache(), go back to malloc. The in-use
+//   counters drop at release; the reserved counters only when a block goes
+//   back to malloc.
 //
 // Users on real hardware never link this library; it is a test substrate and
 // a CPU demo device. It is modelled on how PyTorch tests its own out-of-tree
@@ -133,27 +143,36 @@ class ScopedKnobs {
   bool poison_freed_;
 };
 
-/// Memory counters in bytes (current_bytes, peak_bytes) and in numbers of
-/// blocks (allocations, frees: cumulative since install or the last
-/// c10::DeviceAllocator::resetAccumulatedStats). Bytes are the requested
-/// sizes, not rounded. A device block counts until it is released, which is
-/// stream-ordered (see device_memory()).
+/// Memory counters in bytes and in numbers of blocks (allocations, frees:
+/// cumulative since install or the last
+/// c10::DeviceAllocator::resetAccumulatedStats).
+/// - current_bytes / peak_bytes: bytes in use, the requested sizes (not
+///   rounded). A device block counts until it is released, which is
+///   stream-ordered (see device_memory()). c10's `allocated_bytes`.
+/// - reserved_bytes / peak_reserved_bytes: bytes taken from malloc: blocks in
+///   use (rounded sizes), idle in the cache, or in the poison quarantine.
+///   c10's `reserved_bytes`. They drop at empty_cache().
 struct MemoryStats {
   std::int64_t current_bytes = 0;
   std::int64_t peak_bytes = 0;
   std::int64_t allocations = 0;
   std::int64_t frees = 0;
+  std::int64_t reserved_bytes = 0;
+  std::int64_t peak_reserved_bytes = 0;
 };
 
 /// Counters of the sim device allocator for device `index`. A freed block is
-/// released at once when the stream it was allocated on has nothing queued
-/// and no stream recorded on it (recordStream) has pending work; otherwise
-/// its release is queued behind that work, and it counts until then. Throws
-/// c10::Error if not installed or `index` is not a sim device. Thread-safe.
+/// released (back to the cache, reusable) at once when the stream it was
+/// allocated on has nothing queued and no stream recorded on it
+/// (recordStream) has pending work; otherwise its release is queued behind
+/// that work, and it counts as in use until then. The capacity
+/// (Config::capacity_bytes) limits the bytes in use; idle cached blocks do
+/// not count against it. Throws c10::Error if not installed or `index` is not
+/// a sim device. Thread-safe.
 MemoryStats device_memory(c10::DeviceIndex index);
 
-/// Sets the peak of device `index` to its current bytes. Throws like
-/// device_memory(). Thread-safe.
+/// Sets the peaks of device `index` (in use, reserved) to their current
+/// values. Throws like device_memory(). Thread-safe.
 void reset_peak(c10::DeviceIndex index);
 
 /// Counters of the pinned host allocator (tensor.pin_memory(), and
@@ -161,8 +180,17 @@ void reset_peak(c10::DeviceIndex index);
 /// Throws c10::Error if not installed. Thread-safe.
 MemoryStats host_memory();
 
-/// Sets the host peak to the current host bytes. Thread-safe.
+/// Sets the host peaks (in use, reserved) to their current values.
+/// Thread-safe.
 void reset_host_peak();
+
+/// Returns the idle cached blocks of every sim device and of the pinned host
+/// allocator to malloc (like torch.cuda.empty_cache(), which returns only
+/// device blocks; c10::DeviceAllocator::emptyCache() on the sim allocator
+/// does the same for the devices alone). Blocks in use, waiting for stream
+/// work, or in the poison quarantine stay. Throws c10::Error if not
+/// installed. Thread-safe.
+void empty_cache();
 
 /// Waits until every stream of device `index` has finished its queued work
 /// (index -1: the current device). Rethrows the first error a queued task

@@ -35,7 +35,7 @@ struct Stats {
   std::int64_t pinned_fallbacks = 0;    ///< pinned allocations that failed and used pageable memory
   std::int64_t stash_reuses = 0;        ///< unpacks served from the forward stash (no copy back)
   std::int64_t prefetches = 0;          ///< host -> device copies started ahead of (or on) demand by Streamed
-  std::int64_t prefetch_peak = 0;       ///< most prefetched buffers outstanding at once (<= Options::prefetch_depth, +1 on demand)
+  std::int64_t prefetch_peak = 0;       ///< most prefetched buffers outstanding at once (tensors; with prefetch_bytes 0: <= Options::prefetch_depth, +1 on demand)
 
   /// Saved tensors that stayed on their device or host, all reasons.
   std::int64_t passed_through() const noexcept {

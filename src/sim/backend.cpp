@@ -214,11 +214,81 @@ SimStream& stream_ref(const c10::Stream& stream) {
 
 std::string device_name(DeviceIndex index) { return c10::Device(kSimType, index).str(); }
 
+// ------------------------------------------------------------------ block cache
+
+// Sizes blocks are rounded up to (and cached under): 512 bytes below 1 MiB,
+// 128 KiB above, so that nearby sizes share blocks.
+std::size_t block_size_for(std::size_t n) {
+  constexpr std::size_t kSmall = 512;
+  constexpr std::size_t kLarge = std::size_t{128} << 10;
+  const std::size_t unit = n < (std::size_t{1} << 20) ? kSmall : kLarge;
+  return (n + unit - 1) / unit * unit;
+}
+
+// Idle blocks kept for reuse, by size: the device and the pinned host
+// allocators each keep one per device. Not thread-safe (the owner's mutex
+// guards it).
+class BlockCache {
+ public:
+  // Above this many idle bytes the largest idle blocks go back to malloc.
+  static constexpr std::size_t kMaxIdleBytes = std::size_t{1} << 30;
+
+  // Best fit among the idle blocks of at least `size` bytes, at most a
+  // quarter larger; nullopt if none.
+  std::optional<std::pair<void*, std::size_t>> take(std::size_t size) {
+    auto it = idle_.lower_bound(size);
+    if (it == idle_.end() || it->first > size + size / 4) {
+      return std::nullopt;
+    }
+    std::pair<void*, std::size_t> out{it->second, it->first};
+    idle_bytes_ -= it->first;
+    idle_.erase(it);
+    return out;
+  }
+
+  // Keeps a block; returns the blocks to free (the largest first) when the
+  // cache holds more than kMaxIdleBytes.
+  std::vector<std::pair<void*, std::size_t>> put(void* ptr, std::size_t size) {
+    idle_.emplace(size, ptr);
+    idle_bytes_ += size;
+    std::vector<std::pair<void*, std::size_t>> out;
+    while (idle_bytes_ > kMaxIdleBytes) {
+      auto last = std::prev(idle_.end());
+      out.emplace_back(last->second, last->first);
+      idle_bytes_ -= last->first;
+      idle_.erase(last);
+    }
+    return out;
+  }
+
+  // Every idle block, removed from the cache.
+  std::vector<std::pair<void*, std::size_t>> take_all() {
+    std::vector<std::pair<void*, std::size_t>> out;
+    for (const auto& [size, ptr] : idle_) {
+      out.emplace_back(ptr, size);
+    }
+    idle_.clear();
+    idle_bytes_ = 0;
+    return out;
+  }
+
+ private:
+  std::multimap<std::size_t, void*> idle_;
+  std::size_t idle_bytes_ = 0;
+};
+
+void free_all(const std::vector<std::pair<void*, std::size_t>>& blocks) {
+  for (const auto& block : blocks) {
+    c10::free_cpu(block.first);
+  }
+}
+
 // ------------------------------------------------------------------ device allocator
 
 struct Block {
   void* ptr = nullptr;
-  std::size_t size = 0;
+  std::size_t size = 0;       // bytes of the block (rounded)
+  std::size_t requested = 0;  // bytes asked for (what the counters count)
   DeviceIndex device = 0;
   StreamId alloc_stream = 0;
   std::vector<std::pair<DeviceIndex, StreamId>> recorded;  // guarded by the allocator mutex
@@ -233,6 +303,12 @@ struct Counters {
   std::int64_t frees = 0;
   std::int64_t current_blocks = 0;
   std::int64_t peak_blocks = 0;
+  std::int64_t reserved = 0;
+  std::int64_t peak_reserved = 0;
+  std::int64_t reserved_blocks = 0;
+  std::int64_t peak_reserved_blocks = 0;
+  std::int64_t system_allocs = 0;
+  std::int64_t system_frees = 0;
   std::int64_t pending_releases = 0;
   std::int64_t num_ooms = 0;
 
@@ -248,7 +324,21 @@ struct Counters {
     ++frees;
     --current_blocks;
   }
-  MemoryStats stats() const { return {current, peak, allocations, frees}; }
+  void reserve(std::size_t bytes) {
+    reserved += static_cast<std::int64_t>(bytes);
+    peak_reserved = std::max(peak_reserved, reserved);
+    ++reserved_blocks;
+    peak_reserved_blocks = std::max(peak_reserved_blocks, reserved_blocks);
+    ++system_allocs;
+  }
+  void unreserve(const std::vector<std::pair<void*, std::size_t>>& blocks) {
+    for (const auto& block : blocks) {
+      reserved -= static_cast<std::int64_t>(block.second);
+      --reserved_blocks;
+      ++system_frees;
+    }
+  }
+  MemoryStats stats() const { return {current, peak, allocations, frees, reserved, peak_reserved}; }
 };
 
 class SimDeviceAllocator final : public c10::DeviceAllocator {
@@ -261,6 +351,8 @@ class SimDeviceAllocator final : public c10::DeviceAllocator {
       return {nullptr, nullptr, &delete_block, device};
     }
     const auto bytes = static_cast<std::int64_t>(n);
+    auto size = block_size_for(n);
+    std::optional<std::pair<void*, std::size_t>> cached;
     {
       std::unique_lock<std::mutex> lock(mutex_);
       auto& c = counters_[static_cast<std::size_t>(d)];
@@ -283,22 +375,30 @@ class SimDeviceAllocator final : public c10::DeviceAllocator {
       }
       c.add(bytes);
       trace_locked(d);
+      cached = cache_[static_cast<std::size_t>(d)].take(size);
     }
     void* ptr = nullptr;
-    try {
-      ptr = c10::alloc_cpu(n);
-    } catch (...) {
+    if (cached) {
+      ptr = cached->first;
+      size = cached->second;
+    } else {
+      try {
+        ptr = c10::alloc_cpu(size);
+      } catch (...) {
+        std::lock_guard<std::mutex> lock(mutex_);
+        auto& c = counters_[static_cast<std::size_t>(d)];
+        c.current -= bytes;
+        --c.allocations;
+        --c.current_blocks;
+        throw;
+      }
       std::lock_guard<std::mutex> lock(mutex_);
-      auto& c = counters_[static_cast<std::size_t>(d)];
-      c.current -= bytes;
-      --c.allocations;
-      --c.current_blocks;
-      throw;
+      counters_[static_cast<std::size_t>(d)].reserve(size);
     }
     if (runtime().poison.load()) {
-      std::memset(ptr, 0xFF, n);
+      std::memset(ptr, 0xFF, size);
     }
-    auto* block = new Block{ptr, n, d, t_stream[static_cast<std::size_t>(d)], {}};
+    auto* block = new Block{ptr, size, n, d, t_stream[static_cast<std::size_t>(d)], {}};
     {
       std::lock_guard<std::mutex> lock(mutex_);
       live_.emplace(reinterpret_cast<std::uintptr_t>(ptr), block);
@@ -312,8 +412,20 @@ class SimDeviceAllocator final : public c10::DeviceAllocator {
 
   bool initialized() override { return g_runtime.load() != nullptr; }
 
-  // No cache to empty: blocks go back as soon as they are released.
-  void emptyCache(c10::MempoolId_t /*mempool_id*/) override {}
+  // Returns the idle blocks of every device to malloc (blocks in use, in
+  // the poison quarantine or waiting for stream work stay).
+  void emptyCache(c10::MempoolId_t /*mempool_id*/) override {
+    std::vector<std::pair<void*, std::size_t>> to_free;
+    {
+      std::lock_guard<std::mutex> lock(mutex_);
+      for (std::size_t d = 0; d < kMaxDevices; ++d) {
+        auto blocks = cache_[d].take_all();
+        counters_[d].unreserve(blocks);
+        to_free.insert(to_free.end(), blocks.begin(), blocks.end());
+      }
+    }
+    free_all(to_free);
+  }
 
   void recordStream(const c10::DataPtr& ptr, c10::Stream stream) override {
     if (ptr.get_deleter() != &delete_block || ptr.get_context() == nullptr) {
@@ -341,18 +453,23 @@ class SimDeviceAllocator final : public c10::DeviceAllocator {
       s.peak = c.peak;
     };
     fill_bytes(out.allocated_bytes[agg]);
-    fill_bytes(out.reserved_bytes[agg]);
     fill_bytes(out.active_bytes[agg]);
     fill_bytes(out.requested_bytes[agg]);
-    for (auto* s : {&out.allocation[agg], &out.segment[agg], &out.active[agg]}) {
+    out.reserved_bytes[agg].current = c.reserved;
+    out.reserved_bytes[agg].peak = c.peak_reserved;
+    for (auto* s : {&out.allocation[agg], &out.active[agg]}) {
       s->current = c.current_blocks;
       s->peak = c.peak_blocks;
       s->allocated = c.allocations;
       s->freed = c.frees;
     }
+    out.segment[agg].current = c.reserved_blocks;
+    out.segment[agg].peak = c.peak_reserved_blocks;
+    out.segment[agg].allocated = c.system_allocs;
+    out.segment[agg].freed = c.system_frees;
     out.num_ooms = c.num_ooms;
-    out.num_device_alloc = c.allocations;
-    out.num_device_free = c.frees;
+    out.num_device_alloc = c.system_allocs;
+    out.num_device_free = c.system_frees;
     return out;
   }
 
@@ -362,6 +479,8 @@ class SimDeviceAllocator final : public c10::DeviceAllocator {
     auto& c = counters_[static_cast<std::size_t>(index)];
     c.allocations = 0;
     c.frees = 0;
+    c.system_allocs = 0;
+    c.system_frees = 0;
     c.num_ooms = 0;
   }
 
@@ -371,6 +490,8 @@ class SimDeviceAllocator final : public c10::DeviceAllocator {
     auto& c = counters_[static_cast<std::size_t>(index)];
     c.peak = c.current;
     c.peak_blocks = c.current_blocks;
+    c.peak_reserved = c.reserved;
+    c.peak_reserved_blocks = c.reserved_blocks;
   }
 
   std::pair<std::size_t, std::size_t> getMemoryInfo(DeviceIndex index) override {
@@ -398,7 +519,7 @@ class SimDeviceAllocator final : public c10::DeviceAllocator {
       return std::nullopt;
     }
     --it;
-    if (addr < it->first + it->second->size) {
+    if (addr < it->first + it->second->requested) {
       return it->second->device;
     }
     return std::nullopt;
@@ -462,36 +583,47 @@ class SimDeviceAllocator final : public c10::DeviceAllocator {
   static constexpr std::size_t kQuarantineBytes = std::size_t{64} << 20;
   static constexpr std::size_t kQuarantineBlocks = 1024;
 
-  // Poisons (checking mode), counts, and parks the memory in a bounded FIFO
-  // quarantine before it goes back to malloc, so that a late read of a
-  // released block reads the poison instead of reused heap memory.
+  // Poisons (checking mode) and counts the block, then makes it reusable.
+  // In checking mode it first waits in a bounded FIFO quarantine, so that a
+  // late read of a released block reads the poison rather than the data of
+  // the block's next owner; blocks leaving the quarantine join the cache.
   void release(Block* block, bool queued) {
-    if (runtime().poison.load()) {
+    const bool poison = runtime().poison.load();
+    if (poison) {
       std::memset(block->ptr, 0xFF, block->size);
     }
-    std::vector<void*> to_free;
+    std::vector<std::pair<void*, std::size_t>> to_free;
     {
       std::lock_guard<std::mutex> lock(mutex_);
-      auto& c = counters_[static_cast<std::size_t>(block->device)];
-      c.remove(static_cast<std::int64_t>(block->size));
+      const auto d = static_cast<std::size_t>(block->device);
+      auto& c = counters_[d];
+      c.remove(static_cast<std::int64_t>(block->requested));
       if (queued) {
         --c.pending_releases;
       }
       trace_locked(block->device);
-      quarantine_.emplace_back(block->ptr, block->size);
-      quarantine_bytes_ += block->size;
-      while (quarantine_bytes_ > kQuarantineBytes || quarantine_.size() > kQuarantineBlocks) {
-        to_free.push_back(quarantine_.front().first);
-        quarantine_bytes_ -= quarantine_.front().second;
-        quarantine_.pop_front();
+      const auto cache = [&](DeviceIndex device, void* ptr, std::size_t size) {
+        auto evicted = cache_[static_cast<std::size_t>(device)].put(ptr, size);
+        counters_[static_cast<std::size_t>(device)].unreserve(evicted);
+        to_free.insert(to_free.end(), evicted.begin(), evicted.end());
+      };
+      if (poison) {
+        quarantine_.push_back({block->ptr, block->size, block->device});
+        quarantine_bytes_ += block->size;
+        while (quarantine_bytes_ > kQuarantineBytes || quarantine_.size() > kQuarantineBlocks) {
+          const auto old = quarantine_.front();
+          quarantine_.pop_front();
+          quarantine_bytes_ -= old.size;
+          cache(old.device, old.ptr, old.size);
+        }
+      } else {
+        cache(block->device, block->ptr, block->size);
       }
     }
     if (queued) {
       released_cv_.notify_all();
     }
-    for (void* p : to_free) {
-      c10::free_cpu(p);
-    }
+    free_all(to_free);
     delete block;
   }
 
@@ -505,7 +637,13 @@ class SimDeviceAllocator final : public c10::DeviceAllocator {
   std::condition_variable released_cv_;
   std::array<Counters, kMaxDevices> counters_{};
   std::map<std::uintptr_t, Block*> live_;
-  std::deque<std::pair<void*, std::size_t>> quarantine_;
+  struct Quarantined {
+    void* ptr;
+    std::size_t size;
+    DeviceIndex device;
+  };
+  std::deque<Quarantined> quarantine_;
+  std::array<BlockCache, kMaxDevices> cache_;
   std::size_t quarantine_bytes_ = 0;
   std::atomic<std::int64_t> capacity_{0};
   bool trace_on_ = false;
@@ -530,17 +668,35 @@ void delete_host(void* ctx);
 
 class SimHostAllocator final : public c10::Allocator {
  public:
+  // Reuses an idle block of the cache when one fits (no stream ordering is
+  // needed: a queued copy keeps its CPU tensor, hence the block, alive).
   c10::DataPtr allocate(std::size_t n) override {
     const c10::Device cpu(c10::DeviceType::CPU);
     if (n == 0) {
       return {nullptr, nullptr, &delete_host, cpu};
     }
-    void* ptr = c10::alloc_cpu(n);
+    auto size = block_size_for(n);
+    std::optional<std::pair<void*, std::size_t>> cached;
     {
       std::lock_guard<std::mutex> lock(mutex_);
-      live_.emplace(reinterpret_cast<std::uintptr_t>(ptr), n);
-      counters_.add(static_cast<std::int64_t>(n));
+      cached = cache_.take(size);
     }
+    void* ptr = nullptr;
+    if (cached) {
+      ptr = cached->first;
+      size = cached->second;
+    } else {
+      ptr = c10::alloc_cpu(size);
+    }
+    if (runtime().poison.load()) {
+      std::memset(ptr, 0xFF, size);
+    }
+    std::lock_guard<std::mutex> lock(mutex_);
+    if (!cached) {
+      counters_.reserve(size);
+    }
+    live_.emplace(reinterpret_cast<std::uintptr_t>(ptr), HostBlock{n, size});
+    counters_.add(static_cast<std::int64_t>(n));
     return {ptr, ptr, &delete_host, cpu};
   }
 
@@ -551,14 +707,35 @@ class SimHostAllocator final : public c10::Allocator {
   }
 
   void free(void* ptr) {
+    std::size_t size = 0;
     {
       std::lock_guard<std::mutex> lock(mutex_);
       auto it = live_.find(reinterpret_cast<std::uintptr_t>(ptr));
       TORCH_INTERNAL_ASSERT(it != live_.end(), "offload::sim: unknown pinned block");
-      counters_.remove(static_cast<std::int64_t>(it->second));
+      counters_.remove(static_cast<std::int64_t>(it->second.requested));
+      size = it->second.size;
       live_.erase(it);
     }
-    c10::free_cpu(ptr);
+    if (runtime().poison.load()) {
+      std::memset(ptr, 0xFF, size);
+    }
+    std::vector<std::pair<void*, std::size_t>> evicted;
+    {
+      std::lock_guard<std::mutex> lock(mutex_);
+      evicted = cache_.put(ptr, size);
+      counters_.unreserve(evicted);
+    }
+    free_all(evicted);
+  }
+
+  void empty_cache() {
+    std::vector<std::pair<void*, std::size_t>> idle;
+    {
+      std::lock_guard<std::mutex> lock(mutex_);
+      idle = cache_.take_all();
+      counters_.unreserve(idle);
+    }
+    free_all(idle);
   }
 
   bool is_pinned(const void* p) {
@@ -569,7 +746,7 @@ class SimHostAllocator final : public c10::Allocator {
       return false;
     }
     --it;
-    return addr < it->first + it->second;
+    return addr < it->first + it->second.requested;
   }
 
   MemoryStats stats() {
@@ -580,11 +757,17 @@ class SimHostAllocator final : public c10::Allocator {
   void reset_peak() {
     std::lock_guard<std::mutex> lock(mutex_);
     counters_.peak = counters_.current;
+    counters_.peak_reserved = counters_.reserved;
   }
 
  private:
+  struct HostBlock {
+    std::size_t requested;
+    std::size_t size;
+  };
   std::mutex mutex_;
-  std::map<std::uintptr_t, std::size_t> live_;
+  std::map<std::uintptr_t, HostBlock> live_;
+  BlockCache cache_;
   Counters counters_;
 };
 
@@ -1013,6 +1196,12 @@ MemoryStats host_memory() {
 }
 
 void reset_host_peak() { detail::host_allocator().reset_peak(); }
+
+void empty_cache() {
+  (void)detail::runtime();
+  detail::device_allocator().emptyCache(c10::MempoolId_t{0, 0});
+  detail::host_allocator().empty_cache();
+}
 
 void synchronize(c10::DeviceIndex index) {
   const auto d = detail::resolve(index);

@@ -999,6 +999,68 @@ TEST_CASE("sim: device memory is counted, capped and released in stream order") 
     CHECK(sim::device_memory(0).current_bytes == base.current_bytes);
     CHECK(bitwise_equal(host, torch::ones({mib / 4})));
   }
+  SUBCASE("a released block is cached, reused, and returned by empty_cache") {
+    sim::set_poison_freed(false);
+    sim::empty_cache();
+    const auto r0 = sim::device_memory(0).reserved_bytes;
+    const void* first = nullptr;
+    {
+      const auto a = torch::empty({mib / 4}, torch::TensorOptions().device(d));
+      first = a.data_ptr();
+      CHECK(sim::device_memory(0).reserved_bytes == r0 + mib);
+    }
+    CHECK(sim::device_memory(0).current_bytes == base.current_bytes);  // in use: back
+    CHECK(sim::device_memory(0).reserved_bytes == r0 + mib);           // reserved: cached
+    const auto stats = c10::getDeviceAllocator(kSim)->getDeviceStats(0);
+    constexpr auto agg = static_cast<std::size_t>(c10::CachingAllocator::StatType::AGGREGATE);
+    CHECK(stats.reserved_bytes[agg].current == r0 + mib);
+    CHECK(stats.allocated_bytes[agg].current == base.current_bytes);
+    {
+      // A slightly smaller request fits the cached block (same rounded size).
+      const auto b = torch::empty({mib / 4 - 100}, torch::TensorOptions().device(d));
+      CHECK(b.data_ptr() == first);
+      CHECK(sim::device_memory(0).reserved_bytes == r0 + mib);
+      CHECK(sim::device_memory(0).current_bytes == base.current_bytes + mib - 400);
+    }
+    sim::empty_cache();
+    CHECK(sim::device_memory(0).reserved_bytes == r0);
+  }
+  SUBCASE("a cached block is reused only after the work queued on its stream") {
+    sim::set_poison_freed(false);
+    sim::set_copy_delay_us(100'000);
+    sim::empty_cache();
+    const auto side = pool_stream();
+    const auto host = torch::zeros({mib / 4}).pin_memory();
+    const void* first = nullptr;
+    {
+      const c10::StreamGuard guard(side);
+      auto a = torch::ones({mib / 4}, torch::TensorOptions().device(d));
+      first = a.data_ptr();
+      host.copy_(a, /*non_blocking=*/true);
+    }  // a freed; the copy reading it is still queued on its stream
+    {
+      const auto b = torch::zeros({mib / 4}, torch::TensorOptions().device(d));
+      CHECK(b.data_ptr() != first);
+    }
+    side.synchronize();
+    CHECK(bitwise_equal(host, torch::ones({mib / 4})));
+    const auto c1 = torch::empty({mib / 4}, torch::TensorOptions().device(d));
+    const auto c2 = torch::empty({mib / 4}, torch::TensorOptions().device(d));
+    CHECK((c1.data_ptr() == first || c2.data_ptr() == first));
+  }
+  SUBCASE("checking mode poisons a cached block when it is handed out again") {
+    sim::set_poison_freed(false);
+    sim::empty_cache();
+    const void* first = nullptr;
+    {
+      const auto a = torch::ones({mib / 4}, torch::TensorOptions().device(d));
+      first = a.data_ptr();
+    }  // cached with its ones (no poison on release)
+    sim::set_poison_freed(true);
+    const auto fresh = torch::empty({mib / 4}, torch::TensorOptions().device(d));
+    CHECK(fresh.data_ptr() == first);
+    CHECK(torch::isnan(fresh).all().item<bool>());
+  }
   SUBCASE("trace of device 0") {
     sim::set_trace(true);
     { const auto a = torch::empty({256}, torch::TensorOptions().device(d)); }
@@ -1031,6 +1093,28 @@ TEST_CASE("sim: pinned host memory is counted") {
   CHECK(sim::host_memory().current_bytes == base.current_bytes);
   sim::reset_host_peak();
   CHECK(sim::host_memory().peak_bytes == base.current_bytes);
+
+  // Released pinned blocks are cached and handed out again (poisoned in
+  // checking mode); empty_cache returns them.
+  sim::ScopedKnobs knobs;
+  sim::set_poison_freed(true);
+  sim::empty_cache();
+  const auto r0 = sim::host_memory().reserved_bytes;
+  const void* first = nullptr;
+  {
+    const auto p = torch::ones({1 << 18}).pin_memory();
+    first = p.data_ptr();
+  }
+  CHECK(sim::host_memory().reserved_bytes == r0 + (1 << 20));
+  {
+    const auto q = torch::empty({1 << 18}, torch::TensorOptions().pinned_memory(true));
+    if (!at::globalContext().hasCUDA()) {
+      CHECK(q.data_ptr() == first);
+      CHECK(torch::isnan(q).all().item<bool>());
+    }
+  }
+  sim::empty_cache();
+  CHECK(sim::host_memory().reserved_bytes == r0);
 }
 
 TEST_CASE("sim: threads and streams share the allocator safely") {

@@ -34,31 +34,32 @@ struct Blocking {
    public:
     State(const Options& options, Storage& storage) : options_(options), storage_(&storage) {}
 
-    /// Copies `device_bytes` (uint8 view of the whole storage) to a new host
-    /// buffer; returns when the copy is done.
+    /// Copies entry->piece of `device_bytes` (uint8 view of the storage from
+    /// byte 0) to a new host buffer; returns when the copy is done.
     void offload(const std::shared_ptr<Entry>& entry, const at::Tensor& device_bytes) {
       entry->host = storage_->allocate(entry->nbytes, Device::device_type, options_);
       if constexpr (Device::has_streams) {
         if (testing::take_fault(testing::Fault::free_early)) {  // deliberate bug, tests only
           const c10::StreamGuard side(Device::side_stream(entry->device.index()));
-          entry->host.bytes.copy_(device_bytes, /*non_blocking=*/true);
+          piece_of(entry->host, entry->piece).copy_(piece_of(device_bytes, entry->piece), /*non_blocking=*/true);
           return;  // the caller drops device_bytes while the copy may not have run
         }
       }
-      entry->host.bytes.copy_(device_bytes, /*non_blocking=*/false);
+      piece_of(entry->host, entry->piece).copy_(piece_of(device_bytes, entry->piece), /*non_blocking=*/false);
     }
-    /// A new device buffer holding the entry's bytes, ready to use.
+    /// A new device buffer of entry->device_nbytes holding the entry's piece
+    /// where it was in the storage, ready to use.
     at::Tensor reload(const std::shared_ptr<Entry>& entry) {
       const c10::DeviceGuard guard(entry->device);
-      auto bytes = at::empty({entry->nbytes}, at::TensorOptions().dtype(at::kByte).device(entry->device));
+      auto bytes = at::empty({entry->device_nbytes}, at::TensorOptions().dtype(at::kByte).device(entry->device));
       if constexpr (Device::has_streams) {
         if (testing::take_fault(testing::Fault::skip_wait)) {  // deliberate bug, tests only
           const c10::StreamGuard side(Device::side_stream(entry->device.index()));
-          bytes.copy_(entry->host.bytes, /*non_blocking=*/true);
+          piece_of(bytes, entry->piece).copy_(piece_of(entry->host, entry->piece), /*non_blocking=*/true);
           return bytes;  // the compute stream does not wait for this copy
         }
       }
-      bytes.copy_(entry->host.bytes, /*non_blocking=*/false);
+      piece_of(bytes, entry->piece).copy_(piece_of(entry->host, entry->piece), /*non_blocking=*/false);
       return bytes;
     }
     void on_unpack(const std::shared_ptr<Entry>& /*entry*/) {}

@@ -41,11 +41,13 @@ namespace offload::sync {
 /// a backward pass) releases the whole stash the same way.
 ///
 /// Backward: a tensor still stashed is reused, not copied back. Each unpack
-/// starts host-to-device copies of the next Options::prefetch_depth
-/// offloaded storages in reverse pack order (the order backward needs
-/// them) on the side stream, into buffers allocated on the compute stream;
-/// the compute stream waits only on the event of the tensor it needs now.
-/// At most prefetch_depth prefetched buffers are outstanding. At the end
+/// starts host-to-device copies of the next offloaded storages in reverse
+/// pack order (the order backward needs them) on the side stream, into
+/// buffers allocated on the compute stream; the compute stream waits only
+/// on the event of the tensor it needs now. The window ahead is
+/// Options::prefetch_bytes device bytes (at least one storage), or, when
+/// that is 0, Options::prefetch_depth storages; prefetched buffers not yet
+/// consumed never exceed it. At the end
 /// of a backward pass (Engine::queue_callback) unconsumed prefetches are
 /// dropped, so retain_graph keeps only host copies.
 ///
@@ -73,7 +75,7 @@ struct Streamed {
       const auto index = entry->device.index();
       if (!events_work(index)) {
         ++blocking_fallbacks_;
-        entry->host.bytes.copy_(device_bytes, /*non_blocking=*/false);
+        piece_of(entry->host, entry->piece).copy_(piece_of(device_bytes, entry->piece), /*non_blocking=*/false);
         return;
       }
       const c10::Stream compute = Device::current_stream(index);
@@ -83,7 +85,7 @@ struct Streamed {
       produced.block(side);
       {
         const c10::StreamGuard on_side(side);
-        entry->host.bytes.copy_(device_bytes, /*non_blocking=*/true);
+        piece_of(entry->host, entry->piece).copy_(piece_of(device_bytes, entry->piece), /*non_blocking=*/true);
       }
       entry->d2h.emplace(Device::device_type);
       entry->d2h->record(side);
@@ -104,7 +106,7 @@ struct Streamed {
       if (!events_work(index)) {
         ++blocking_fallbacks_;
         auto bytes = empty_bytes(*entry);
-        bytes.copy_(entry->host.bytes, /*non_blocking=*/false);
+        piece_of(bytes, entry->piece).copy_(piece_of(entry->host, entry->piece), /*non_blocking=*/false);
         return bytes;
       }
       const c10::Stream compute = Device::current_stream(index);
@@ -121,6 +123,7 @@ struct Streamed {
       // after the D2H copy that filled the host buffer (same stream).
       if (!entry->prefetched.defined()) prefetch(*entry, compute);
       --outstanding_;
+      outstanding_bytes_ -= entry->device_nbytes;
       at::Tensor bytes = std::move(entry->prefetched);
       if (!testing::take_fault(testing::Fault::skip_wait)) entry->h2d->block(compute);
       if (*entry->home_stream != compute) Device::record_stream(bytes, compute);
@@ -130,18 +133,26 @@ struct Streamed {
 
     void on_unpack(const std::shared_ptr<Entry>& entry) {
       const auto index = entry->device.index();
-      if (options_.prefetch_depth == 0 || !events_work(index)) return;
+      const bool by_bytes = options_.prefetch_bytes > 0;
+      if ((!by_bytes && options_.prefetch_depth == 0) || !events_work(index)) return;
       const c10::Stream compute = Device::current_stream(index);
+      // The window: the next storages backward needs, up to prefetch_bytes
+      // of device buffers (at least one), or prefetch_depth storages.
       std::int64_t considered = 0;
-      for (auto it = std::make_reverse_iterator(order_.lower_bound(entry->seq));
-           it != order_.rend() && considered < options_.prefetch_depth &&
-           outstanding_ < options_.prefetch_depth;
-           ++it) {
+      std::int64_t window_bytes = 0;
+      for (auto it = std::make_reverse_iterator(order_.lower_bound(entry->seq)); it != order_.rend(); ++it) {
         auto next = it->second.lock();
         if (!next || next->device != entry->device) continue;
+        if (by_bytes) {
+          window_bytes += next->device_nbytes;
+          if (considered > 0 && window_bytes > options_.prefetch_bytes) break;
+        } else if (considered >= options_.prefetch_depth || outstanding_ >= options_.prefetch_depth) {
+          break;
+        }
         ++considered;
         if (next->stash.defined() || next->prefetched.defined()) continue;
         if (next->reloaded && !next->reloaded->expired()) continue;
+        if (by_bytes && outstanding_ > 0 && outstanding_bytes_ + next->device_nbytes > options_.prefetch_bytes) break;
         prefetch(*next, compute);
       }
     }
@@ -178,6 +189,11 @@ struct Streamed {
       }
     }
 
+    /// Called by the manager after it grew an entry it had let go with
+    /// release() (a later saved view needed bytes the entry lacked): tracks
+    /// it again, so that backward prefetches it.
+    void resume(const std::shared_ptr<Entry>& entry) { order_[entry->seq] = entry; }
+
     /// Adds this policy's counters to a Stats snapshot.
     void add_stats(Stats& stats) const noexcept {
       stats.blocking_fallbacks += blocking_fallbacks_;
@@ -188,7 +204,7 @@ struct Streamed {
    private:
     at::Tensor empty_bytes(const Entry& entry) const {
       const c10::DeviceGuard guard(entry.device);
-      return at::empty({entry.nbytes}, at::TensorOptions().dtype(at::kByte).device(entry.device));
+      return at::empty({entry.device_nbytes}, at::TensorOptions().dtype(at::kByte).device(entry.device));
     }
 
     c10::Stream side_stream(c10::DeviceIndex index) {
@@ -229,6 +245,7 @@ struct Streamed {
       entry.prefetched = at::Tensor();
       entry.home_stream.reset();
       --outstanding_;
+      outstanding_bytes_ -= entry.device_nbytes;
     }
 
     // H2D copy of `entry` on the side stream into a buffer allocated on
@@ -246,13 +263,14 @@ struct Streamed {
       allocated.block(side);  // the block may have been in use on the compute stream
       {
         const c10::StreamGuard on_side(side);
-        bytes.copy_(entry.host.bytes, /*non_blocking=*/true);
+        piece_of(bytes, entry.piece).copy_(piece_of(entry.host, entry.piece), /*non_blocking=*/true);
       }
       entry.h2d.emplace(Device::device_type);
       entry.h2d->record(side);
       entry.prefetched = std::move(bytes);
       entry.home_stream = compute;
       ++outstanding_;
+      outstanding_bytes_ += entry.device_nbytes;
       ++prefetches_;
       prefetch_peak_ = std::max(prefetch_peak_, outstanding_);
     }
@@ -264,6 +282,7 @@ struct Streamed {
     std::map<std::uint64_t, std::weak_ptr<Entry>> order_;  // offloaded entries by pack order
     std::deque<std::weak_ptr<Entry>> stash_;               // forward stash, oldest first
     std::int64_t outstanding_ = 0;                         // prefetched, not yet consumed
+    std::int64_t outstanding_bytes_ = 0;                   // their device bytes
     std::int64_t blocking_fallbacks_ = 0;
     std::int64_t prefetches_ = 0;
     std::int64_t prefetch_peak_ = 0;
