@@ -4,7 +4,6 @@
 /// offload::Options: every tunable of a manager, with defaults and units.
 
 #include <cstdint>
-#include <string>
 
 namespace offload {
 
@@ -12,14 +11,17 @@ namespace offload {
 struct Range {
   std::int64_t lo;
   std::int64_t hi;
+  /// Whether lo <= value <= hi.
+  constexpr bool contains(std::int64_t value) const noexcept { return value >= lo && value <= hi; }
 };
 
-/// The accepted range of each integer field of Options: the one place the
-/// bounds live (validation, the demo's flags and the docs read them).
+/// The accepted range of each integer field of Options: the one place these
+/// numbers are written. Options::validate(), the demo's flags and the docs
+/// tests read them from here.
 namespace ranges {
 inline constexpr Range min_offload_bytes{0, std::int64_t{1} << 50};  ///< bytes
-inline constexpr Range max_fwd_stash{1, 1024};                       ///< tensors
-inline constexpr Range prefetch_depth{0, 1024};                      ///< tensors
+inline constexpr Range max_fwd_stash{1, 1024};                       ///< offloaded storages
+inline constexpr Range prefetch_depth{0, 1024};                      ///< offloaded storages
 inline constexpr Range host_budget_bytes{0, std::int64_t{1} << 50};  ///< bytes; 0 = unlimited
 }  // namespace ranges
 
@@ -30,17 +32,17 @@ inline constexpr Range host_budget_bytes{0, std::int64_t{1} << 50};  ///< bytes;
 struct Options {
   /// Saved tensors whose underlying storage is smaller than this many bytes
   /// stay where they are (bookkeeping costs more than the copy saves).
-  /// Accepted range: [0, 2^50]. Default 1024 bytes.
+  /// Accepted: ranges::min_offload_bytes, [0, 2^50]. Default 1024 bytes.
   std::int64_t min_offload_bytes = 1024;
 
   /// sync::Streamed: how many saved tensors may be in flight to the host at
   /// once in forward (each keeps its device memory until its copy is done).
-  /// Accepted range: [1, 1024]. Default 5 tensors.
+  /// Accepted: ranges::max_fwd_stash, [1, 1024]. Default 5 tensors.
   std::int64_t max_fwd_stash = 5;
 
   /// sync::Streamed: how many offloaded tensors backward brings back ahead
   /// of the one it needs now. 0 reloads on demand only.
-  /// Accepted range: [0, 1024]. Default 2 tensors.
+  /// Accepted: ranges::prefetch_depth, [0, 1024]. Default 2 tensors.
   std::int64_t prefetch_depth = 2;
 
   /// Whether storage::PinnedHost may use page-locked host memory. When false
@@ -50,7 +52,7 @@ struct Options {
 
   /// Upper bound on host bytes held by this manager; a tensor that would
   /// exceed it stays on the device. 0 = unlimited.
-  /// Accepted range: [0, 2^50]. Default 0.
+  /// Accepted: ranges::host_budget_bytes, [0, 2^50]. Default 0.
   std::int64_t host_budget_bytes = 0;
 
   /// Throws c10::ValueError naming the first field out of range, its value

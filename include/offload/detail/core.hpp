@@ -1,9 +1,13 @@
 // SPDX-License-Identifier: MIT
 #pragma once
 /// @file
-/// offload::Manager<Device, Storage, Sync>: decides which saved tensors
-/// leave the device, keeps their host copies, and brings them back.
+/// detail::Core<Device, Storage, Sync>: the shared state behind one
+/// offload::Manager. Decides which saved tensors leave the device, keeps
+/// their host copies, and brings them back; the hooks objects autograd
+/// holds per saved tensor. docs/internals.md explains it.
 
+#include <algorithm>
+#include <atomic>
 #include <cstdint>
 #include <functional>
 #include <memory>
@@ -18,37 +22,17 @@
 #include <c10/core/DeviceGuard.h>
 #include <c10/core/StorageImpl.h>
 #include <c10/util/ArrayRef.h>
+#include <c10/util/Exception.h>
 #include <c10/util/SmallVector.h>
 #include <torch/csrc/autograd/saved_variable_hooks.h>
 
 #include <offload/concepts.hpp>
+#include <offload/detail/hook_source.hpp>
 #include <offload/entry.hpp>
 #include <offload/options.hpp>
 #include <offload/stats.hpp>
 
-namespace offload {
-
-namespace detail {
-
-/// What an active Scope hands the autograd engine: one hooks object per
-/// saved tensor. Implemented by every manager core.
-class HookSource {
- public:
-  virtual ~HookSource() = default;
-  /// A fresh hooks object bound to this source (kept alive by it).
-  virtual std::unique_ptr<torch::autograd::SavedVariableHooks> make_hooks() = 0;
-  /// Short description for errors and logs, e.g. "Manager<sim, pinned_host, blocking>".
-  virtual std::string describe() const = 0;
-  /// The manager operations AnyManager forwards (see Manager for each).
-  virtual Stats stats() const = 0;
-  virtual void reset_stats() = 0;
-  virtual void exclude(at::TensorList tensors) = 0;
-  virtual const Options& options() const noexcept = 0;
-  /// Called when a Scope using this source closes on its thread (the end
-  /// of a forward pass, typically): asynchronous policies settle what they
-  /// hold on the device for the forward stash. Must not throw.
-  virtual void on_scope_exit() noexcept {}
-};
+namespace offload::detail {
 
 /// The id of the backward pass running on this thread, or -1 outside one
 /// (torch::autograd::get_current_graph_task_id()).
@@ -90,14 +74,16 @@ inline at::Tensor view_of(const c10::Storage& storage, c10::Device device, c10::
   return out;
 }
 
-/// What a hooks object keeps for one saved tensor.
+/// What a hooks object keeps for one saved tensor; `E` is the manager's
+/// Entry<...> type.
+template <class E>
 struct Packed {
   c10::VariableVersion version_counter;  ///< shared with the saved tensor (disabled by default)
   std::uint32_t saved_version = 0;       ///< its version at pack
   WeakNode grad_fn;                      ///< for the error message only
   std::int64_t output_nr = 0;
   at::Tensor passthrough;         ///< defined when the tensor was not offloaded
-  std::shared_ptr<Entry> entry;   ///< defined when it was
+  std::shared_ptr<E> entry;       ///< defined when it was
   c10::ScalarType dtype = c10::ScalarType::Undefined;
   c10::SmallVector<std::int64_t, 6> sizes;
   c10::SmallVector<std::int64_t, 6> strides;
@@ -115,7 +101,7 @@ class Hooks final : public torch::autograd::SavedVariableHooks {
 
  private:
   std::shared_ptr<Core> core_;
-  Packed packed_;
+  typename Core::Packed packed_;
 };
 
 /// The shared state of one Manager. Hooks objects hold it by shared_ptr, so
@@ -123,8 +109,12 @@ class Hooks final : public torch::autograd::SavedVariableHooks {
 template <class Device, class Storage, class Sync>
 class Core final : public HookSource, public std::enable_shared_from_this<Core<Device, Storage, Sync>> {
  public:
+  using SyncState = typename Sync::template State<Device>;
+  using Entry = offload::Entry<typename SyncState::EntryState>;
+  using Packed = detail::Packed<Entry>;
+
   Core(const Options& options, Storage storage)
-      : options_(options), storage_(std::move(storage)), sync_(options_, storage_) {}
+      : options_(options), storage_(std::move(storage)), sync_(options_) {}
 
   std::unique_ptr<torch::autograd::SavedVariableHooks> make_hooks() override {
     return std::make_unique<Hooks<Core>>(this->shared_from_this());
@@ -146,11 +136,13 @@ class Core final : public HookSource, public std::enable_shared_from_this<Core<D
     }
     const std::lock_guard lock(mutex_);
     ++stats_.tensors_seen;
+    if (t.defined()) ++seen_defined_;
     if (!t.defined() || t.device().type() != Device::device_type) {
       ++stats_.passed_other_device;
       packed.passthrough = t;
       return packed;
     }
+    ++seen_on_device_;
     if (t.layout() != c10::kStrided || t.is_quantized() || t.is_nested() || !t.has_storage()) {
       ++stats_.passed_layout;
       packed.passthrough = t;
@@ -214,6 +206,7 @@ class Core final : public HookSource, public std::enable_shared_from_this<Core<D
     // release gives the bytes back and the counter stays balanced.
     stats_.host_bytes_in_use += nbytes;
     const c10::DeviceGuard guard(t.device());
+    entry->host = storage_.allocate(nbytes, Device::device_type, options_);
     const auto device_bytes = view_of(storage, t.device(), at::kByte, 0, {nbytes}, {1});
     sync_.offload(entry, device_bytes);
     if (Storage::prefers_pinned && options_.pin_memory && !entry->host.pinned) ++stats_.pinned_fallbacks;
@@ -244,13 +237,11 @@ class Core final : public HookSource, public std::enable_shared_from_this<Core<D
         }
       }
       if (!device_bytes.defined()) {
-        const bool stashed = entry->stash.defined();  // still on the device: no copy back
-        device_bytes = sync_.reload(entry);
+        auto reloaded = sync_.reload(entry);
+        device_bytes = std::move(reloaded.bytes);
         entry->reloaded.emplace(c10::weak_intrusive_ptr<c10::StorageImpl>(
             c10::intrusive_ptr<c10::StorageImpl>::reclaim_copy(device_bytes.storage().unsafeGetStorageImpl())));
-        if (stashed) {
-          ++stats_.stash_reuses;
-        } else {
+        if (reloaded.copied) {  // else the policy still had the bytes (it counts that itself)
           ++stats_.tensors_reloaded;
           stats_.bytes_reloaded += entry->nbytes;
         }
@@ -280,7 +271,7 @@ class Core final : public HookSource, public std::enable_shared_from_this<Core<D
   Stats stats() const override {
     const std::lock_guard lock(mutex_);
     Stats out = stats_;
-    if constexpr (requires { sync_.add_stats(out); }) sync_.add_stats(out);
+    sync_.add_stats(out);
     return out;
   }
   void reset_stats() override {
@@ -299,10 +290,29 @@ class Core final : public HookSource, public std::enable_shared_from_this<Core<D
     }
   }
   const Options& options() const noexcept override { return options_; }
-  void on_scope_exit() noexcept override {
-    if constexpr (requires { sync_.settle(); }) {
-      const std::lock_guard lock(mutex_);
-      sync_.settle();
+  ScopeMark on_scope_enter() noexcept override {
+    const std::lock_guard lock(mutex_);
+    return ScopeMark{seen_defined_, seen_on_device_};
+  }
+  void on_scope_exit(const ScopeMark& opened, bool in_order) noexcept override {
+    const std::lock_guard lock(mutex_);
+    sync_.settle();
+    // Scopes on other threads may pack meanwhile: a tensor on the device
+    // seen by any of them silences the first warning (never a false alarm
+    // from this scope's own tensors).
+    const auto saved = seen_defined_ - opened.saved;
+    if (saved > 0 && seen_on_device_ == opened.on_device && !warned_off_device_) {
+      warned_off_device_ = true;
+      warn("offload::Scope: ", saved, " tensors were saved for backward in a scope of ", describe(),
+           " and none was on a ", Device::name,
+           " device, so nothing was offloaded: is the model (and its input) on the device? (warned once "
+           "per manager)");
+    }
+    if (!in_order && !warned_order_) {
+      warned_order_ = true;
+      warn("offload::Scope: a scope of ", describe(),
+           " was closed while a scope opened after it on the same thread was still open; close scopes "
+           "innermost first (warned once per manager)");
     }
   }
 
@@ -323,13 +333,16 @@ class Core final : public HookSource, public std::enable_shared_from_this<Core<D
             entry->unpacked = 0;
           }
         }
-        end_backward(core->sync_);
+        core->sync_.end_backward();
       }
     });
   }
-  template <class S>
-  static void end_backward(S& sync) {
-    if constexpr (requires { sync.end_backward(); }) sync.end_backward();
+  template <class... Args>
+  static void warn(const Args&... args) noexcept {
+    try {
+      TORCH_WARN(args...);
+    } catch (...) {  // a warning handler that throws must not end the program here
+    }
   }
   static void check_version(const Packed& packed, const at::Tensor& unpacked) {
     if (!packed.version_counter.enabled()) return;
@@ -363,8 +376,12 @@ class Core final : public HookSource, public std::enable_shared_from_this<Core<D
   mutable std::recursive_mutex mutex_;
   Options options_;
   Storage storage_;
-  typename Sync::template State<Device, Storage> sync_;
+  SyncState sync_;
   Stats stats_;
+  std::int64_t seen_defined_ = 0;    // defined saved tensors packed (for the scope warnings)
+  std::int64_t seen_on_device_ = 0;  // of them, on Device's device type
+  bool warned_off_device_ = false;
+  bool warned_order_ = false;
   std::uint64_t next_seq_ = 0;
   int watched_backward_ = -1;
   std::size_t prune_at_ = 64;
@@ -372,69 +389,4 @@ class Core final : public HookSource, public std::enable_shared_from_this<Core<D
   std::unordered_map<const c10::StorageImpl*, c10::weak_intrusive_ptr<c10::StorageImpl>> excluded_;
 };
 
-}  // namespace detail
-
-/// An offload manager: while an offload::Scope holding it is open on a
-/// thread, every tensor autograd saves on that thread goes through it.
-///
-/// - Device: which accelerator's tensors it offloads (offload::device_policy).
-/// - Storage: where they live meanwhile (offload::storage_policy).
-/// - Sync: when copies run and who waits (offload::sync_policy_for).
-///
-/// A saved tensor is offloaded when it is on Device's device type, strided,
-/// not a leaf that requires grad, not registered with exclude(), and its
-/// storage has at least Options::min_offload_bytes bytes. The whole
-/// storage is copied once per step however many views of it are saved;
-/// each view comes back with its own dtype, sizes, strides and storage
-/// offset, on the device (type and index) it came from.
-///
-/// The Manager is a cheap handle (shared state); copies share it. Saved
-/// tensors keep the state alive, so backward may run after the Manager and
-/// the Scope are gone.
-///
-/// Thread-safety: all members are thread-safe; packs from forward threads
-/// and unpacks from the autograd engine's device threads may interleave.
-template <class Device, class Storage, class Sync>
-class Manager {
-  static_assert(device_policy<Device>,
-                "offload::Manager: Device does not satisfy offload::device_policy; see "
-                "docs/policies/device_policy.md for the members it needs");
-  static_assert(storage_policy<Storage>,
-                "offload::Manager: Storage does not satisfy offload::storage_policy; see "
-                "docs/policies/storage_policy.md for the members it needs");
-  static_assert(sync_policy_for<Sync, Device, Storage>,
-                "offload::Manager: Sync does not satisfy offload::sync_policy_for; see "
-                "docs/policies/sync_policy.md for the members it needs");
-  static_assert(composable<Device, Storage, Sync>,
-                "offload::Manager: sync::Streamed needs streams and events from the device policy; "
-                "use sync::Blocking for devices without events");
-
- public:
-  using device_policy_type = Device;
-  using storage_policy_type = Storage;
-  using sync_policy_type = Sync;
-
-  /// Validates `options` (throws c10::ValueError naming the field, its value
-  /// and the accepted range) before anything is created.
-  explicit Manager(const Options& options = {}, Storage storage = {})
-      : core_((options.validate(), std::make_shared<Core>(options, std::move(storage)))) {}
-
-  /// A snapshot of the counters. Thread-safe.
-  Stats stats() const { return core_->stats(); }
-  /// Zeroes the counters (host bytes in use are kept). Thread-safe.
-  void reset_stats() { core_->reset_stats(); }
-  /// The validated options.
-  const Options& options() const noexcept { return core_->options(); }
-  /// Never offload tensors that share storage with any of `tensors` (pass
-  /// module->parameters() and module->buffers()). Leaf tensors that require
-  /// grad are never offloaded anyway. Thread-safe.
-  void exclude(at::TensorList tensors) { core_->exclude(tensors); }
-  /// For offload::Scope.
-  std::shared_ptr<detail::HookSource> hook_source() const noexcept { return core_; }
-
- private:
-  using Core = detail::Core<Device, Storage, Sync>;
-  std::shared_ptr<Core> core_;
-};
-
-}  // namespace offload
+}  // namespace offload::detail
