@@ -62,9 +62,9 @@ struct HookCase {
 
 template <class Sync>
 std::shared_ptr<offload::detail::HookSource> sim_manager(std::int64_t min_offload_bytes) {
-  offload::Manager<offload::device::Sim, offload::storage::PinnedHost, Sync> manager(
+  offload::AnyManager manager = offload::Manager<offload::device::Sim, offload::storage::PinnedHost, Sync>(
       offload::Options{.min_offload_bytes = min_offload_bytes});
-  return manager.hook_source();
+  return offload::detail::source_of(manager);
 }
 
 /// The C++ twin of Python's identity hooks: what the engine's hook path
@@ -181,7 +181,7 @@ int run_hook(const Args& args) {
   for (const auto& c : cases) {
     auto leaf = at::ones({kNumel}, at::TensorOptions().dtype(at::kFloat).device(c.device)).requires_grad_();
     auto hooked = [&] {
-      offload::Scope scope(c.source);
+      offload::Scope scope(offload::detail::make_any_manager(c.source));
       at::Tensor x = leaf.mul(1.0);
       for (int i = 0; i < kOps; ++i) x = x.sin();
       scope.close();

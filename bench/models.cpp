@@ -38,28 +38,30 @@ struct TimedBlocking {
   static constexpr std::string_view name = "blocking_timed";
   static constexpr bool needs_events = false;
 
-  template <offload::device_policy Device, offload::storage_policy Storage>
+  template <offload::device_policy Device>
   class State {
    public:
-    State(const offload::Options& options, Storage& storage) : options_(options), storage_(&storage) {}
-    void offload(const std::shared_ptr<offload::Entry>& entry, const at::Tensor& device_bytes) {
-      entry->host = storage_->allocate(entry->nbytes, Device::device_type, options_);
-      offload::piece_of(entry->host, entry->piece).copy_(offload::piece_of(device_bytes, entry->piece), /*non_blocking=*/true);
+    struct EntryState {};
+    using Entry = offload::Entry<EntryState>;
+    explicit State(const offload::Options& /*options*/) {}
+    void offload(const std::shared_ptr<Entry>& entry, const at::Tensor& device_bytes) {
+      offload::piece_of(entry->host, entry->piece)
+          .copy_(offload::piece_of(device_bytes, entry->piece), /*non_blocking=*/true);
       Device::current_stream(entry->device.index()).synchronize();
     }
-    at::Tensor reload(const std::shared_ptr<offload::Entry>& entry) {
+    offload::Reloaded reload(const std::shared_ptr<Entry>& entry) {
       const c10::DeviceGuard guard(entry->device);
       auto bytes = at::empty({entry->device_nbytes}, at::TensorOptions().dtype(at::kByte).device(entry->device));
       offload::piece_of(bytes, entry->piece).copy_(offload::piece_of(entry->host, entry->piece), /*non_blocking=*/true);
       Device::current_stream(entry->device.index()).synchronize();
-      return bytes;
+      return {std::move(bytes), true};
     }
-    void on_unpack(const std::shared_ptr<offload::Entry>& /*entry*/) {}
-    void release(offload::Entry& /*entry*/) noexcept {}
-
-   private:
-    offload::Options options_;
-    Storage* storage_;
+    void on_unpack(const std::shared_ptr<Entry>& /*entry*/) {}
+    void settle() {}
+    void end_backward() {}
+    void resume(const std::shared_ptr<Entry>& /*entry*/) {}
+    void add_stats(offload::Stats& /*stats*/) const {}
+    void release(Entry& /*entry*/) noexcept {}
   };
 };
 
@@ -85,15 +87,15 @@ std::string mode_key(Mode m) {
 }
 
 template <class Device>
-std::shared_ptr<offload::detail::HookSource> make_source(Mode mode, const offload::Options& options) {
+std::optional<offload::AnyManager> make_source(Mode mode, const offload::Options& options) {
   using offload::storage::PinnedHost;
   switch (mode) {
-    case Mode::none: return nullptr;
-    case Mode::blocking: return offload::Manager<Device, PinnedHost, offload::sync::Blocking>(options).hook_source();
-    case Mode::blocking_timed: return offload::Manager<Device, PinnedHost, TimedBlocking>(options).hook_source();
-    case Mode::streamed: return offload::Manager<Device, PinnedHost, offload::sync::Streamed>(options).hook_source();
+    case Mode::none: return std::nullopt;
+    case Mode::blocking: return offload::Manager<Device, PinnedHost, offload::sync::Blocking>(options);
+    case Mode::blocking_timed: return offload::Manager<Device, PinnedHost, TimedBlocking>(options);
+    case Mode::streamed: return offload::Manager<Device, PinnedHost, offload::sync::Streamed>(options);
   }
-  return nullptr;
+  return std::nullopt;
 }
 
 /// Shapes of one benchmark model, from the command line.
@@ -117,7 +119,7 @@ Shapes shapes_from(const Args& args, Shapes d) {
 /// One model, its AdamW and its manager; step() is one training step with
 /// the forward and backward inside the manager's Scope (README usage).
 struct Trainer {
-  Trainer(const Shapes& s, c10::Device device, std::shared_ptr<offload::detail::HookSource> src)
+  Trainer(const Shapes& s, c10::Device device, std::optional<offload::AnyManager> src)
       : model((torch::manual_seed(0), gpt::Model(s.config()))), source(std::move(src)) {
     model->to(device);
     optimizer = std::make_unique<torch::optim::AdamW>(model->parameters(), torch::optim::AdamWOptions(1e-3));
@@ -133,7 +135,7 @@ struct Trainer {
     torch::Tensor loss;
     {
       std::optional<offload::Scope> scope;
-      if (source) scope.emplace(source);
+      if (source) scope.emplace(*source);
       loss = model->loss(x, y);
       if (after_forward) after_forward();
       loss.backward();
@@ -152,7 +154,7 @@ struct Trainer {
   gpt::Model model;
   std::unique_ptr<torch::optim::AdamW> optimizer;
   torch::Tensor x, y;
-  std::shared_ptr<offload::detail::HookSource> source;
+  std::optional<offload::AnyManager> source;
 };
 
 // ---------------------------------------------------------------- the analytical model

@@ -1,13 +1,15 @@
 // SPDX-License-Identifier: MIT
 // The autograd engine subclass that gives LibTorch's C++ API saved-tensor
 // hooks, the thread-local stack of open scopes, Options validation and
-// the fault-injection switch. The only translation unit of the core.
+// Stats printing. The only translation unit of the core.
 
 #include <algorithm>
 #include <atomic>
 #include <mutex>
 #include <ostream>
 #include <sstream>
+#include <string>
+#include <string_view>
 #include <vector>
 
 #include <c10/util/Exception.h>
@@ -16,19 +18,21 @@
 #include <torch/csrc/autograd/function.h>
 #include <torch/csrc/autograd/graph_task.h>
 
-#include <offload/manager.hpp>
+#include <offload/any_manager.hpp>
+#include <offload/detail/core.hpp>
+#include <offload/detail/hook_source.hpp>
+#include <offload/detail/linked.hpp>
 #include <offload/options.hpp>
 #include <offload/scope.hpp>
 #include <offload/stats.hpp>
-#include <offload/testing.hpp>
 
 namespace offload {
 
 // ---------------------------------------------------------------- Options
 namespace {
 void check_range(const char* field, std::int64_t value, Range range) {
-  TORCH_CHECK_VALUE(value >= range.lo && value <= range.hi, "offload::Options: ", field, " must be in [", range.lo,
-                    ", ", range.hi, "], got ", value);
+  TORCH_CHECK_VALUE(range.contains(value), "offload::Options: ", field, " must be in [", range.lo, ", ", range.hi,
+                    "], got ", value);
 }
 }  // namespace
 
@@ -41,10 +45,10 @@ void Options::validate() const {
 }
 
 std::ostream& operator<<(std::ostream& os, const Stats& s) {
-  const char* separator = "";
+  const char* sep = "";
   for (const auto& field : stat_fields) {
-    os << separator << field.name << '=' << s.*field.member;
-    separator = " ";
+    os << sep << field.name << '=' << s.*field.member;
+    sep = " ";
   }
   return os;
 }
@@ -82,17 +86,43 @@ bool at_backward_end(std::function<void()> callback) {
 
 }  // namespace detail
 
+// ---------------------------------------------------------------- linked libraries
+namespace detail {
+namespace {
+std::mutex g_linked_mutex;
+std::vector<std::string>& linked_names() {
+  static auto* names = new std::vector<std::string>();  // never destroyed: read during static init too
+  return *names;
+}
+}  // namespace
+
+void note_linked(std::string_view library) {
+  const std::lock_guard lock(g_linked_mutex);
+  auto& names = linked_names();
+  if (std::find(names.begin(), names.end(), library) == names.end()) names.emplace_back(library);
+}
+
+bool is_linked(std::string_view library) noexcept {
+  const std::lock_guard lock(g_linked_mutex);
+  const auto& names = linked_names();
+  return std::find(names.begin(), names.end(), library) != names.end();
+}
+}  // namespace detail
+
 // ---------------------------------------------------------------- scopes
-struct Scope::Frame {
-  std::shared_ptr<detail::HookSource> source;  // null: NoOffload
+namespace detail {
+struct ScopeFrame {
+  std::shared_ptr<HookSource> source;  // null: NoOffload
+  ScopeMark mark;                      // what the source had seen when the scope opened
   std::atomic<bool> open{true};
 };
+}  // namespace detail
 
 namespace {
 
 // Open scopes of this thread, innermost last. Frames are shared so a scope
 // closed from another thread is only marked closed and pruned here.
-thread_local std::vector<std::shared_ptr<Scope::Frame>> t_frames;
+thread_local std::vector<std::shared_ptr<detail::ScopeFrame>> t_frames;
 
 detail::HookSource* innermost_source(bool& found) {
   while (!t_frames.empty() && !t_frames.back()->open.load(std::memory_order_acquire)) t_frames.pop_back();
@@ -153,9 +183,15 @@ void install_hooks() {
 
 bool hooks_installed() noexcept { return g_installed.load(std::memory_order_acquire); }
 
-Scope::Scope(std::shared_ptr<detail::HookSource> source)
-    : frame_(std::make_shared<Frame>()), owner_(std::this_thread::get_id()) {
+Scope::Scope(const AnyManager& manager) { open(detail::source_of(manager)); }
+
+Scope::Scope(NoManager /*unused*/) { open(nullptr); }
+
+void Scope::open(std::shared_ptr<detail::HookSource> source) {
   install_hooks();
+  frame_ = std::make_shared<detail::ScopeFrame>();
+  owner_ = std::this_thread::get_id();
+  if (source) frame_->mark = source->on_scope_enter();
   frame_->source = std::move(source);
   t_frames.push_back(frame_);
 }
@@ -165,9 +201,18 @@ void Scope::close() {
   TORCH_CHECK(std::this_thread::get_id() == owner_,
               "offload::Scope::close: a Scope must be closed on the thread that opened it "
               "(scopes are thread-bound: saved tensors of other threads never see it)");
+  // In order: no scope opened after this one on this thread is still open.
+  const auto at = std::find(t_frames.begin(), t_frames.end(), frame_);
+  const bool in_order = std::none_of(at == t_frames.end() ? at : at + 1, t_frames.end(),
+                                     [](const auto& f) { return f->open.load(std::memory_order_acquire); });
   frame_->open.store(false, std::memory_order_release);
   std::erase(t_frames, frame_);
-  if (frame_->source) frame_->source->on_scope_exit();
+  if (frame_->source) {
+    frame_->source->on_scope_exit(frame_->mark, in_order);
+  } else if (!in_order) {
+    TORCH_WARN_ONCE("offload::NoOffload was closed while a scope opened after it on the same thread was still "
+                    "open; close scopes innermost first");
+  }
   frame_.reset();
 }
 
@@ -182,43 +227,7 @@ Scope::~Scope() {
   close();
 }
 
-NoOffload::NoOffload() : scope_(std::shared_ptr<detail::HookSource>{}) {}
+NoOffload::NoOffload() : scope_(Scope::NoManager{}) {}
 NoOffload::~NoOffload() = default;
 
-// ---------------------------------------------------------------- faults
-namespace testing {
-namespace {
-std::atomic<int> g_armed_kind{0};
-std::atomic<int> g_armed_count{0};
-std::atomic<int> g_fired{0};
-}  // namespace
-
-void arm_fault(Fault fault, int count) {
-  TORCH_CHECK_VALUE(count >= 1, "offload::testing::arm_fault: count must be >= 1, got ", count);
-  g_armed_count.store(0);
-  g_armed_kind.store(static_cast<int>(fault));
-  g_armed_count.store(fault == Fault::none ? 0 : count);
-}
-
-void disarm_faults() noexcept {
-  g_armed_count.store(0);
-  g_armed_kind.store(0);
-}
-
-bool take_fault(Fault fault) noexcept {
-  if (g_armed_count.load(std::memory_order_relaxed) == 0) return false;
-  if (g_armed_kind.load() != static_cast<int>(fault)) return false;
-  int n = g_armed_count.load();
-  while (n > 0) {
-    if (g_armed_count.compare_exchange_weak(n, n - 1)) {
-      g_fired.fetch_add(1);
-      return true;
-    }
-  }
-  return false;
-}
-
-int faults_fired() noexcept { return g_fired.load(); }
-
-}  // namespace testing
 }  // namespace offload

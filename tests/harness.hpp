@@ -109,8 +109,6 @@ struct HostAsDevice {
   static constexpr std::string_view name = "host-as-device";
   static constexpr bool has_streams = false;
   static constexpr bool has_events = false;
-  static constexpr bool has_pinned_host = false;
-  static constexpr bool has_memory_stats = false;
   static bool available() { return true; }
   static c10::Stream current_stream(c10::DeviceIndex) {
     return c10::Stream(c10::Stream::DEFAULT, c10::Device(c10::DeviceType::CPU));

@@ -4,8 +4,9 @@
 usage: headers_alone.py SOURCE_ROOT GENERATED_INCLUDE LIBTORCH CUDA_INCLUDE COMPILER...
 
 Compiles `#include <offload/...>` alone, -fsyntax-only, for each header
-under include/offload/ and policies/offload/; device/cuda.hpp needs no CUDA
-header by design. Prints "N passed, N failed".
+under include/offload/, policies/offload/ and the sim library's
+src/sim/include/offload/; device/cuda.hpp needs no CUDA header by design.
+Prints "N passed, N failed".
 """
 import concurrent.futures
 import os
@@ -16,13 +17,14 @@ import tempfile
 root, generated, libtorch, cuda_include = sys.argv[1:5]
 compiler = sys.argv[5:]
 headers = []
-for base in ("include", "policies"):
+roots = ("include", "policies", os.path.join("src", "sim", "include"))
+for base in roots:
     top = os.path.join(root, base)
     for dirpath, _, files in os.walk(top):
         for f in sorted(files):
             if f.endswith(".hpp"):
                 headers.append(os.path.relpath(os.path.join(dirpath, f), top))
-flags = ["-std=c++20", "-fsyntax-only", "-I", os.path.join(root, "include"), "-I", os.path.join(root, "policies"),
+flags = ["-std=c++20", "-fsyntax-only"] + [a for base in roots for a in ("-I", os.path.join(root, base))] + [
          "-I", generated, "-isystem", os.path.join(libtorch, "include"),
          "-isystem", os.path.join(libtorch, "include", "torch", "csrc", "api", "include")]
 if cuda_include:

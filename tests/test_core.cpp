@@ -5,6 +5,11 @@
 
 #include "doctest.hpp"
 
+#include <memory>
+#include <sstream>
+#include <string>
+#include <vector>
+
 #include <ATen/ATen.h>
 #include <c10/core/GradMode.h>
 #include <c10/util/Exception.h>
@@ -324,7 +329,6 @@ TEST_CASE("Views: unpacked views keep their dtype, sizes, strides and storage of
   // The hooks object directly: pack under no-grad as the engine does, unpack,
   // compare geometry and bytes; then a later view that reaches outside.
   HostManager manager(offload::Options{.min_offload_bytes = 0});
-  auto source = manager.hook_source();
   const auto h = at::randn({32, 64});
   const std::vector<at::Tensor> views = {
       h.narrow(1, 5, 8), h.narrow(0, 3, 2), h.t(), at::view_as_complex(h.narrow(0, 4, 1).view({32, 2})),
@@ -333,7 +337,7 @@ TEST_CASE("Views: unpacked views keep their dtype, sizes, strides and storage of
   {
     const c10::NoGradGuard no_grad;
     for (const auto& v : views) {
-      hooks.push_back(source->make_hooks());
+      hooks.push_back(manager.make_hooks());
       hooks.back()->call_pack_hook(v);
     }
   }
@@ -347,4 +351,136 @@ TEST_CASE("Views: unpacked views keep their dtype, sizes, strides and storage of
     CHECK(at::equal(back, views[i]));
   }
   CHECK(manager.stats().storages_offloaded == 1);
+}
+
+namespace {
+/// Collects the warnings c10 raises on this thread while alive.
+struct CollectWarnings final : c10::WarningHandler {
+  CollectWarnings() : guard_(this) {}
+  void process(const c10::Warning& warning) override { messages.push_back(warning.msg()); }
+  std::vector<std::string> messages;
+
+ private:
+  c10::WarningUtils::WarningHandlerGuard guard_;
+};
+
+std::string range_message(const char* field, offload::Range range, std::int64_t got) {
+  return "offload::Options: " + std::string(field) + " must be in [" + std::to_string(range.lo) + ", " +
+         std::to_string(range.hi) + "], got " + std::to_string(got);
+}
+}  // namespace
+
+TEST_CASE("Options: offload::ranges are what validate() accepts, at both ends") {
+  struct Field {
+    const char* name;
+    std::int64_t offload::Options::*member;
+    offload::Range range;
+  };
+  const Field fields[] = {
+      {"min_offload_bytes", &offload::Options::min_offload_bytes, offload::ranges::min_offload_bytes},
+      {"max_fwd_stash", &offload::Options::max_fwd_stash, offload::ranges::max_fwd_stash},
+      {"prefetch_depth", &offload::Options::prefetch_depth, offload::ranges::prefetch_depth},
+      {"host_budget_bytes", &offload::Options::host_budget_bytes, offload::ranges::host_budget_bytes},
+  };
+  for (const auto& f : fields) {
+    CAPTURE(f.name);
+    for (auto ok : {f.range.lo, f.range.hi}) {
+      offload::Options options;
+      options.*f.member = ok;
+      CHECK(error_of(options).empty());
+    }
+    for (auto bad : {f.range.lo - 1, f.range.hi + 1}) {
+      offload::Options options;
+      options.*f.member = bad;
+      CHECK(error_of(options) == range_message(f.name, f.range, bad));
+    }
+  }
+  // The documented numbers (docs/bad-input.md, the guide) are these ranges.
+  CHECK(offload::ranges::min_offload_bytes.hi == std::int64_t{1} << 50);
+  CHECK(offload::ranges::max_fwd_stash.hi == 1024);
+}
+
+TEST_CASE("Stats: operator<< prints every field of stat_fields, in order") {
+  offload::Stats stats;
+  std::int64_t value = 1;
+  for (const auto& f : offload::stat_fields) stats.*f.member = value++;
+  std::ostringstream out;
+  out << stats;
+  std::string expected;
+  value = 1;
+  for (const auto& f : offload::stat_fields) {
+    if (!expected.empty()) expected += ' ';
+    expected.append(f.name).append("=").append(std::to_string(value++));
+  }
+  CHECK(out.str() == expected);
+}
+
+TEST_CASE("Manager and AnyManager: describe() names the policies, the same on both") {
+  HostManager manager(offload::Options{.min_offload_bytes = 0});
+  CHECK(manager.describe() == "Manager<host-as-device, pageable_host, blocking>");
+  const offload::AnyManager any = manager;
+  CHECK(any.describe() == manager.describe());
+  // make_hooks() hands out hooks bound to the manager (what a Scope does).
+  auto a = at::randn({8, 8});
+  auto hooks = manager.make_hooks();
+  REQUIRE(hooks != nullptr);
+  {
+    const c10::NoGradGuard no_grad;
+    hooks->call_pack_hook(a);
+  }
+  CHECK(manager.stats().tensors_offloaded == 1);
+  CHECK(at::equal(hooks->call_unpack_hook(), a));
+}
+
+TEST_CASE("Scope: one warning per manager when nothing saved was on its device type") {
+  using SimManager = offload::Manager<offload::device::Sim, offload::storage::PageableHost, offload::sync::Blocking>;
+  const auto off_device = [](const SimManager& manager) {
+    auto a = at::randn({64}).requires_grad_();  // on the CPU: the model is not on the device
+    offload::Scope scope(manager);
+    auto loss = (a.exp() * a).sum();
+    loss.backward();
+  };
+  CollectWarnings warnings;
+  SimManager first;
+  off_device(first);
+  REQUIRE(warnings.messages.size() == 1);
+  CHECK(warnings.messages[0].find("none was on a sim device") != std::string::npos);
+  CHECK(warnings.messages[0].find("is the model (and its input) on the device?") != std::string::npos);
+  off_device(first);  // once per manager
+  CHECK(warnings.messages.size() == 1);
+  SimManager second;
+  off_device(second);
+  CHECK(warnings.messages.size() == 2);
+  // Its twin: tensors on the manager's device type, or none saved at all, warn nothing.
+  HostManager host(offload::Options{.min_offload_bytes = 0});
+  {
+    auto a = at::randn({64}).requires_grad_();
+    offload::Scope scope(host);
+    (a.exp() * a).sum().backward();
+  }
+  { offload::Scope empty(SimManager{}); }
+  CHECK(warnings.messages.size() == 2);
+}
+
+TEST_CASE("Scope: one warning per manager for scopes closed out of order") {
+  HostManager a;
+  HostManager b;
+  CollectWarnings warnings;
+  auto outer = std::make_unique<offload::Scope>(a);
+  auto inner = std::make_unique<offload::Scope>(b);
+  outer.reset();  // closed before the scope opened after it
+  inner.reset();
+  REQUIRE(warnings.messages.size() == 1);
+  CHECK(warnings.messages[0].find("close scopes innermost first") != std::string::npos);
+  CHECK(warnings.messages[0].find(a.describe()) != std::string::npos);
+  outer = std::make_unique<offload::Scope>(a);
+  inner = std::make_unique<offload::Scope>(b);
+  outer.reset();  // the same mistake with the same manager: said once
+  inner.reset();
+  CHECK(warnings.messages.size() == 1);
+  {  // in order: no warning
+    offload::Scope first(b);
+    offload::Scope second(a);
+  }
+  CHECK(warnings.messages.size() == 1);
 }

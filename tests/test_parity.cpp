@@ -14,6 +14,7 @@
 #include <offload/offload.hpp>
 #include <offload/sim.hpp>
 
+#include "faults.hpp"
 #include "harness.hpp"
 
 namespace {
@@ -299,10 +300,13 @@ TEST_CASE_TEMPLATE("fault injection: a skipped wait or an early free breaks pari
   Substrate substrate(/*delay_us=*/20000);
   const auto plain = harness::train(harness::ModelKind::mlp, sim0, 2);
   // One subcase per fault, so each can be run alone (-sc=...; the TSan canaries do).
-  auto check = [&](offload::testing::Fault fault) {
-    M manager(offload::Options{.min_offload_bytes = 0, .max_fwd_stash = 1, .prefetch_depth = 1});
-    const int fired_before = offload::testing::faults_fired();
-    offload::testing::arm_fault(fault, 1000);
+  // The same policies, with faults::Faulty around the sync policy.
+  using Faulty = offload::Manager<typename M::device_policy_type, typename M::storage_policy_type,
+                                  faults::Faulty<typename M::sync_policy_type>>;
+  auto check = [&](faults::Fault fault) {
+    Faulty manager(offload::Options{.min_offload_bytes = 0, .max_fwd_stash = 1, .prefetch_depth = 1});
+    const int fired_before = faults::fired();
+    faults::arm(fault, 1000);
     harness::RunResult broken;
     bool threw = false;
     try {
@@ -310,14 +314,14 @@ TEST_CASE_TEMPLATE("fault injection: a skipped wait or an early free breaks pari
     } catch (const std::exception&) {
       threw = true;
     }
-    offload::testing::disarm_faults();
+    faults::disarm();
     offload::sim::synchronize();
-    CHECK(offload::testing::faults_fired() > fired_before);
+    CHECK(faults::fired() > fired_before);
     std::string why;
     CHECK((threw || !harness::bitwise_equal(plain, broken, &why)));
   };
-  SUBCASE("skipped wait") { check(offload::testing::Fault::skip_wait); }
-  SUBCASE("early free") { check(offload::testing::Fault::free_early); }
+  SUBCASE("skipped wait") { check(faults::Fault::skip_wait); }
+  SUBCASE("early free") { check(faults::Fault::free_early); }
 }
 
 TEST_CASE("README usage snippet compiles, runs on sim and matches the run without it") {

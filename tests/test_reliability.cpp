@@ -21,6 +21,7 @@
 #include <offload/offload.hpp>
 #include <offload/sim.hpp>
 
+#include "faults.hpp"
 #include "harness.hpp"
 
 namespace {
@@ -281,14 +282,15 @@ TEST_CASE("randomized graphs: the check can fail (an injected early free is caug
   int caught = 0;
   for (std::uint32_t seed = 1; seed <= 3; ++seed) {
     const auto expected = random_graph_grads(seed, plain);
-    Streamed streamed(offload::Options{.min_offload_bytes = 0, .max_fwd_stash = 1});
-    offload::testing::arm_fault(offload::testing::Fault::free_early, 1000);
+    offload::Manager<offload::device::Sim, offload::storage::PinnedHost, faults::Faulty<offload::sync::Streamed>>
+        streamed(offload::Options{.min_offload_bytes = 0, .max_fwd_stash = 1});
+    faults::arm(faults::Fault::free_early, 1000);
     std::vector<at::Tensor> got;
     try {
       got = random_graph_grads(seed, harness::with_scope(streamed));
     } catch (const std::exception&) {
     }
-    offload::testing::disarm_faults();
+    faults::disarm();
     offload::sim::synchronize();
     if (!same(expected, got)) ++caught;
   }

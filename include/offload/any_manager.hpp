@@ -2,15 +2,29 @@
 #pragma once
 /// @file
 /// offload::AnyManager: a manager whose policies are chosen at run time
-/// (what offload::make_manager returns). Usable wherever a Manager is.
+/// (what offload::make_manager returns). Usable wherever a Manager is, with
+/// the same members.
 
 #include <memory>
 #include <string>
 #include <utility>
 
+#include <c10/util/Exception.h>
+
+#include <offload/detail/hook_source.hpp>
 #include <offload/manager.hpp>
 
 namespace offload {
+
+class AnyManager;
+
+namespace detail {
+/// Wraps a hook source (the dispatcher's wrappers, the pass-through
+/// manager, benchmarks' own sources). Throws c10::Error when null.
+AnyManager make_any_manager(std::shared_ptr<HookSource> source);
+/// The hook source behind a manager (for Scope's implementation).
+const std::shared_ptr<HookSource>& source_of(const AnyManager& manager) noexcept;
+}  // namespace detail
 
 /// Type-erased handle to any Manager<Device, Storage, Sync> (or to the
 /// pass-through manager). Cheap to copy; copies share the manager.
@@ -21,28 +35,39 @@ class AnyManager {
   /// Wraps a typed manager (shares its state).
   template <class Device, class Storage, class Sync>
   AnyManager(const Manager<Device, Storage, Sync>& manager)  // NOLINT(google-explicit-constructor)
-      : source_(manager.hook_source()) {}
-  /// Wraps a hook source directly (for dispatchers and custom managers).
-  /// Throws c10::Error when `source` is null.
-  explicit AnyManager(std::shared_ptr<detail::HookSource> source) : source_(std::move(source)) {
-    TORCH_CHECK(source_ != nullptr, "offload::AnyManager: source must not be null");
-  }
+      : source_(manager.core_) {}
 
   /// See Manager::stats().
   Stats stats() const { return source_->stats(); }
   /// See Manager::reset_stats().
   void reset_stats() { source_->reset_stats(); }
-  /// See Manager::exclude().
-  void exclude(at::TensorList tensors) { source_->exclude(tensors); }
   /// See Manager::options().
   const Options& options() const noexcept { return source_->options(); }
-  /// Which policies were chosen, e.g. "Manager<sim, pinned_host, streamed>".
+  /// See Manager::exclude().
+  void exclude(at::TensorList tensors) { source_->exclude(tensors); }
+  /// Which policies were chosen, e.g. "Manager<sim, pinned_host, streamed>",
+  /// plus what the dispatcher decided ("... [PrivateUse1 backend 'acme']").
   std::string describe() const { return source_->describe(); }
-  /// For offload::Scope.
-  std::shared_ptr<detail::HookSource> hook_source() const noexcept { return source_; }
+  /// See Manager::make_hooks(); null for the pass-through manager (autograd
+  /// then saves the tensor as usual).
+  std::unique_ptr<torch::autograd::SavedVariableHooks> make_hooks() const { return source_->make_hooks(); }
 
  private:
+  explicit AnyManager(std::shared_ptr<detail::HookSource> source) : source_(std::move(source)) {
+    TORCH_CHECK(source_ != nullptr, "offload::AnyManager: source must not be null");
+  }
+  friend AnyManager detail::make_any_manager(std::shared_ptr<detail::HookSource> source);
+  friend const std::shared_ptr<detail::HookSource>& detail::source_of(const AnyManager& manager) noexcept;
+
   std::shared_ptr<detail::HookSource> source_;
 };
+
+inline AnyManager detail::make_any_manager(std::shared_ptr<HookSource> source) {
+  return AnyManager(std::move(source));
+}
+
+inline const std::shared_ptr<detail::HookSource>& detail::source_of(const AnyManager& manager) noexcept {
+  return manager.source_;
+}
 
 }  // namespace offload

@@ -1,12 +1,13 @@
 // SPDX-License-Identifier: MIT
 #pragma once
 /// @file
-/// The runtime dispatcher: offload::make_manager<Storage, Sync>() asks
-/// LibTorch which accelerator this process has and returns an AnyManager
-/// wrapping the Manager<Device, Storage, Sync> for it, chosen from a
-/// Boost.Hana tuple of device policies (offload::builtin_devices by
-/// default; users add their own). Hana stays in this header: AnyManager and
-/// Manager never show a hana type. docs/dispatch.md explains the choice.
+/// The runtime dispatcher: offload::make_manager<Storage, Sync, FallbackSync>
+/// (options, devices) asks LibTorch which accelerator this process has and
+/// returns an AnyManager wrapping the Manager<Device, Storage, Sync> for
+/// it, chosen from a Boost.Hana tuple of device policies. Names no concrete
+/// policy: the built-in list and the defaults (PinnedHost, Blocking) are in
+/// <offload/builtin.hpp>. Hana stays at this edge: AnyManager and Manager
+/// never show a hana type. docs/dispatch.md explains the choice.
 
 #include <atomic>
 #include <cstdint>
@@ -19,11 +20,9 @@
 #include <vector>
 
 #include <boost/hana/all_of.hpp>
-#include <boost/hana/append.hpp>
 #include <boost/hana/core/is_a.hpp>
 #include <boost/hana/for_each.hpp>
 #include <boost/hana/length.hpp>
-#include <boost/hana/prepend.hpp>
 #include <boost/hana/tuple.hpp>
 #include <boost/hana/type.hpp>
 #include <boost/hana/unpack.hpp>
@@ -35,41 +34,14 @@
 
 #include <offload/any_manager.hpp>
 #include <offload/concepts.hpp>
-#include <offload/config.hpp>
+#include <offload/detail/checks.hpp>
+#include <offload/detail/hook_source.hpp>
 #include <offload/manager.hpp>
 #include <offload/options.hpp>
 #include <offload/scope.hpp>
 #include <offload/stats.hpp>
 
-#include <offload/device/generic.hpp>
-#include <offload/device/neuron.hpp>
-#include <offload/device/npu.hpp>
-#include <offload/device/sim.hpp>
-#include <offload/device/xpu.hpp>
-#include <offload/storage/host.hpp>
-#include <offload/sync/blocking.hpp>
-#if OFFLOAD_HAS_CUDA
-#include <offload/device/cuda.hpp>
-#endif
-
 namespace offload {
-
-/// The device policies compiled into this build, in the order the
-/// dispatcher tries them: device::Cuda (only when OFFLOAD_HAS_CUDA),
-/// device::Xpu, device::Npu, device::Neuron, device::Sim (only when
-/// OFFLOAD_HAS_SIM) and device::Generic last, the catch-all for any
-/// PrivateUse1 backend. A hana::tuple of hana::type; extend it with
-/// `boost::hana::prepend(offload::builtin_devices, boost::hana::type_c<Mine>)`
-/// (tried first) or `boost::hana::append(...)` (tried last).
-inline constexpr auto builtin_devices = boost::hana::tuple_t<
-#if OFFLOAD_HAS_CUDA
-    device::Cuda,
-#endif
-    device::Xpu, device::Npu, device::Neuron,
-#if OFFLOAD_HAS_SIM
-    device::Sim,
-#endif
-    device::Generic>;
 
 /// What make_manager does when it finds no device policy to use.
 enum class Fallback {
@@ -120,12 +92,43 @@ inline DetectedAccelerator detect_accelerator() {
 
 namespace detail {
 
-/// Names of the policies in a device list, in order.
+/// Whether this program can use device policy P: P::linked() when P has
+/// it (a policy whose backend is an optional library, like device::Sim),
+/// else true.
+template <class P>
+bool linked() {
+  if constexpr (requires { { P::linked() } -> std::convertible_to<bool>; }) {
+    return P::linked();
+  } else {
+    return true;
+  }
+}
+
+/// Names of the policies in a device list, in order; with `only_linked`,
+/// only those this program can use (see linked()).
 template <class Devices>
-std::vector<std::string> device_names(Devices devices) {
-  return boost::hana::unpack(devices, [](auto... t) {
-    return std::vector<std::string>{std::string(decltype(t)::type::name)...};
+std::vector<std::string> device_names(Devices devices, bool only_linked = false) {
+  std::vector<std::string> names;
+  boost::hana::for_each(devices, [&](auto t) {
+    using P = typename decltype(t)::type;
+    if (!only_linked || linked<P>()) names.emplace_back(P::name);
   });
+  return names;
+}
+
+/// What the linked policies of a list say about making a device of theirs
+/// when none is present (P::when_absent, e.g. "offload::sim::install() makes
+/// a sim device"), joined with "; ".
+template <class Devices>
+std::string absent_hints(Devices devices) {
+  std::string out;
+  boost::hana::for_each(devices, [&](auto t) {
+    using P = typename decltype(t)::type;
+    if constexpr (requires { { P::when_absent } -> std::convertible_to<std::string_view>; }) {
+      if (linked<P>()) out += (out.empty() ? "" : "; ") + std::string(P::when_absent);
+    }
+  });
+  return out;
 }
 
 inline std::string join(const std::vector<std::string>& names) {
@@ -138,19 +141,14 @@ inline std::string join(const std::vector<std::string>& names) {
 /// compiler names P in the instantiation note under the message).
 template <class P>
 struct DeviceListEntry {
-  static_assert(device_policy<P>,
-                "offload::make_manager: every type in the device list must satisfy "
-                "offload::device_policy; P in the instantiation of offload::detail::DeviceListEntry<P> "
-                "reported with this error does not (see docs/policies/device_policy.md for the "
-                "members it needs)");
-  static constexpr bool ok = true;
+  static constexpr bool ok = check_device_policy<P>();
 };
 
 template <class Devices>
 constexpr bool check_device_list() {
   static_assert(boost::hana::all_of(Devices{}, [](auto t) { return boost::hana::is_a<boost::hana::type_tag>(t); }),
                 "offload::make_manager: the device list must be a hana tuple of hana::type_c<Policy> "
-                "(e.g. boost::hana::append(offload::builtin_devices, boost::hana::type_c<MyDevice>))");
+                "(e.g. boost::hana::prepend(offload::builtin_devices, boost::hana::type_c<MyDevice>))");
   static_assert(decltype(boost::hana::length(Devices{}))::value > 0,
                 "offload::make_manager: the device list is empty; start from offload::builtin_devices");
   return boost::hana::unpack(Devices{}, [](auto... t) {
@@ -187,7 +185,10 @@ class DispatchedSource final : public HookSource {
   void reset_stats() override { inner_->reset_stats(); }
   void exclude(at::TensorList tensors) override { inner_->exclude(tensors); }
   const Options& options() const noexcept override { return inner_->options(); }
-  void on_scope_exit() noexcept override { inner_->on_scope_exit(); }
+  ScopeMark on_scope_enter() noexcept override { return inner_->on_scope_enter(); }
+  void on_scope_exit(const ScopeMark& opened, bool in_order) noexcept override {
+    inner_->on_scope_exit(opened, in_order);
+  }
 
  private:
   std::shared_ptr<HookSource> inner_;
@@ -223,16 +224,14 @@ class PassThroughSource final : public HookSource {
 
 template <class Device, class Storage, class Sync>
 AnyManager wrap(const Options& options, std::string note, bool blocking_fallback) {
-  Manager<Device, Storage, Sync> manager(options);
-  if (note.empty()) return AnyManager(manager);
-  return AnyManager(std::make_shared<DispatchedSource>(manager.hook_source(), std::move(note), blocking_fallback));
+  AnyManager manager = Manager<Device, Storage, Sync>(options);
+  if (note.empty()) return manager;
+  return make_any_manager(std::make_shared<DispatchedSource>(source_of(manager), std::move(note), blocking_fallback));
 }
 
-template <class>
-inline constexpr bool dependent_false = false;
-
-/// Builds the manager for the device policy the dispatcher chose.
-template <class Device, class Storage, class Sync>
+/// Builds the manager for the device policy the dispatcher chose: Sync, or
+/// FallbackSync where Sync needs events Device does not have.
+template <class Device, class Storage, class Sync, class FallbackSync>
 AnyManager build(const Options& options, const DetectedAccelerator& detected) {
   std::string note;
   if (Device::name != detected.name) {
@@ -241,42 +240,42 @@ AnyManager build(const Options& options, const DetectedAccelerator& detected) {
   }
   auto fallback_note = [&note](std::string why) {
     return note + (note.empty() ? "" : "; ") + std::string(Sync::name) + " needs events: " + why +
-           ", so copies are blocking";
+           ", so copies are " + std::string(FallbackSync::name);
   };
-  if constexpr (composable<Device, Storage, Sync>) {
+  if constexpr (!check_sync_members<Sync, Device>()) {
+    return make_any_manager(nullptr);  // not reached: the check stopped the build
+  } else if constexpr (composable<Device, Storage, Sync>) {
     if constexpr (Sync::needs_events) {
       if (!runtime_has_events<Device>()) {
-        return wrap<Device, Storage, sync::Blocking>(
+        return wrap<Device, Storage, FallbackSync>(
             options, fallback_note(std::string(Device::name) + " has no streams/events at run time"), true);
       }
     }
     return wrap<Device, Storage, Sync>(options, std::move(note), false);
-  } else if constexpr (sync_policy_for<Sync, Device, Storage> && composable<Device, Storage, sync::Blocking>) {
+  } else if constexpr (check_policies<Device, Storage, FallbackSync>()) {
     // Sync needs events; this policy has none at compile time.
-    return wrap<Device, Storage, sync::Blocking>(
+    return wrap<Device, Storage, FallbackSync>(
         options, fallback_note(std::string(Device::name) + " has no streams/events"), true);
   } else {
-    static_assert(dependent_false<Device>,
-                  "offload::make_manager: Sync does not satisfy offload::sync_policy_for with a device "
-                  "policy of the list (see docs/policies/sync_policy.md)");
+    return make_any_manager(nullptr);  // not reached: the check stopped the build
   }
 }
 
 }  // namespace detail
 
 /// The sync policy the dispatcher uses for Device when Sync is asked for:
-/// Sync when the three compose, sync::Blocking when Sync needs events the
+/// Sync when the three compose, FallbackSync when Sync needs events the
 /// device policy does not have at compile time. (At run time a policy
-/// whose runtime_has_events() is false also gets sync::Blocking.)
-template <class Device, class Storage, class Sync>
-using dispatched_sync_t = std::conditional_t<composable<Device, Storage, Sync>, Sync, sync::Blocking>;
+/// whose runtime_has_events() is false also gets FallbackSync.)
+template <class Device, class Storage, class Sync, class FallbackSync>
+using dispatched_sync_t = std::conditional_t<composable<Device, Storage, Sync>, Sync, FallbackSync>;
 
-/// The names of the device policies in `devices` (default: this build's),
-/// in the order the dispatcher tries them, e.g.
-/// {"cuda", "xpu", "npu", "neuron", "sim", "generic"}. Thread-safe.
-template <class Devices = std::remove_const_t<decltype(builtin_devices)>>
-std::vector<std::string> compiled_device_policies(Devices devices = builtin_devices) {
-  static_assert(detail::check_device_list<Devices>());
+/// The names of the device policies in `devices`, in the order the
+/// dispatcher tries them, e.g. {"cuda", "xpu", "npu", "neuron", "sim",
+/// "generic"}. Thread-safe.
+template <class Devices>
+std::vector<std::string> device_policy_names(Devices devices) {
+  [[maybe_unused]] constexpr bool checked = detail::check_device_list<Devices>();  // reports its own failure
   return detail::device_names(devices);
 }
 
@@ -289,69 +288,85 @@ std::vector<std::string> compiled_device_policies(Devices devices = builtin_devi
 inline AnyManager make_pass_through_manager(const Options& options = {},
                                             std::string why = "pass-through requested") {
   options.validate();
-  return AnyManager(std::make_shared<detail::PassThroughSource>(options, std::move(why)));
+  return detail::make_any_manager(std::make_shared<detail::PassThroughSource>(options, std::move(why)));
 }
+
+namespace detail {
+/// make_manager's work, once its policies passed their checks.
+template <class Storage, class Sync, class FallbackSync, class Devices>
+AnyManager dispatch(const Options& options, Devices devices, Fallback fallback) {
+  options.validate();
+  install_hooks();
+  const auto detected = detect_accelerator();
+  const auto have = [&] {
+    return "; this program has: " + detail::join(detail::device_names(devices, /*only_linked=*/true)) + ". ";
+  };
+  if (!detected.type) {
+    std::string why = "no accelerator was detected (" + detected.reason + ")";
+    if (fallback == Fallback::pass_through) return make_pass_through_manager(options, std::move(why));
+    const auto hints = detail::absent_hints(devices);
+    C10_THROW_ERROR(Error, "offload::make_manager: " + why + have() + (hints.empty() ? "" : hints + ". ") +
+                               "Pass offload::Fallback::pass_through to run without offloading");
+  }
+  std::optional<AnyManager> chosen;
+  boost::hana::for_each(devices, [&](auto t) {
+    using P = typename decltype(t)::type;
+    if (chosen || P::device_type != *detected.type || !P::available()) return;
+    chosen.emplace(detail::build<P, Storage, Sync, FallbackSync>(options, detected));
+  });
+  if (chosen) return *std::move(chosen);
+  std::string why = "no device policy for '" + detected.name + "'";
+  if (fallback == Fallback::pass_through) return make_pass_through_manager(options, std::move(why));
+  C10_THROW_ERROR(Error, "offload::make_manager: " + why + have() +
+                             "Add one with boost::hana::prepend(offload::builtin_devices, "
+                             "boost::hana::type_c<YourPolicy>) (docs/dispatch.md), or pass "
+                             "offload::Fallback::pass_through to run without offloading");
+}
+}  // namespace detail
 
 /// Detects the accelerator (detect_accelerator()) and returns a manager
 /// for it: the first policy P in `devices` with P::device_type equal to
 /// the detected type and P::available() true, as
-/// Manager<P, Storage, Sync>, or Manager<P, Storage, sync::Blocking> when
+/// Manager<P, Storage, Sync>, or Manager<P, Storage, FallbackSync> when
 /// Sync needs events and P has none (at compile time, or at run time per
 /// P::runtime_has_events()); then describe() says so and
-/// Stats::blocking_fallbacks counts the blocking copies. describe() also
-/// names the backend when the policy's name differs from it (device::Generic
-/// for PrivateUse1 backend 'acme'). Never picks a policy of another device
-/// type: there is no fallback to CUDA.
+/// Stats::blocking_fallbacks counts the copies made that way. describe()
+/// also names the backend when the policy's name differs from it
+/// (device::Generic for PrivateUse1 backend 'acme'). Never picks a policy
+/// of another device type: there is no fallback to CUDA.
+///
+/// <offload/builtin.hpp> adds the usual form,
+/// make_manager<Storage = storage::PinnedHost, Sync = sync::Blocking>(options,
+/// devices = builtin_devices, fallback), with sync::Blocking as FallbackSync.
 ///
 /// - options: validated first (c10::ValueError naming the field, value and
 ///   accepted range); nothing is detected or built before.
 /// - devices: a hana tuple of hana::type_c<Policy>; each must satisfy
-///   offload::device_policy (a static_assert naming the type otherwise).
+///   offload::device_policy (one static_assert naming the missing member).
 /// - fallback: with Fallback::error (default), throws c10::Error when no
-///   accelerator is detected ("no accelerator was detected ...; this build
-///   has: cuda, xpu, ...") or when none of `devices` matches it ("no device
-///   policy for 'xla'; this build has: ..."); with Fallback::pass_through,
-///   returns make_pass_through_manager() with that reason instead.
+///   accelerator is detected ("no accelerator was detected ...; this
+///   program has: cuda, xpu, ...", listing the policies whose backend this
+///   program links, and how to make a device where one can, e.g.
+///   "offload::sim::install() makes a sim device") or when none of
+///   `devices` matches it ("no device policy for 'xla'; this program has:
+///   ..."); with Fallback::pass_through, returns make_pass_through_manager()
+///   with that reason instead.
 ///
 /// Also calls install_hooks() (so the autograd engine that serves Scopes is
 /// the default one before the manager's first backward pass; it throws
 /// c10::Error in a process that loaded libtorch_python).
 ///
 /// Thread-safe (the detection and the runtime probes are).
-template <storage_policy Storage = storage::PinnedHost, class Sync = sync::Blocking, class Devices>
-  requires(!std::is_same_v<Devices, Fallback>)
+template <class Storage, class Sync, class FallbackSync, class Devices>
 AnyManager make_manager(const Options& options, Devices devices, Fallback fallback = Fallback::error) {
-  static_assert(detail::check_device_list<Devices>());
-  options.validate();
-  install_hooks();
-  const auto detected = detect_accelerator();
-  if (!detected.type) {
-    std::string why = "no accelerator was detected (" + detected.reason + ")";
-    if (fallback == Fallback::pass_through) return make_pass_through_manager(options, std::move(why));
-    C10_THROW_ERROR(Error, "offload::make_manager: " + why + "; this build has: " +
-                               detail::join(detail::device_names(devices)) +
-                               ". Pass offload::Fallback::pass_through to run without offloading");
+  // Each check reports its own failure (one static_assert naming the member).
+  constexpr bool checked = detail::check_device_list<Devices>() && detail::check_storage_policy<Storage>();
+  if constexpr (!checked) {
+    return detail::make_any_manager(nullptr);  // not reached: the build stopped
+  } else {
+    return detail::dispatch<Storage, Sync, FallbackSync>(options, devices, fallback);
   }
-  std::optional<AnyManager> chosen;
-  boost::hana::for_each(devices, [&](auto t) {
-    using P = typename decltype(t)::type;
-    if (chosen || P::device_type != *detected.type || !P::available()) return;
-    chosen.emplace(detail::build<P, Storage, Sync>(options, detected));
-  });
-  if (chosen) return *std::move(chosen);
-  std::string why = "no device policy for '" + detected.name + "'";
-  if (fallback == Fallback::pass_through) return make_pass_through_manager(options, std::move(why));
-  C10_THROW_ERROR(Error, "offload::make_manager: " + why + "; this build has: " +
-                             detail::join(detail::device_names(devices)) +
-                             ". Add one with boost::hana::prepend(offload::builtin_devices, "
-                             "boost::hana::type_c<YourPolicy>) (docs/dispatch.md), or pass "
-                             "offload::Fallback::pass_through to run without offloading");
 }
 
-/// make_manager(options, builtin_devices, fallback).
-template <storage_policy Storage = storage::PinnedHost, class Sync = sync::Blocking>
-AnyManager make_manager(const Options& options = {}, Fallback fallback = Fallback::error) {
-  return make_manager<Storage, Sync>(options, builtin_devices, fallback);
-}
 
 }  // namespace offload

@@ -1,8 +1,9 @@
 // SPDX-License-Identifier: MIT
 #pragma once
 /// @file
-/// The records policies exchange with the manager: a host buffer and one
-/// offloaded storage. Needed by authors of storage and sync policies.
+/// The records policies exchange with the manager: a host buffer, one
+/// offloaded storage (with the sync policy's own per-entry state), and what
+/// a reload gives back. Needed by authors of storage and sync policies.
 
 #include <cstdint>
 #include <optional>
@@ -10,8 +11,6 @@
 
 #include <ATen/core/Tensor.h>
 #include <c10/core/Device.h>
-#include <c10/core/Event.h>
-#include <c10/core/Stream.h>
 #include <c10/core/StorageImpl.h>
 #include <c10/util/SmallVector.h>
 #include <c10/util/intrusive_ptr.h>
@@ -58,10 +57,16 @@ inline at::Tensor piece_of(const HostBuffer& host, const Piece& piece) { return 
 /// every saved tensor that views it; destroyed, with its host memory, when
 /// the last of them is released by autograd.
 ///
+/// `SyncState` is the sync policy's own per-entry state
+/// (`Sync::State<Device>::EntryState`), kept in `sync`: the manager
+/// default-constructs it and never reads it.
+///
 /// Thread-safety: fields are written by the manager under its lock or by
 /// the sync policy while it holds the entry; policies must not keep raw
 /// pointers past release().
+template <class SyncState>
 struct Entry {
+  // --- set by the manager before the sync policy sees the entry ----------
   c10::Device device{c10::DeviceType::CPU};  ///< where the storage lived (type and index)
   std::int64_t nbytes = 0;                   ///< bytes of `host`: piece.nbytes()
   /// The bytes the sync policy copies (from the first saved view): only
@@ -82,11 +87,12 @@ struct Entry {
   std::vector<Extra> extra;
   std::uint64_t seq = 0;                     ///< pack order within the manager (0, 1, 2, ...)
   std::int64_t version = 0;                  ///< version counter of the saved tensor at pack
-  HostBuffer host;                           ///< the copy on the host
+  HostBuffer host;                           ///< allocated by the storage policy; filled by the sync policy
   /// The storage that was copied (alias detection); weak, so it does not
   /// keep device memory alive, yet its address cannot be reused while held.
   std::optional<c10::weak_intrusive_ptr<c10::StorageImpl>> source;
-  /// The storage brought back by the last reload, while someone still uses it.
+  /// The storage brought back by the last reload, while someone still uses
+  /// it (a sync policy need not prefetch an entry whose reload is alive).
   std::optional<c10::weak_intrusive_ptr<c10::StorageImpl>> reloaded;
   /// Saved tensors (views) served by this entry, and how many of them the
   /// current backward pass has unpacked. While some are still to come, the
@@ -95,15 +101,17 @@ struct Entry {
   std::int64_t unpacked = 0;
   at::Tensor keep;
 
-  // --- state of asynchronous sync policies -------------------------------
-  at::Tensor stash;                ///< device bytes kept alive until the D2H copy is done
-  std::optional<c10::Event> d2h;   ///< completes when the D2H copy is done
-  at::Tensor prefetched;           ///< device bytes being brought back ahead of need
-  std::optional<c10::Event> h2d;   ///< completes when the last host-to-device copy is done
-  /// The compute stream the device bytes in `stash` or `prefetched` belong
-  /// to (produced on, or allocated on): the stream that must wait before
-  /// they are released.
-  std::optional<c10::Stream> home_stream;
+  // --- the sync policy's --------------------------------------------------
+  SyncState sync{};
+};
+
+/// What a sync policy's reload() gives back: the device bytes (1-D uint8,
+/// Entry::device_nbytes from byte 0 of the storage) and whether they were copied from the host (false:
+/// the policy still had them on the device, e.g. in a forward stash).
+/// The manager counts Stats::tensors_reloaded and bytes_reloaded for copies.
+struct Reloaded {
+  at::Tensor bytes;
+  bool copied = true;
 };
 
 }  // namespace offload

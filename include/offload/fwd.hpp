@@ -8,7 +8,13 @@
 namespace offload {
 
 struct Options;
+struct Range;
 struct Stats;
+struct StatField;
+struct HostBuffer;
+struct Reloaded;
+template <class SyncState>
+struct Entry;
 class Scope;
 class NoOffload;
 class AnyManager;

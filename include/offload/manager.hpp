@@ -2,557 +2,47 @@
 #pragma once
 /// @file
 /// offload::Manager<Device, Storage, Sync>: decides which saved tensors
-/// leave the device, keeps their host copies, and brings them back.
+/// leave the device, keeps their host copies, and brings them back. Names
+/// no concrete policy: pick them from <offload/device/...>,
+/// <offload/storage/...>, <offload/sync/...> (or <offload/offload.hpp>).
 
-#include <algorithm>
-#include <atomic>
-#include <cstdint>
-#include <functional>
 #include <memory>
-#include <mutex>
-#include <shared_mutex>
 #include <string>
 #include <type_traits>
-#include <unordered_map>
 #include <utility>
 
 #include <ATen/core/Tensor.h>
-#include <ATen/ops/empty.h>
-#include <c10/core/DeviceGuard.h>
-#include <c10/core/StorageImpl.h>
 #include <c10/util/ArrayRef.h>
-#include <c10/util/SmallVector.h>
 #include <torch/csrc/autograd/saved_variable_hooks.h>
 
 #include <offload/concepts.hpp>
-#include <offload/entry.hpp>
+#include <offload/detail/checks.hpp>
+#include <offload/detail/core.hpp>
+#include <offload/detail/hook_source.hpp>
 #include <offload/options.hpp>
 #include <offload/stats.hpp>
 
 namespace offload {
 
+class AnyManager;
+
 namespace detail {
-
-/// What an active Scope hands the autograd engine: one hooks object per
-/// saved tensor. Implemented by every manager core.
-class HookSource {
+/// Stands in for Core when the policies failed their checks, so that the
+/// one static_assert that names the failing member is the only error.
+class InvalidCore final : public HookSource {
  public:
-  virtual ~HookSource() = default;
-  /// A fresh hooks object bound to this source (kept alive by it).
-  virtual std::unique_ptr<torch::autograd::SavedVariableHooks> make_hooks() = 0;
-  /// Short description for errors and logs, e.g. "Manager<sim, pinned_host, blocking>".
-  virtual std::string describe() const = 0;
-  /// The manager operations AnyManager forwards (see Manager for each).
-  virtual Stats stats() const = 0;
-  virtual void reset_stats() = 0;
-  virtual void exclude(at::TensorList tensors) = 0;
-  virtual const Options& options() const noexcept = 0;
-  /// Called when a Scope using this source closes on its thread (the end
-  /// of a forward pass, typically): asynchronous policies settle what they
-  /// hold on the device for the forward stash. Must not throw.
-  virtual void on_scope_exit() noexcept {}
-};
-
-/// The id of the backward pass running on this thread, or -1 outside one
-/// (torch::autograd::get_current_graph_task_id()).
-int current_backward_id() noexcept;
-
-/// Inside a backward pass: queues `callback` to run once when that pass
-/// ends (Engine::queue_callback) and returns true; outside one, returns
-/// false and does nothing.
-bool at_backward_end(std::function<void()> callback);
-
-/// The weak form of the autograd node pointer Tensor::grad_fn() returns
-/// (std::shared_ptr up to LibTorch 2.12, c10::intrusive_ptr from 2.13).
-template <class P>
-struct weak_of;
-template <class T>
-struct weak_of<std::shared_ptr<T>> {
-  using type = std::weak_ptr<T>;
-};
-template <class T>
-struct weak_of<c10::intrusive_ptr<T>> {
-  using type = c10::weak_intrusive_ptr<T>;
-};
-using NodeRef = std::remove_cvref_t<decltype(std::declval<const at::TensorBase&>().grad_fn())>;
-using WeakNode = typename weak_of<NodeRef>::type;
-
-/// Throws the c10::Error autograd raises when a saved tensor was modified
-/// in place after it was saved (autograd skips that check when hooks are
-/// installed, so the manager makes it). `unpacked` is the tensor rebuilt.
-[[noreturn]] void throw_modified_inplace(const at::Tensor& unpacked, std::uint32_t current,
-                                         std::uint32_t saved, const WeakNode& grad_fn,
-                                         std::int64_t output_nr);
-
-/// A tensor of `dtype` on `device` viewing `storage` with the given
-/// storage offset, sizes and strides (no copy).
-inline at::Tensor view_of(const c10::Storage& storage, c10::Device device, c10::ScalarType dtype,
-                          std::int64_t storage_offset, c10::IntArrayRef sizes, c10::IntArrayRef strides) {
-  auto out = at::empty({0}, at::TensorOptions().dtype(dtype).device(device));
-  out.set_(storage, storage_offset, sizes, strides);
-  return out;
-}
-
-/// How to rebuild one offloaded saved tensor from its entry's storage.
-struct OffloadedView {
-  std::shared_ptr<Entry> entry;
-  c10::VariableVersion version_counter;  ///< shared with the saved tensor
-  c10::ScalarType dtype = c10::ScalarType::Undefined;
-  c10::SmallVector<std::int64_t, 6> sizes;
-  c10::SmallVector<std::int64_t, 6> strides;
-  std::int64_t storage_offset = 0;
-  bool conj = false;
-  bool neg = false;
-};
-
-/// What a hooks object keeps for one saved tensor. Small, so that a
-/// pass-through costs one small allocation (the hooks object) and no more.
-struct Packed {
-  at::Tensor passthrough;                   ///< the tensor, when it was not offloaded
-  std::unique_ptr<OffloadedView> offloaded; ///< set when it was
-  std::uint32_t saved_version = 0;          ///< its version at pack
-  bool versioned = false;                   ///< whether its version counter is enabled
-  WeakNode grad_fn;                         ///< for the error message only
-  std::int64_t output_nr = 0;
-};
-
-/// Bytes of storage `piece` spans: one past its last byte.
-inline std::int64_t piece_end(const Piece& piece) {
-  std::int64_t end = piece.offset;
-  for (std::size_t i = 0; i < piece.sizes.size(); ++i) {
-    if (piece.sizes[i] == 0) return piece.offset;
-    end += (piece.sizes[i] - 1) * piece.strides[i];
-  }
-  return end + 1;
-}
-
-/// The bytes of its storage that `t` reads, as a piece: its byte range when
-/// the range holds no more bytes than its elements (contiguous, transposed
-/// tensors) or its elements overlap (expanded tensors), else its elements
-/// alone (a narrow of the last dimension, a column, every other row), seen
-/// as bytes.
-inline Piece piece_for(const at::Tensor& t) {
-  const std::int64_t item = static_cast<std::int64_t>(t.element_size());
-  const std::int64_t lo = t.storage_offset() * item;
-  Piece piece;
-  piece.offset = lo;
-  if (t.numel() == 0) {
-    piece.sizes = {0};
-    piece.strides = {1};
-    return piece;
-  }
-  std::int64_t last = 0;
-  for (std::int64_t d = 0; d < t.dim(); ++d) last += (t.size(d) - 1) * t.stride(d);
-  const std::int64_t span = (last + 1) * item;
-  // Elements alone only when no two share a byte (a reload writes them):
-  // sorted by stride, each dimension must step over the ones below it.
-  c10::SmallVector<std::pair<std::int64_t, std::int64_t>, 6> dims;  // (stride, size), size > 1
-  for (std::int64_t d = 0; d < t.dim(); ++d) {
-    if (t.size(d) > 1) dims.emplace_back(t.stride(d), t.size(d));
-  }
-  std::sort(dims.begin(), dims.end());
-  bool overlapping = false;
-  std::int64_t reach = 1;  // elements spanned by the dimensions below
-  for (const auto& [stride, size] : dims) {
-    overlapping = overlapping || stride < reach;
-    reach = stride * (size - 1) + reach;
-  }
-  if (overlapping || t.numel() * item >= span) {
-    piece.sizes = {span};
-    piece.strides = {1};
-    return piece;
-  }
-  for (std::int64_t d = 0; d < t.dim(); ++d) {
-    piece.sizes.push_back(t.size(d));
-    piece.strides.push_back(t.stride(d) * item);
-  }
-  piece.sizes.push_back(item);
-  piece.strides.push_back(1);
-  return piece;
-}
-
-/// Every piece of `entry` (the sync policy's and the extra ones).
-template <class F>
-void for_each_piece(const Entry& entry, F&& f) {
-  f(entry.piece);
-  for (const auto& x : entry.extra) f(x.piece);
-}
-
-/// Whether the pieces of `entry` already hold every byte of `piece`.
-inline bool covers(const Entry& entry, const Piece& piece) {
-  const auto lo = piece.offset;
-  const auto hi = piece_end(piece);
-  bool found = false;
-  for_each_piece(entry, [&](const Piece& p) {
-    found = found || p == piece || (p.dense() && p.offset <= lo && hi <= p.offset + p.sizes[0]);
-  });
-  return found;
-}
-
-/// What `entry` lacks of `piece`: the gaps its dense pieces leave in a dense
-/// `piece`, or a strided `piece` whole.
-inline std::vector<Piece> missing(const Entry& entry, const Piece& piece) {
-  if (!piece.dense()) return {piece};
-  std::vector<std::pair<std::int64_t, std::int64_t>> have;
-  for_each_piece(entry, [&](const Piece& p) {
-    if (p.dense()) have.emplace_back(p.offset, p.offset + p.sizes[0]);
-  });
-  std::sort(have.begin(), have.end());
-  std::vector<Piece> out;
-  std::int64_t at = piece.offset;
-  const std::int64_t end = piece.offset + piece.sizes[0];
-  const auto gap = [&](std::int64_t lo, std::int64_t hi) {
-    if (hi > lo) out.push_back(Piece{lo, {hi - lo}, {1}});
-  };
-  for (const auto& [lo, hi] : have) {
-    if (lo >= end) break;
-    gap(at, std::min(lo, end));
-    at = std::max(at, hi);
-  }
-  gap(at, end);
-  return out;
-}
-
-/// Host bytes `entry` holds: its piece and the extra ones.
-inline std::int64_t host_bytes_of(const Entry& entry) {
-  std::int64_t n = entry.nbytes;
-  for (const auto& x : entry.extra) n += x.piece.nbytes();
-  return n;
-}
-
-template <class Core>
-class Hooks final : public torch::autograd::SavedVariableHooks {
- public:
-  explicit Hooks(std::shared_ptr<Core> core) : core_(std::move(core)) {}
-  void call_pack_hook(const at::Tensor& tensor) override { packed_ = core_->pack(tensor); }
-  at::Tensor call_unpack_hook() override { return core_->unpack(packed_); }
-
- private:
-  std::shared_ptr<Core> core_;
-  Packed packed_;
-};
-
-/// The shared state of one Manager. Hooks objects hold it by shared_ptr, so
-/// backward works after the Manager handle is gone.
-template <class Device, class Storage, class Sync>
-class Core final : public HookSource, public std::enable_shared_from_this<Core<Device, Storage, Sync>> {
- public:
-  Core(const Options& options, Storage storage)
-      : options_(options), storage_(std::move(storage)), sync_(options_, storage_) {}
-
-  std::unique_ptr<torch::autograd::SavedVariableHooks> make_hooks() override {
-    return std::make_unique<Hooks<Core>>(this->shared_from_this());
-  }
-  std::string describe() const override {
-    return "Manager<" + std::string(Device::name) + ", " + std::string(Storage::name) + ", " +
-           std::string(Sync::name) + ">";
-  }
-
-  Packed pack(const at::Tensor& t) {
-    Packed packed;
-    pass_.seen.fetch_add(1, std::memory_order_relaxed);
-    // Pass-through first: every decision below is made before the lock and
-    // before anything an offloaded tensor needs is allocated.
-    const auto pass = [&](std::atomic<std::int64_t>& counter) {
-      counter.fetch_add(1, std::memory_order_relaxed);
-      packed.passthrough = t;
-      return std::move(packed);
-    };
-    if (!t.defined()) return pass(pass_.other_device);
-    auto* impl = t.unsafeGetTensorImpl();
-    const auto& version_counter = impl->version_counter();
-    packed.versioned = version_counter.enabled();
-    packed.saved_version = packed.versioned ? version_counter.current_version() : 0;
-    if (auto fn = t.grad_fn()) {
-      packed.grad_fn = fn;
-      packed.output_nr = t.output_nr();
-    }
-    if (impl->device_type() != Device::device_type) return pass(pass_.other_device);
-    if (t.layout() != c10::kStrided || t.is_quantized() || t.is_nested() || !t.has_storage()) {
-      return pass(pass_.layout);
-    }
-    // Parameters: leaves that require grad, and views of them (Linear saves
-    // weight.t()).
-    if (t.requires_grad() && (t.is_leaf() || (t.is_view() && t._base().is_leaf()))) return pass(pass_.leaf);
-    const auto& storage = t.storage();
-    const c10::StorageImpl* key = storage.unsafeGetStorageImpl();
-    const auto nbytes = static_cast<std::int64_t>(storage.nbytes());
-    if (nbytes < options_.min_offload_bytes) return pass(pass_.small);
-    if (is_excluded(key)) return pass(pass_.excluded);
-
-    auto view = std::make_unique<OffloadedView>();
-    view->version_counter = version_counter;
-    view->dtype = t.scalar_type();
-    view->sizes.assign(t.sizes().begin(), t.sizes().end());
-    view->strides.assign(t.strides().begin(), t.strides().end());
-    view->storage_offset = t.storage_offset();
-    view->conj = t.is_conj();
-    view->neg = t.is_neg();
-    const auto version = static_cast<std::int64_t>(t._version());
-    const Piece piece = piece_for(t);
-
-    const std::lock_guard lock(mutex_);
-    if (auto found = aliases_.find(key); found != aliases_.end()) {
-      // The entry's weak reference to its source keeps the StorageImpl's
-      // address from being reused, so a live entry with this key is this
-      // very storage; the version tells whether it changed since.
-      if (auto entry = found->second.lock(); entry && entry->version == version) {
-        if (!covers(*entry, piece) && !extend(entry, storage, t.device(), piece)) {
-          return pass(pass_.budget);
-        }
-        ++stats_.tensors_offloaded;
-        ++stats_.tensors_aliased;
-        ++entry->views;
-        view->entry = std::move(entry);
-        packed.offloaded = std::move(view);
-        return packed;
-      }
-    }
-    const auto piece_bytes = piece.nbytes();
-    if (options_.host_budget_bytes != 0 &&
-        stats_.host_bytes_in_use + piece_bytes > options_.host_budget_bytes) {
-      return pass(pass_.budget);
-    }
-
-    auto entry = make_entry();
-    entry->device = t.device();
-    entry->nbytes = piece_bytes;
-    entry->device_nbytes = piece_end(piece);
-    entry->piece = piece;
-    entry->seq = next_seq_++;
-    entry->version = version;
-    entry->source.emplace(c10::weak_intrusive_ptr<c10::StorageImpl>(
-        c10::intrusive_ptr<c10::StorageImpl>::reclaim_copy(storage.unsafeGetStorageImpl())));
-    // Counted before the copy: if allocating or copying throws, the entry's
-    // release gives the bytes back and the counter stays balanced.
-    stats_.host_bytes_in_use += piece_bytes;
-    const c10::DeviceGuard guard(t.device());
-    const auto device_bytes = view_of(storage, t.device(), at::kByte, 0, {entry->device_nbytes}, {1});
-    sync_.offload(entry, device_bytes);
-    if (Storage::prefers_pinned && options_.pin_memory && !entry->host.pinned) ++stats_.pinned_fallbacks;
-    ++stats_.tensors_offloaded;
-    ++stats_.storages_offloaded;
-    stats_.bytes_offloaded += piece_bytes;
-    stats_.host_bytes_peak = std::max(stats_.host_bytes_peak, stats_.host_bytes_in_use);
-    prune_aliases();
-    aliases_[key] = entry;
-    view->entry = std::move(entry);
-    packed.offloaded = std::move(view);
-    return packed;
-  }
-
-  at::Tensor unpack(const Packed& packed) {
-    if (!packed.offloaded) {
-      if (packed.versioned) {
-        check_version(packed, packed.passthrough,
-                      packed.passthrough.unsafeGetTensorImpl()->version_counter().current_version());
-      }
-      return packed.passthrough;
-    }
-    const auto& view = *packed.offloaded;
-    const auto& entry = view.entry;
-    at::Tensor device_bytes;
-    {
-      const std::lock_guard lock(mutex_);
-      const c10::DeviceGuard guard(entry->device);
-      if (entry->reloaded) {
-        if (auto impl = entry->reloaded->lock()) {
-          device_bytes =
-              view_of(c10::Storage(std::move(impl)), entry->device, at::kByte, 0, {entry->device_nbytes}, {1});
-          ++stats_.reloads_shared;
-        }
-      }
-      if (!device_bytes.defined()) {
-        const bool stashed = entry->stash.defined();  // still on the device: no copy back
-        device_bytes = sync_.reload(entry);
-        entry->reloaded.emplace(c10::weak_intrusive_ptr<c10::StorageImpl>(
-            c10::intrusive_ptr<c10::StorageImpl>::reclaim_copy(device_bytes.storage().unsafeGetStorageImpl())));
-        if (stashed) {
-          ++stats_.stash_reuses;
-        } else {
-          // Pieces added by later views: written on the current stream, which
-          // reload() ordered after the policy's own copy.
-          for (const auto& x : entry->extra) {
-            piece_of(device_bytes, x.piece).copy_(piece_of(x.host, x.piece), /*non_blocking=*/false);
-          }
-          ++stats_.tensors_reloaded;
-          stats_.bytes_reloaded += host_bytes_of(*entry);
-        }
-      }
-      // Several views of one storage: keep it on the device until each of
-      // them was unpacked in this backward pass (or the pass ends).
-      if (entry->views > 1) {
-        if (++entry->unpacked < entry->views) {
-          entry->keep = device_bytes;
-        } else {
-          entry->keep = at::Tensor();
-          entry->unpacked = 0;
-        }
-      }
-      sync_.on_unpack(entry);
-      watch_backward_end();
-    }
-    const c10::DeviceGuard guard(entry->device);
-    auto out = view_of(device_bytes.storage(), entry->device, view.dtype, view.storage_offset, view.sizes,
-                       view.strides);
-    if (view.conj) out._set_conj(true);
-    if (view.neg) out._set_neg(true);
-    if (packed.versioned) check_version(packed, out, view.version_counter.current_version());
-    return out;
-  }
-
-  Stats stats() const override {
-    const std::lock_guard lock(mutex_);
-    Stats out = stats_;
-    out.tensors_seen = pass_.seen.load(std::memory_order_relaxed);
-    out.passed_other_device = pass_.other_device.load(std::memory_order_relaxed);
-    out.passed_layout = pass_.layout.load(std::memory_order_relaxed);
-    out.passed_leaf = pass_.leaf.load(std::memory_order_relaxed);
-    out.passed_small = pass_.small.load(std::memory_order_relaxed);
-    out.passed_excluded = pass_.excluded.load(std::memory_order_relaxed);
-    out.passed_budget = pass_.budget.load(std::memory_order_relaxed);
-    if constexpr (requires { sync_.add_stats(out); }) sync_.add_stats(out);
-    return out;
-  }
-  void reset_stats() override {
-    const std::lock_guard lock(mutex_);
-    const auto in_use = stats_.host_bytes_in_use;
-    stats_ = Stats{};
-    pass_.reset();
-    stats_.host_bytes_in_use = in_use;
-    stats_.host_bytes_peak = in_use;
-  }
-  void exclude(at::TensorList tensors) override {
-    const std::unique_lock lock(excluded_mutex_);
-    for (const auto& t : tensors) {
-      if (!t.defined() || !t.has_storage()) continue;
-      auto* impl = t.storage().unsafeGetStorageImpl();
-      excluded_.try_emplace(impl, c10::intrusive_ptr<c10::StorageImpl>::reclaim_copy(impl));
-    }
-  }
+  template <class... A>
+  explicit InvalidCore(A&&... /*unused*/) {}
+  std::unique_ptr<torch::autograd::SavedVariableHooks> make_hooks() override { return nullptr; }
+  std::string describe() const override { return {}; }
+  Stats stats() const override { return {}; }
+  void reset_stats() override {}
+  void exclude(at::TensorList /*tensors*/) override {}
   const Options& options() const noexcept override { return options_; }
-  void on_scope_exit() noexcept override {
-    if constexpr (requires { sync_.settle(); }) {
-      const std::lock_guard lock(mutex_);
-      sync_.settle();
-    }
-  }
 
  private:
-  // Once per backward pass: when it ends, drop storages kept for views that
-  // were not unpacked, and let the sync policy settle.
-  void watch_backward_end() {
-    const int id = current_backward_id();
-    if (id < 0 || id == watched_backward_) return;
-    watched_backward_ = id;
-    std::weak_ptr<Core> weak = this->shared_from_this();
-    at_backward_end([weak] {
-      if (auto core = weak.lock()) {
-        const std::lock_guard lock(core->mutex_);
-        for (auto& [key, weak_entry] : core->aliases_) {
-          if (auto entry = weak_entry.lock()) {
-            entry->keep = at::Tensor();
-            entry->unpacked = 0;
-          }
-        }
-        end_backward(core->sync_);
-      }
-    });
-  }
-  template <class S>
-  static void end_backward(S& sync) {
-    if constexpr (requires { sync.end_backward(); }) sync.end_backward();
-  }
-  static void check_version(const Packed& packed, const at::Tensor& unpacked, std::uint32_t current) {
-    if (current != packed.saved_version) {
-      throw_modified_inplace(unpacked, current, packed.saved_version, packed.grad_fn, packed.output_nr);
-    }
-  }
-  bool is_excluded(const c10::StorageImpl* key) const {
-    const std::shared_lock lock(excluded_mutex_);
-    return !excluded_.empty() && excluded_.count(key) != 0;
-  }
-  // A later saved view of an offloaded storage (same version) reads bytes
-  // the entry lacks: copy what is missing, as extra pieces. The sync policy
-  // first lets go of the entry (its copies finish, its stash and prefetch
-  // are dropped), so no copy in flight sees the entry change. Rare (a
-  // model saves the head of a tensor, then the whole of it), so the copies
-  // are blocking. False, changing nothing, when the host budget forbids.
-  bool extend(const std::shared_ptr<Entry>& entry, const c10::Storage& storage, c10::Device device,
-              const Piece& piece) {
-    const auto parts = missing(*entry, piece);
-    if (parts.empty()) return true;  // covered by several pieces together
-    std::int64_t bytes = 0;
-    for (const auto& part : parts) bytes += part.nbytes();
-    if (options_.host_budget_bytes != 0 && stats_.host_bytes_in_use + bytes > options_.host_budget_bytes) {
-      return false;
-    }
-    sync_.release(*entry);
-    entry->reloaded.reset();
-    entry->keep = at::Tensor();
-    const c10::DeviceGuard guard(device);
-    std::int64_t end = entry->device_nbytes;
-    for (const auto& part : parts) end = std::max(end, piece_end(part));
-    const auto device_bytes = view_of(storage, device, at::kByte, 0, {end}, {1});
-    for (const auto& part : parts) {
-      entry->extra.push_back({part, storage_.allocate(part.nbytes(), Device::device_type, options_)});
-      stats_.host_bytes_in_use += part.nbytes();  // given back by the entry's release from now on
-      piece_of(entry->extra.back().host, part).copy_(piece_of(device_bytes, part), /*non_blocking=*/false);
-    }
-    entry->device_nbytes = end;
-    if constexpr (requires { sync_.resume(entry); }) sync_.resume(entry);
-    stats_.bytes_offloaded += bytes;
-    stats_.host_bytes_peak = std::max(stats_.host_bytes_peak, stats_.host_bytes_in_use);
-    return true;
-  }
-  std::shared_ptr<Entry> make_entry() {
-    // The deleter returns the entry's host bytes to the accounting and lets
-    // the sync policy forget it; it may run on any thread, also while this
-    // thread holds mutex_ (a recursive mutex for that reason).
-    std::weak_ptr<Core> weak = this->shared_from_this();
-    return std::shared_ptr<Entry>(new Entry, [weak](Entry* e) {
-      if (auto core = weak.lock()) core->on_release(*e);
-      delete e;
-    });
-  }
-  void on_release(Entry& e) noexcept {
-    const std::lock_guard lock(mutex_);
-    sync_.release(e);
-    stats_.host_bytes_in_use -= host_bytes_of(e);
-  }
-  void prune_aliases() {
-    if (aliases_.size() < prune_at_) return;
-    std::erase_if(aliases_, [](const auto& kv) { return kv.second.expired(); });
-    {
-      const std::unique_lock excluded_lock(excluded_mutex_);
-      std::erase_if(excluded_, [](const auto& kv) { return kv.second.expired(); });
-    }
-    prune_at_ = std::max<std::size_t>(64, 2 * aliases_.size());
-  }
-
-  // Pass-through counters: atomics, so a tensor that stays where it is
-  // never takes the lock.
-  struct PassCounters {
-    std::atomic<std::int64_t> seen{0}, other_device{0}, layout{0}, leaf{0}, small{0}, excluded{0}, budget{0};
-    void reset() {
-      for (auto* c : {&seen, &other_device, &layout, &leaf, &small, &excluded, &budget}) c->store(0);
-    }
-  };
-
-  mutable std::recursive_mutex mutex_;
-  mutable std::shared_mutex excluded_mutex_;  // guards excluded_
-  PassCounters pass_;
   Options options_;
-  Storage storage_;
-  typename Sync::template State<Device, Storage> sync_;
-  Stats stats_;
-  std::uint64_t next_seq_ = 0;
-  int watched_backward_ = -1;
-  std::size_t prune_at_ = 64;
-  std::unordered_map<const c10::StorageImpl*, std::weak_ptr<Entry>> aliases_;
-  std::unordered_map<const c10::StorageImpl*, c10::weak_intrusive_ptr<c10::StorageImpl>> excluded_;
 };
-
 }  // namespace detail
 
 /// An offload manager: while an offload::Scope holding it is open on a
@@ -561,6 +51,9 @@ class Core final : public HookSource, public std::enable_shared_from_this<Core<D
 /// - Device: which accelerator's tensors it offloads (offload::device_policy).
 /// - Storage: where they live meanwhile (offload::storage_policy).
 /// - Sync: when copies run and who waits (offload::sync_policy_for).
+///
+/// A policy that does not satisfy its concept stops the build with one
+/// static_assert naming the concept and the missing member.
 ///
 /// A saved tensor is offloaded when it is on Device's device type, strided,
 /// not a leaf that requires grad, not registered with exclude(), and its
@@ -575,24 +68,14 @@ class Core final : public HookSource, public std::enable_shared_from_this<Core<D
 ///
 /// The Manager is a cheap handle (shared state); copies share it. Saved
 /// tensors keep the state alive, so backward may run after the Manager and
-/// the Scope are gone.
+/// the Scope are gone. It converts to offload::AnyManager (same members).
 ///
 /// Thread-safety: all members are thread-safe; packs from forward threads
 /// and unpacks from the autograd engine's device threads may interleave.
 template <class Device, class Storage, class Sync>
 class Manager {
-  static_assert(device_policy<Device>,
-                "offload::Manager: Device does not satisfy offload::device_policy; see "
-                "docs/policies/device_policy.md for the members it needs");
-  static_assert(storage_policy<Storage>,
-                "offload::Manager: Storage does not satisfy offload::storage_policy; see "
-                "docs/policies/storage_policy.md for the members it needs");
-  static_assert(sync_policy_for<Sync, Device, Storage>,
-                "offload::Manager: Sync does not satisfy offload::sync_policy_for; see "
-                "docs/policies/sync_policy.md for the members it needs");
-  static_assert(composable<Device, Storage, Sync>,
-                "offload::Manager: sync::Streamed needs streams and events from the device policy; "
-                "use sync::Blocking for devices without events");
+  static constexpr bool valid_ = detail::check_policies<Device, Storage, Sync>();
+  using Core = std::conditional_t<valid_, detail::Core<Device, Storage, Sync>, detail::InvalidCore>;
 
  public:
   using device_policy_type = Device;
@@ -614,11 +97,16 @@ class Manager {
   /// module->parameters() and module->buffers()). Leaf tensors that require
   /// grad are never offloaded anyway. Thread-safe.
   void exclude(at::TensorList tensors) { core_->exclude(tensors); }
-  /// For offload::Scope.
-  std::shared_ptr<detail::HookSource> hook_source() const noexcept { return core_; }
+  /// Which policies this manager uses, e.g. "Manager<sim, pinned_host, streamed>".
+  std::string describe() const { return core_->describe(); }
+  /// A fresh saved-tensor hooks object bound to this manager: what a Scope
+  /// hands autograd for each saved tensor, for code that installs hooks
+  /// itself (e.g. a binding to Python's saved_tensors_hooks). The hooks
+  /// keep the manager's state alive. Thread-safe.
+  std::unique_ptr<torch::autograd::SavedVariableHooks> make_hooks() const { return core_->make_hooks(); }
 
  private:
-  using Core = detail::Core<Device, Storage, Sync>;
+  friend class AnyManager;
   std::shared_ptr<Core> core_;
 };
 

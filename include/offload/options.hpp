@@ -4,7 +4,6 @@
 /// offload::Options: every tunable of a manager, with defaults and units.
 
 #include <cstdint>
-#include <string>
 
 namespace offload {
 
@@ -12,14 +11,17 @@ namespace offload {
 struct Range {
   std::int64_t lo;
   std::int64_t hi;
+  /// Whether lo <= value <= hi.
+  constexpr bool contains(std::int64_t value) const noexcept { return value >= lo && value <= hi; }
 };
 
-/// The accepted range of each integer field of Options: the one place the
-/// bounds live (validation, the demo's flags and the docs read them).
+/// The accepted range of each integer field of Options: the one place these
+/// numbers are written. Options::validate(), the demo's flags and the docs
+/// tests read them from here.
 namespace ranges {
 inline constexpr Range min_offload_bytes{0, std::int64_t{1} << 50};  ///< bytes
-inline constexpr Range max_fwd_stash{1, 1024};                       ///< tensors
-inline constexpr Range prefetch_depth{0, 1024};                      ///< tensors
+inline constexpr Range max_fwd_stash{1, 1024};                       ///< offloaded storages
+inline constexpr Range prefetch_depth{0, 1024};                      ///< offloaded storages
 inline constexpr Range host_budget_bytes{0, std::int64_t{1} << 50};  ///< bytes; 0 = unlimited
 inline constexpr Range prefetch_bytes{0, std::int64_t{1} << 50};    ///< bytes; 0 = count tensors (prefetch_depth)
 }  // namespace ranges
@@ -31,18 +33,18 @@ inline constexpr Range prefetch_bytes{0, std::int64_t{1} << 50};    ///< bytes; 
 struct Options {
   /// Saved tensors whose underlying storage is smaller than this many bytes
   /// stay where they are (bookkeeping costs more than the copy saves).
-  /// Accepted range: [0, 2^50]. Default 1024 bytes.
+  /// Accepted: ranges::min_offload_bytes, [0, 2^50]. Default 1024 bytes.
   std::int64_t min_offload_bytes = 1024;
 
   /// sync::Streamed: how many saved tensors may be in flight to the host at
   /// once in forward (each keeps its device memory until its copy is done).
-  /// Accepted range: [1, 1024]. Default 5 tensors.
+  /// Accepted: ranges::max_fwd_stash, [1, 1024]. Default 5 tensors.
   std::int64_t max_fwd_stash = 5;
 
   /// sync::Streamed: how many offloaded tensors backward brings back ahead
   /// of the one it needs now. 0 reloads on demand only.
-  /// Accepted range: [0, 1024]. Default 2 tensors. Used only when
-  /// prefetch_bytes is 0.
+  /// Accepted: ranges::prefetch_depth, [0, 1024]. Default 2 tensors. Used
+  /// only when prefetch_bytes is 0.
   std::int64_t prefetch_depth = 2;
 
   /// sync::Streamed: how many bytes backward keeps in flight ahead of need
@@ -51,7 +53,7 @@ struct Options {
   /// mean and rstd) do not take a slot like a large activation. At least
   /// one tensor is brought back ahead even if it alone exceeds the window.
   /// 0 = count tensors with prefetch_depth instead.
-  /// Accepted range: offload::ranges::prefetch_bytes ([0, 2^50]).
+  /// Accepted: ranges::prefetch_bytes, [0, 2^50].
   /// Default 16 MiB (chosen on bench/README.md's overlap benchmark).
   std::int64_t prefetch_bytes = std::int64_t{16} << 20;
 
@@ -62,7 +64,7 @@ struct Options {
 
   /// Upper bound on host bytes held by this manager; a tensor that would
   /// exceed it stays on the device. 0 = unlimited.
-  /// Accepted range: [0, 2^50]. Default 0.
+  /// Accepted: ranges::host_budget_bytes, [0, 2^50]. Default 0.
   std::int64_t host_budget_bytes = 0;
 
   /// Throws c10::ValueError naming the first field out of range, its value

@@ -7,9 +7,13 @@
 #include <memory>
 #include <thread>
 
-#include <offload/manager.hpp>
+#include <offload/any_manager.hpp>
 
 namespace offload {
+
+namespace detail {
+struct ScopeFrame;  // one entry of a thread's stack of open scopes (src/engine.cpp)
+}  // namespace detail
 
 /// Installs torch-offload's autograd engine (the one that hands out
 /// saved-tensor hooks) as the process's default engine. Idempotent and
@@ -28,20 +32,20 @@ bool hooks_installed() noexcept;
 /// given manager (the innermost open Scope or NoOffload wins). Backward may
 /// run after the Scope has closed: saved tensors keep their manager alive.
 ///
+/// Close scopes innermost first, and put the model on the manager's device:
+/// the manager warns once (TORCH_WARN) when a scope of it is closed while a
+/// later one is still open on the thread, and when tensors were saved in a
+/// scope of it but none was on its device type.
+///
 /// Thread-safety: a Scope belongs to the thread that opened it. Closing it
 /// on another thread throws c10::Error from close(); the destructor on
 /// another thread reports the error as a warning and still deactivates it.
 /// Scopes on different threads are independent.
 class Scope {
  public:
-  /// Opens a scope for any manager with hook_source() (Manager<...>,
-  /// AnyManager). Throws like install_hooks().
-  template <class M>
-    requires requires(const M& m) {
-      { m.hook_source() } -> std::convertible_to<std::shared_ptr<detail::HookSource>>;
-    }
-  explicit Scope(const M& manager) : Scope(manager.hook_source()) {}
-  explicit Scope(std::shared_ptr<detail::HookSource> source);
+  /// Opens a scope for `manager` (a Manager<...> converts to AnyManager).
+  /// Throws like install_hooks().
+  explicit Scope(const AnyManager& manager);
   Scope(const Scope&) = delete;
   Scope& operator=(const Scope&) = delete;
   ~Scope();
@@ -49,10 +53,13 @@ class Scope {
   /// thread other than the one that opened it (the scope stays open).
   void close();
 
-  struct Frame;  ///< implementation detail: one entry of the thread's scope stack
-
  private:
-  std::shared_ptr<Frame> frame_;
+  friend class NoOffload;
+  struct NoManager {};
+  explicit Scope(NoManager);  // NoOffload's: a frame without a manager
+  void open(std::shared_ptr<detail::HookSource> source);
+
+  std::shared_ptr<detail::ScopeFrame> frame_;
   std::thread::id owner_;
 };
 

@@ -7,6 +7,7 @@
 
 #include "runtime.hpp"
 
+#include <offload/detail/linked.hpp>
 #include <offload/sim.hpp>
 
 #include <ATen/CPUGeneratorImpl.h>
@@ -948,6 +949,9 @@ SimGuardImpl& guard_impl() {
 
 // Registered at load time (see install()'s documentation for why).
 const c10::impl::DeviceGuardImplRegistrar g_guard_registrar(kSimType, &guard_impl());
+
+// So that make_manager's errors say this program has the sim device.
+const bool g_noted_linked = (offload::detail::note_linked("sim"), true);
 
 // ------------------------------------------------------------------ hooks
 

@@ -43,10 +43,10 @@ namespace {
 struct NeedsEvents {
   static constexpr std::string_view name = "needs_events";
   static constexpr bool needs_events = true;
-  template <offload::device_policy Device, offload::storage_policy Storage>
-  class State : public offload::sync::Blocking::State<Device, Storage> {
+  template <offload::device_policy Device>
+  class State : public offload::sync::Blocking::State<Device> {
    public:
-    using offload::sync::Blocking::State<Device, Storage>::State;
+    using offload::sync::Blocking::State<Device>::State;
   };
 };
 
@@ -56,6 +56,12 @@ struct NoRuntimeEvents : offload::device::Generic {
   static bool runtime_has_events() { return false; }
 };
 
+/// device::Sim as a program sees it that does not link liboffload_sim.
+struct UnlinkedSim : offload::device::Sim {
+  static constexpr std::string_view name = "unlinked_sim";
+  static bool linked() { return false; }
+};
+
 /// Any PrivateUse1 backend, without events at compile time.
 struct NoEvents : offload::device::Generic {
   static constexpr std::string_view name = "no_events";
@@ -63,10 +69,11 @@ struct NoEvents : offload::device::Generic {
   static constexpr bool has_events = false;
 };
 
-static_assert(std::is_same_v<offload::dispatched_sync_t<NoEvents, offload::storage::PinnedHost, NeedsEvents>,
+static_assert(std::is_same_v<offload::dispatched_sync_t<NoEvents, offload::storage::PinnedHost, NeedsEvents,
+                                                        offload::sync::Blocking>,
                              offload::sync::Blocking>);
 static_assert(std::is_same_v<offload::dispatched_sync_t<offload::device::Generic, offload::storage::PinnedHost,
-                                                        NeedsEvents>,
+                                                        NeedsEvents, offload::sync::Blocking>,
                              NeedsEvents>);
 
 const c10::Device kDevice(c10::DeviceType::PrivateUse1, 0);
@@ -135,18 +142,28 @@ offload::Stats train_both(harness::ModelKind kind, c10::Device device, offload::
 
 TEST_SUITE("dispatch-none") {
 
-TEST_CASE("dispatch: no accelerator is a clear error that lists this build's policies") {
+TEST_CASE("dispatch: no accelerator is a clear error that lists this program's policies") {
   if (!nothing_installed()) return;
   const auto detected = offload::detect_accelerator();
   if (detected.type) {
     MESSAGE("skipped: this machine has an accelerator ('" << detected.name << "')");
     return;
   }
+  // This program links liboffload_sim: sim is listed, with how to make one.
+  REQUIRE(offload::device::Sim::linked());
   const auto message = error_of([] { (void)offload::make_manager(); });
   CAPTURE(message);
   CHECK(message.find("offload::make_manager: no accelerator was detected (" + detected.reason + ")") == 0);
-  CHECK(message.find("; this build has: " + expected_builtin_list() +
-                     ". Pass offload::Fallback::pass_through to run without offloading") != std::string::npos);
+  CHECK(message.find("; this program has: " + expected_builtin_list() +
+                     ". offload::sim::install() makes a sim device. Pass offload::Fallback::pass_through to run "
+                     "without offloading") != std::string::npos);
+  // A program without liboffload_sim: its policy is not listed, nor the hint.
+  const auto unlinked = hana::tuple_t<offload::device::Xpu, UnlinkedSim, offload::device::Generic>;
+  const auto without_sim = error_of([&] { (void)offload::make_manager({}, unlinked); });
+  CAPTURE(without_sim);
+  CHECK(without_sim.find("; this program has: xpu, generic. Pass offload::Fallback::pass_through to run without "
+                         "offloading") != std::string::npos);
+  CHECK(without_sim.find("sim") == std::string::npos);
   // The message lists exactly what compiled_device_policies() reports.
   std::string names;
   for (const auto& n : offload::compiled_device_policies()) names += (names.empty() ? "" : ", ") + n;
@@ -334,7 +351,7 @@ TEST_CASE("dispatch: an accelerator no policy matches is an error naming it, or 
   }
   const auto only_cpu_less = hana::tuple_t<offload::device::Xpu>;
   const auto message = error_of([&] { (void)offload::make_manager({}, only_cpu_less); });
-  CHECK(message.find("offload::make_manager: no device policy for '" + backend() + "'; this build has: xpu. ") ==
+  CHECK(message.find("offload::make_manager: no device policy for '" + backend() + "'; this program has: xpu. ") ==
         0);
   const auto manager = offload::make_manager({}, only_cpu_less, offload::Fallback::pass_through);
   CHECK(manager.describe() == "PassThrough<offloads nothing: no device policy for '" + backend() + "'>");

@@ -51,7 +51,9 @@ def install(args, tmp):
 
 def check_layout(prefix, libdir, includedir):
     want = [os.path.join(includedir, "offload", f) for f in (
-        "offload.hpp", "config.hpp", "fwd.hpp", "dispatch.hpp", "sim.hpp",            # include/offload
+        "offload.hpp", "config.hpp", "fwd.hpp", "dispatch.hpp", "detail/core.hpp",   # include/offload
+        "sim.hpp",                                                                   # src/sim/include/offload
+        "builtin.hpp",                                                               # policies/offload
         "device/cuda.hpp", "device/sim.hpp", "device/generic.hpp", "storage/host.hpp",  # policies/offload
         "sync/blocking.hpp", "sync/streamed.hpp")]
     want += [os.path.join(libdir, f) for f in (

@@ -1,9 +1,12 @@
 // SPDX-License-Identifier: MIT
 // Compile-time tests: every shipped policy satisfies its concept, and each
-// near-miss (one member away) does not. Built as a library: compiling it
-// is the test.
+// near-miss (one member or one token away from a model) does not, for
+// every concept of <offload/concepts.hpp>. Built as a library: compiling
+// it is the test.
 
 #include <offload/offload.hpp>
+
+#include "models.hpp"
 
 namespace {
 
@@ -11,49 +14,80 @@ using namespace offload;
 
 // ---- models satisfy their concepts
 static_assert(device_policy<device::Sim>);
+static_assert(stream_device_policy<device::Sim>);
+static_assert(memory_stats_device_policy<device::Sim>);
+#if OFFLOAD_HAS_CUDA
 static_assert(device_policy<device::Cuda>);
+static_assert(stream_device_policy<device::Cuda>);
+static_assert(memory_stats_device_policy<device::Cuda>);
+static_assert(composable<device::Cuda, storage::PinnedHost, sync::Blocking>);
+static_assert(composable<device::Cuda, storage::PinnedHost, sync::Streamed>);
+#endif
 static_assert(storage_policy<storage::PinnedHost>);
 static_assert(storage_policy<storage::PageableHost>);
-static_assert(sync_policy_for<sync::Blocking, device::Sim, storage::PinnedHost>);
-static_assert(composable<device::Cuda, storage::PinnedHost, sync::Blocking>);
+static_assert(sync_policy_for<sync::Blocking, device::Sim>);
+static_assert(sync_policy_for<sync::Streamed, device::Sim>);
+static_assert(sync_state<sync::Blocking::State<device::Sim>>);
+static_assert(sync_state<sync::Streamed::State<device::Sim>>);
 static_assert(composable<device::Sim, storage::PageableHost, sync::Blocking>);
+static_assert(composable<device::Sim, storage::PinnedHost, sync::Streamed>);
 
-// ---- near-misses: a device policy without empty_cache, and its twin
+// ---- device_policy: the five members, and a near-miss without available()
 struct DeviceTwin {
   static constexpr c10::DeviceType device_type = c10::DeviceType::PrivateUse1;
   static constexpr std::string_view name = "twin";
   static constexpr bool has_streams = false;
   static constexpr bool has_events = false;
-  static constexpr bool has_pinned_host = false;
-  static constexpr bool has_memory_stats = false;
   static bool available() { return false; }
-  static c10::Stream current_stream(c10::DeviceIndex);
-  static c10::Stream side_stream(c10::DeviceIndex);
-  static void record_stream(const at::Tensor&, c10::Stream);
-  static std::int64_t memory_allocated(c10::DeviceIndex);
-  static void empty_cache();
 };
-struct DeviceNoEmptyCache {
+struct DeviceNoAvailable {
   static constexpr c10::DeviceType device_type = c10::DeviceType::PrivateUse1;
   static constexpr std::string_view name = "near-miss";
   static constexpr bool has_streams = false;
   static constexpr bool has_events = false;
-  static constexpr bool has_pinned_host = false;
-  static constexpr bool has_memory_stats = false;
-  static bool available() { return false; }
-  static c10::Stream current_stream(c10::DeviceIndex);
-  static c10::Stream side_stream(c10::DeviceIndex);
-  static void record_stream(const at::Tensor&, c10::Stream);
-  static std::int64_t memory_allocated(c10::DeviceIndex);
 };
 static_assert(device_policy<DeviceTwin>);
-static_assert(!device_policy<DeviceNoEmptyCache>);
+static_assert(!device_policy<DeviceNoAvailable>);
 
 // a capability that is not a constant expression is a near-miss too
 struct DeviceRuntimeFlag : DeviceTwin {
   static inline bool has_events = false;
 };
 static_assert(!device_policy<DeviceRuntimeFlag>);
+
+// ---- stream_device_policy: the claim plus three stream members
+struct StreamTwin : DeviceTwin {
+  static constexpr bool has_streams = true;
+  static constexpr bool has_events = true;
+  static c10::Stream current_stream(c10::DeviceIndex);
+  static c10::Stream side_stream(c10::DeviceIndex);
+  static void record_stream(const at::Tensor&, c10::Stream);
+};
+struct StreamNoRecord : DeviceTwin {
+  static constexpr bool has_streams = true;
+  static constexpr bool has_events = true;
+  static c10::Stream current_stream(c10::DeviceIndex);
+  static c10::Stream side_stream(c10::DeviceIndex);
+};
+struct StreamNotClaimed : StreamTwin {  // every member, but no events claimed
+  static constexpr bool has_events = false;
+};
+static_assert(stream_device_policy<StreamTwin>);
+static_assert(!stream_device_policy<StreamNoRecord>);
+static_assert(!stream_device_policy<StreamNotClaimed>);
+static_assert(!stream_device_policy<DeviceTwin>);
+
+// ---- memory_stats_device_policy: a refinement the library never needs
+struct MemoryTwin : DeviceTwin {
+  static std::int64_t memory_allocated(c10::DeviceIndex);
+  static void empty_cache();
+};
+struct MemoryNoEmptyCache : DeviceTwin {
+  static std::int64_t memory_allocated(c10::DeviceIndex);
+};
+static_assert(memory_stats_device_policy<MemoryTwin>);
+static_assert(!memory_stats_device_policy<MemoryNoEmptyCache>);
+static_assert(!memory_stats_device_policy<DeviceTwin>);
 
 // ---- storage: allocate returning the wrong type, and its twin
 struct StorageTwin {
@@ -66,42 +100,53 @@ struct StorageReturnsTensor {
   static constexpr bool prefers_pinned = false;
   at::Tensor allocate(std::int64_t, c10::DeviceType, const Options&);
 };
+struct StorageNoDefault : StorageTwin {
+  explicit StorageNoDefault(int);
+};
 static_assert(storage_policy<StorageTwin>);
 static_assert(!storage_policy<StorageReturnsTensor>);
+static_assert(!storage_policy<StorageNoDefault>);
 
-// ---- sync: a State without release(), and its twin
-struct SyncTwin {
-  static constexpr std::string_view name = "twin";
-  static constexpr bool needs_events = false;
-  template <class D, class S>
-  struct State {
-    State(const Options&, S&);
-    void offload(const std::shared_ptr<Entry>&, const at::Tensor&);
-    at::Tensor reload(const std::shared_ptr<Entry>&);
-    void on_unpack(const std::shared_ptr<Entry>&);
-    void release(Entry&) noexcept;
-  };
-};
-struct SyncNoRelease {
-  static constexpr std::string_view name = "near-miss";
-  static constexpr bool needs_events = false;
-  template <class D, class S>
-  struct State {
-    State(const Options&, S&);
-    void offload(const std::shared_ptr<Entry>&, const at::Tensor&);
-    at::Tensor reload(const std::shared_ptr<Entry>&);
-    void on_unpack(const std::shared_ptr<Entry>&);
-  };
-};
-static_assert(sync_policy_for<SyncTwin, DeviceTwin, StorageTwin>);
-static_assert(!sync_policy_for<SyncNoRelease, DeviceTwin, StorageTwin>);
+// ---- sync: the twin, and near-misses one member or one token away
+// (static_tests::SyncModel<Miss>, tests/static/models.hpp)
+using SyncTwin = static_tests::SyncModel<static_tests::Miss::none>;
+static_assert(sync_policy_for<SyncTwin, DeviceTwin>);
+static_assert(sync_state<SyncTwin::State<DeviceTwin>>);
+static_assert(!sync_policy_for<static_tests::SyncModel<static_tests::Miss::release>, DeviceTwin>);
+static_assert(!sync_policy_for<static_tests::SyncModel<static_tests::Miss::release_noexcept>, DeviceTwin>);
+static_assert(!sync_policy_for<static_tests::SyncModel<static_tests::Miss::settle>, DeviceTwin>);  // misspelt: not skipped
+static_assert(!sync_policy_for<static_tests::SyncModel<static_tests::Miss::resume>, DeviceTwin>);
+static_assert(!sync_policy_for<static_tests::SyncModel<static_tests::Miss::reload_tensor>, DeviceTwin>);
+static_assert(!sync_policy_for<static_tests::SyncModel<static_tests::Miss::entry_state>, DeviceTwin>);
+static_assert(!sync_policy_for<SyncTwin, DeviceNoAvailable>);  // the device must be a device policy
 
 // ---- composition: a sync policy that needs events with an event-less device
-struct SyncNeedsEvents : SyncTwin {
-  static constexpr bool needs_events = true;
-};
+using SyncNeedsEvents = static_tests::SyncModel<static_tests::Miss::none, /*NeedsEvents=*/true>;
 static_assert(composable<DeviceTwin, StorageTwin, SyncTwin>);
 static_assert(!composable<DeviceTwin, StorageTwin, SyncNeedsEvents>);
+static_assert(!composable<StreamNoRecord, StorageTwin, SyncNeedsEvents>);
+static_assert(composable<StreamTwin, StorageTwin, SyncNeedsEvents>);
 static_assert(composable<device::Sim, StorageTwin, SyncNeedsEvents>);
+static_assert(!composable<DeviceTwin, StorageReturnsTensor, SyncTwin>);
+
+// ---- the checks behind Manager's static_assert agree with the concepts
+static_assert(detail::check_policies<DeviceTwin, StorageTwin, SyncTwin>());
+static_assert(detail::check_policies<StreamTwin, StorageTwin, SyncNeedsEvents>());
+static_assert(detail::check_policies<device::Sim, storage::PinnedHost, sync::Streamed>());
+
+// ---- Manager and AnyManager offer the same members
+template <class M>
+concept manager_members = requires(M& m, const M& cm, at::TensorList tensors) {
+  { cm.stats() } -> std::same_as<Stats>;
+  { m.reset_stats() } -> std::same_as<void>;
+  { cm.options() } -> std::same_as<const Options&>;
+  { m.exclude(tensors) } -> std::same_as<void>;
+  { cm.describe() } -> std::same_as<std::string>;
+  { cm.make_hooks() } -> std::same_as<std::unique_ptr<torch::autograd::SavedVariableHooks>>;
+};
+static_assert(manager_members<Manager<device::Sim, storage::PinnedHost, sync::Blocking>>);
+static_assert(manager_members<AnyManager>);
+static_assert(std::is_convertible_v<Manager<device::Sim, storage::PinnedHost, sync::Blocking>, AnyManager>);
+static_assert(!std::is_constructible_v<AnyManager, std::shared_ptr<detail::HookSource>>);  // no detail:: in the API
 
 }  // namespace

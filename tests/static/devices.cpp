@@ -13,8 +13,9 @@
 #include <boost/hana/front.hpp>
 #include <boost/hana/integral_constant.hpp>
 
-#include <offload/dispatch.hpp>
 #include <offload/offload.hpp>
+
+#include "models.hpp"
 
 namespace {
 
@@ -27,7 +28,15 @@ static_assert(device_policy<device::Npu>);
 static_assert(device_policy<device::Neuron>);
 static_assert(device_policy<device::Generic>);
 static_assert(device_policy<device::Sim>);
+#if OFFLOAD_HAS_CUDA
 static_assert(device_policy<device::Cuda>);
+#endif
+static_assert(stream_device_policy<device::Xpu>);
+static_assert(stream_device_policy<device::Npu>);
+static_assert(stream_device_policy<device::Neuron>);
+static_assert(stream_device_policy<device::Generic>);
+static_assert(memory_stats_device_policy<device::Xpu>);
+static_assert(memory_stats_device_policy<device::Generic>);
 static_assert(device::Xpu::device_type == c10::DeviceType::XPU);
 static_assert(device::Npu::device_type == c10::DeviceType::PrivateUse1 && device::Npu::backend_name == "npu");
 static_assert(device::Neuron::device_type == c10::DeviceType::PrivateUse1 &&
@@ -56,8 +65,6 @@ struct GenericTwin : device::GenericOps<c10::DeviceType::PrivateUse1> {
   static constexpr std::string_view name = "twin";
   static constexpr bool has_streams = true;
   static constexpr bool has_events = true;
-  static constexpr bool has_pinned_host = false;
-  static constexpr bool has_memory_stats = false;
   static bool available() { return true; }
 };
 struct GenericNoAvailable : device::GenericOps<c10::DeviceType::PrivateUse1> {
@@ -65,8 +72,6 @@ struct GenericNoAvailable : device::GenericOps<c10::DeviceType::PrivateUse1> {
   static constexpr std::string_view name = "near-miss";
   static constexpr bool has_streams = true;
   static constexpr bool has_events = true;
-  static constexpr bool has_pinned_host = false;
-  static constexpr bool has_memory_stats = false;
 };
 static_assert(device_policy<GenericTwin>);
 static_assert(!device_policy<GenericNoAvailable>);
@@ -79,18 +84,7 @@ static_assert(!device_policy<GenericIntAvailable>);
 
 // ---- composition: a sync policy that needs events, with the event-less
 // variant of Generic (does not compose) and its twin (composes)
-struct SyncNeedsEvents {
-  static constexpr std::string_view name = "needs_events";
-  static constexpr bool needs_events = true;
-  template <class D, class S>
-  struct State {
-    State(const Options&, S&);
-    void offload(const std::shared_ptr<Entry>&, const at::Tensor&);
-    at::Tensor reload(const std::shared_ptr<Entry>&);
-    void on_unpack(const std::shared_ptr<Entry>&);
-    void release(Entry&) noexcept;
-  };
-};
+using SyncNeedsEvents = static_tests::SyncModel<static_tests::Miss::none, /*NeedsEvents=*/true>;
 struct GenericWithoutEvents : GenericTwin {
   static constexpr bool has_events = false;
 };
@@ -109,11 +103,13 @@ static_assert(composable<GenericWithoutEvents, storage::PinnedHost, sync::Blocki
 
 // ---- what the dispatcher instantiates for each: Blocking where the sync
 // policy's needs are not met at compile time, the sync policy otherwise
-static_assert(std::is_same_v<dispatched_sync_t<GenericWithoutEvents, storage::PinnedHost, SyncNeedsEvents>,
+static_assert(std::is_same_v<dispatched_sync_t<GenericWithoutEvents, storage::PinnedHost, SyncNeedsEvents,
+                                               sync::Blocking>,
                              sync::Blocking>);
-static_assert(std::is_same_v<dispatched_sync_t<GenericTwin, storage::PinnedHost, SyncNeedsEvents>,
+static_assert(std::is_same_v<dispatched_sync_t<GenericTwin, storage::PinnedHost, SyncNeedsEvents, sync::Blocking>,
                              SyncNeedsEvents>);
-static_assert(std::is_same_v<dispatched_sync_t<device::Generic, storage::PinnedHost, sync::Blocking>,
+static_assert(std::is_same_v<dispatched_sync_t<device::Generic, storage::PinnedHost, sync::Blocking,
+                                               sync::Blocking>,
                              sync::Blocking>);
 
 // ---- a user list: prepend takes priority, and the list type-checks

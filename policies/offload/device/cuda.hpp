@@ -26,8 +26,6 @@ struct Cuda {
   static constexpr std::string_view name = "cuda";
   static constexpr bool has_streams = true;
   static constexpr bool has_events = true;
-  static constexpr bool has_pinned_host = true;
-  static constexpr bool has_memory_stats = true;
   /// True when this LibTorch has CUDA and at least one device is visible.
   static bool available();
   /// The current CUDA stream of `index` on this thread.

@@ -111,8 +111,6 @@ struct Generic : GenericOps<c10::DeviceType::PrivateUse1> {
   static constexpr std::string_view name = "generic";
   static constexpr bool has_streams = true;
   static constexpr bool has_events = true;
-  static constexpr bool has_pinned_host = false;
-  static constexpr bool has_memory_stats = false;
   /// True when a PrivateUse1 backend name is registered and its device
   /// guard is loaded. Never throws.
   static bool available() {

@@ -31,8 +31,6 @@ struct Npu : GenericOps<c10::DeviceType::PrivateUse1> {
   static constexpr std::string_view backend_name = "npu";  ///< PrivateUse1 name it answers to
   static constexpr bool has_streams = true;
   static constexpr bool has_events = true;
-  static constexpr bool has_pinned_host = true;
-  static constexpr bool has_memory_stats = false;
   /// True when PrivateUse1 is registered under the name "npu" and its
   /// device guard is loaded. Never throws.
   static bool available() { return privateuse1_named(backend_name); }

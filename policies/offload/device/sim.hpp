@@ -8,23 +8,28 @@
 
 #include <c10/core/DeviceType.h>
 
+#include <offload/detail/linked.hpp>
 #include <offload/device/generic_ops.hpp>
 
 namespace offload::device {
 
 /// The `sim` backend (link offload_sim and call offload::sim::install()).
-/// Real streams with worker threads, events, a counting allocator.
+/// Real streams with worker threads, events, a counting allocator with
+/// memory statistics (a memory_stats_device_policy).
 struct Sim : GenericOps<c10::DeviceType::PrivateUse1> {
   static constexpr c10::DeviceType device_type = c10::DeviceType::PrivateUse1;
   static constexpr std::string_view name = "sim";
   static constexpr std::string_view backend_name = "sim";  ///< PrivateUse1 name it answers to
   static constexpr bool has_streams = true;
   static constexpr bool has_events = true;
-  static constexpr bool has_pinned_host = true;
-  static constexpr bool has_memory_stats = true;
   /// True when PrivateUse1 is registered under the name "sim" and its
   /// device guard is loaded. Never throws.
   static bool available() { return privateuse1_named(backend_name); }
+  /// True when this program has loaded liboffload_sim (the dispatcher's
+  /// errors list `sim` only then). Never throws.
+  static bool linked() { return offload::detail::is_linked("sim"); }
+  /// What the dispatcher's "no accelerator" error says about this policy.
+  static constexpr std::string_view when_absent = "offload::sim::install() makes a sim device";
 };
 
 }  // namespace offload::device

@@ -27,8 +27,6 @@ struct Xpu : GenericOps<c10::DeviceType::XPU> {
   static constexpr std::string_view name = "xpu";
   static constexpr bool has_streams = true;
   static constexpr bool has_events = true;
-  static constexpr bool has_pinned_host = true;
-  static constexpr bool has_memory_stats = true;
   /// True when LibTorch's XPU guard is loaded and sees at least one device.
   /// Never throws.
   static bool available() {

@@ -23,10 +23,8 @@
 
 #include <offload/concepts.hpp>
 #include <offload/entry.hpp>
-#include <offload/manager.hpp>
 #include <offload/options.hpp>
 #include <offload/stats.hpp>
-#include <offload/testing.hpp>
 
 namespace offload::sync {
 
@@ -60,18 +58,32 @@ namespace offload::sync {
 /// Where the device turns out at run time to have no working events, every
 /// copy is blocking and counted in Stats::blocking_fallbacks.
 ///
+/// Needs a stream_device_policy (offload::composable checks it).
+///
 /// Thread-safety: State is called under the manager's lock.
 struct Streamed {
   static constexpr std::string_view name = "streamed";
   static constexpr bool needs_events = true;
 
-  template <device_policy Device, storage_policy Storage>
+  template <device_policy Device>
   class State {
    public:
-    State(const Options& options, Storage& storage) : options_(options), storage_(&storage) {}
+    /// What Streamed keeps per offloaded storage.
+    struct EntryState {
+      at::Tensor stash;               ///< device bytes kept alive until the D2H copy is done
+      std::optional<c10::Event> d2h;  ///< completes when the D2H copy is done
+      at::Tensor prefetched;          ///< device bytes being brought back ahead of need
+      std::optional<c10::Event> h2d;  ///< completes when the last host-to-device copy is done
+      /// The compute stream the device bytes in `stash` or `prefetched`
+      /// belong to (produced on, or allocated on): the stream that must wait
+      /// before they are released.
+      std::optional<c10::Stream> home_stream;
+    };
+    using Entry = offload::Entry<EntryState>;
+
+    explicit State(const Options& options) : options_(options) {}
 
     void offload(const std::shared_ptr<Entry>& entry, const at::Tensor& device_bytes) {
-      entry->host = storage_->allocate(entry->nbytes, Device::device_type, options_);
       const auto index = entry->device.index();
       if (!events_work(index)) {
         ++blocking_fallbacks_;
@@ -87,12 +99,12 @@ struct Streamed {
         const c10::StreamGuard on_side(side);
         piece_of(entry->host, entry->piece).copy_(piece_of(device_bytes, entry->piece), /*non_blocking=*/true);
       }
-      entry->d2h.emplace(Device::device_type);
-      entry->d2h->record(side);
+      auto& mine = entry->sync;
+      mine.d2h.emplace(Device::device_type);
+      mine.d2h->record(side);
       order_[entry->seq] = entry;
-      if (testing::take_fault(testing::Fault::free_early)) return;  // deliberate bug: no stash
-      entry->stash = device_bytes;
-      entry->home_stream = compute;
+      mine.stash = device_bytes;
+      mine.home_stream = compute;
       stash_.push_back(entry);
       while (static_cast<std::int64_t>(stash_.size()) > options_.max_fwd_stash) {
         auto oldest = stash_.front().lock();
@@ -101,34 +113,36 @@ struct Streamed {
       }
     }
 
-    at::Tensor reload(const std::shared_ptr<Entry>& entry) {
+    Reloaded reload(const std::shared_ptr<Entry>& entry) {
       const auto index = entry->device.index();
       if (!events_work(index)) {
         ++blocking_fallbacks_;
         auto bytes = empty_bytes(*entry);
         piece_of(bytes, entry->piece).copy_(piece_of(entry->host, entry->piece), /*non_blocking=*/false);
-        return bytes;
+        return {std::move(bytes), true};
       }
       const c10::Stream compute = Device::current_stream(index);
-      if (entry->stash.defined()) {
+      auto& mine = entry->sync;
+      if (mine.stash.defined()) {
         // Still stashed: the device bytes never left. Their stream must not
         // reuse them before the D2H copy that reads them is done.
-        entry->d2h->block(*entry->home_stream);
-        if (*entry->home_stream != compute) Device::record_stream(entry->stash, compute);
-        entry->home_stream.reset();
+        mine.d2h->block(*mine.home_stream);
+        if (*mine.home_stream != compute) Device::record_stream(mine.stash, compute);
+        mine.home_stream.reset();
         std::erase_if(stash_, [&](const std::weak_ptr<Entry>& w) { return w.lock() == entry; });
-        return std::move(entry->stash);
+        ++stash_reuses_;
+        return {std::move(mine.stash), false};
       }
       // Not prefetched: bring it back now. The side stream runs this copy
       // after the D2H copy that filled the host buffer (same stream).
-      if (!entry->prefetched.defined()) prefetch(*entry, compute);
+      if (!mine.prefetched.defined()) prefetch(*entry, compute);
       --outstanding_;
       outstanding_bytes_ -= entry->device_nbytes;
-      at::Tensor bytes = std::move(entry->prefetched);
-      if (!testing::take_fault(testing::Fault::skip_wait)) entry->h2d->block(compute);
-      if (*entry->home_stream != compute) Device::record_stream(bytes, compute);
-      entry->home_stream.reset();
-      return bytes;
+      at::Tensor bytes = std::move(mine.prefetched);
+      mine.h2d->block(compute);
+      if (*mine.home_stream != compute) Device::record_stream(bytes, compute);
+      mine.home_stream.reset();
+      return {std::move(bytes), true};
     }
 
     void on_unpack(const std::shared_ptr<Entry>& entry) {
@@ -150,7 +164,7 @@ struct Streamed {
           break;
         }
         ++considered;
-        if (next->stash.defined() || next->prefetched.defined()) continue;
+        if (next->sync.stash.defined() || next->sync.prefetched.defined()) continue;
         if (next->reloaded && !next->reloaded->expired()) continue;
         if (by_bytes && outstanding_ > 0 && outstanding_bytes_ + next->device_nbytes > options_.prefetch_bytes) break;
         prefetch(*next, compute);
@@ -161,7 +175,7 @@ struct Streamed {
     /// drops prefetches nobody consumed and the forward stash.
     void end_backward() {
       for (auto& [seq, weak] : order_) {
-        if (auto entry = weak.lock(); entry && entry->prefetched.defined()) drop_prefetch(*entry);
+        if (auto entry = weak.lock(); entry && entry->sync.prefetched.defined()) drop_prefetch(*entry);
       }
       settle();
     }
@@ -178,11 +192,11 @@ struct Streamed {
     void release(Entry& entry) noexcept {
       try {
         order_.erase(entry.seq);
-        if (entry.stash.defined()) drop_stash(entry);
-        if (entry.prefetched.defined()) drop_prefetch(entry);
+        if (entry.sync.stash.defined()) drop_stash(entry);
+        if (entry.sync.prefetched.defined()) drop_prefetch(entry);
         // The host buffer may be read or written by a copy still in flight.
-        if (entry.d2h) entry.d2h->synchronize();
-        if (entry.h2d) entry.h2d->synchronize();
+        if (entry.sync.d2h) entry.sync.d2h->synchronize();
+        if (entry.sync.h2d) entry.sync.h2d->synchronize();
       } catch (...) {
         // A failing device here must not turn a destructor into terminate();
         // the buffers are released regardless, as autograd drops the graph.
@@ -195,8 +209,9 @@ struct Streamed {
     void resume(const std::shared_ptr<Entry>& entry) { order_[entry->seq] = entry; }
 
     /// Adds this policy's counters to a Stats snapshot.
-    void add_stats(Stats& stats) const noexcept {
+    void add_stats(Stats& stats) const {
       stats.blocking_fallbacks += blocking_fallbacks_;
+      stats.stash_reuses += stash_reuses_;
       stats.prefetches += prefetches_;
       stats.prefetch_peak = std::max(stats.prefetch_peak, prefetch_peak_);
     }
@@ -232,18 +247,20 @@ struct Streamed {
     // The stream the bytes were produced on waits for the copy that reads
     // them; only then may its allocator hand them out again.
     void drop_stash(Entry& entry) {
-      if (!entry.stash.defined()) return;
-      entry.d2h->block(*entry.home_stream);
-      entry.stash = at::Tensor();
-      entry.home_stream.reset();
+      auto& mine = entry.sync;
+      if (!mine.stash.defined()) return;
+      mine.d2h->block(*mine.home_stream);
+      mine.stash = at::Tensor();
+      mine.home_stream.reset();
     }
 
     // An unconsumed prefetch: the stream the buffer was allocated on must
     // not reuse it before the copy has written it.
     void drop_prefetch(Entry& entry) {
-      entry.h2d->block(*entry.home_stream);
-      entry.prefetched = at::Tensor();
-      entry.home_stream.reset();
+      auto& mine = entry.sync;
+      mine.h2d->block(*mine.home_stream);
+      mine.prefetched = at::Tensor();
+      mine.home_stream.reset();
       --outstanding_;
       outstanding_bytes_ -= entry.device_nbytes;
     }
@@ -265,10 +282,10 @@ struct Streamed {
         const c10::StreamGuard on_side(side);
         piece_of(bytes, entry.piece).copy_(piece_of(entry.host, entry.piece), /*non_blocking=*/true);
       }
-      entry.h2d.emplace(Device::device_type);
-      entry.h2d->record(side);
-      entry.prefetched = std::move(bytes);
-      entry.home_stream = compute;
+      entry.sync.h2d.emplace(Device::device_type);
+      entry.sync.h2d->record(side);
+      entry.sync.prefetched = std::move(bytes);
+      entry.sync.home_stream = compute;
       ++outstanding_;
       outstanding_bytes_ += entry.device_nbytes;
       ++prefetches_;
@@ -276,7 +293,6 @@ struct Streamed {
     }
 
     Options options_;
-    Storage* storage_;
     std::map<c10::DeviceIndex, c10::Stream> side_;
     std::map<c10::DeviceIndex, bool> events_ok_;
     std::map<std::uint64_t, std::weak_ptr<Entry>> order_;  // offloaded entries by pack order
@@ -284,6 +300,7 @@ struct Streamed {
     std::int64_t outstanding_ = 0;                         // prefetched, not yet consumed
     std::int64_t outstanding_bytes_ = 0;                   // their device bytes
     std::int64_t blocking_fallbacks_ = 0;
+    std::int64_t stash_reuses_ = 0;
     std::int64_t prefetches_ = 0;
     std::int64_t prefetch_peak_ = 0;
   };

@@ -1,0 +1,146 @@
+// SPDX-License-Identifier: MIT
+#pragma once
+// Fault injection for tests of the library and of the `sim` substrate:
+// faults::Faulty<Sync>, a sync policy that behaves as Sync until a fault is
+// armed, then breaks one synchronisation rule on purpose, so a test can
+// prove that the substrate turns that bug into wrong numbers. The shipped
+// policies know nothing of it; tests instantiate
+// offload::Manager<Device, Storage, faults::Faulty<Sync>>.
+
+#include <atomic>
+#include <memory>
+#include <string_view>
+
+#include <ATen/core/Tensor.h>
+#include <ATen/ops/empty.h>
+#include <c10/core/DeviceGuard.h>
+#include <c10/core/StreamGuard.h>
+#include <c10/util/Exception.h>
+
+#include <offload/concepts.hpp>
+#include <offload/entry.hpp>
+#include <offload/options.hpp>
+#include <offload/stats.hpp>
+
+namespace faults {
+
+/// The synchronisation mistakes Faulty can make on purpose.
+enum class Fault {
+  none,
+  /// Skip one wait: a host-to-device copy in backward is issued on a side
+  /// stream and the compute stream does not wait for it.
+  skip_wait,
+  /// Free one buffer early: the device memory a device-to-host copy in
+  /// forward reads is released before that copy has run.
+  free_early,
+};
+
+namespace detail {
+inline std::atomic<int> armed_kind{0};
+inline std::atomic<int> armed_count{0};
+inline std::atomic<int> fired{0};
+}  // namespace detail
+
+/// Arms `fault` for the next `count` copies that can exhibit it (count >= 1).
+/// Thread-safe. Throws c10::ValueError for count < 1.
+inline void arm(Fault fault, int count = 1) {
+  TORCH_CHECK_VALUE(count >= 1, "faults::arm: count must be >= 1, got ", count);
+  detail::armed_count.store(0);
+  detail::armed_kind.store(static_cast<int>(fault));
+  detail::armed_count.store(fault == Fault::none ? 0 : count);
+}
+
+/// Disarms every fault. Thread-safe.
+inline void disarm() noexcept {
+  detail::armed_count.store(0);
+  detail::armed_kind.store(0);
+}
+
+/// Consumes one armed `fault`; true when the caller must exhibit it.
+/// Thread-safe; lock-free when nothing is armed.
+inline bool take(Fault fault) noexcept {
+  if (detail::armed_count.load(std::memory_order_relaxed) == 0) return false;
+  if (detail::armed_kind.load() != static_cast<int>(fault)) return false;
+  int n = detail::armed_count.load();
+  while (n > 0) {
+    if (detail::armed_count.compare_exchange_weak(n, n - 1)) {
+      detail::fired.fetch_add(1);
+      return true;
+    }
+  }
+  return false;
+}
+
+/// How many armed faults have fired since the process started.
+inline int fired() noexcept { return detail::fired.load(); }
+
+/// Sync, with the faults above where they are armed. Only for a device
+/// with streams (there is no other stream to misuse otherwise).
+template <class Sync>
+struct Faulty {
+  static constexpr std::string_view name = Sync::name;
+  static constexpr bool needs_events = Sync::needs_events;
+
+  template <offload::device_policy Device>
+  class State {
+    using Base = typename Sync::template State<Device>;
+
+   public:
+    using EntryState = typename Base::EntryState;
+    using Entry = offload::Entry<EntryState>;
+    /// Whether Sync keeps a forward stash (sync::Streamed does).
+    static constexpr bool has_stash = requires(EntryState& s) { s.stash; };
+
+    explicit State(const offload::Options& options) : base_(options) {}
+
+    void offload(const std::shared_ptr<Entry>& entry, const at::Tensor& device_bytes) {
+      if constexpr (offload::stream_device_policy<Device>) {
+        if constexpr (has_stash) {
+          base_.offload(entry, device_bytes);
+          if (take(Fault::free_early)) {
+            // The copy is queued; dropping the stash releases the device
+            // bytes (the caller drops its view) before it has run.
+            entry->sync.stash = at::Tensor();
+            entry->sync.home_stream.reset();
+          }
+          return;
+        } else if (take(Fault::free_early)) {
+          const c10::StreamGuard side(Device::side_stream(entry->device.index()));
+          offload::piece_of(entry->host, entry->piece)
+              .copy_(offload::piece_of(device_bytes, entry->piece), /*non_blocking=*/true);
+          return;  // the caller drops device_bytes while the copy may not have run
+        }
+      }
+      base_.offload(entry, device_bytes);
+    }
+
+    offload::Reloaded reload(const std::shared_ptr<Entry>& entry) {
+      if constexpr (offload::stream_device_policy<Device>) {
+        bool stashed = false;
+        if constexpr (has_stash) stashed = entry->sync.stash.defined();
+        if (!stashed && take(Fault::skip_wait)) {
+          const c10::DeviceGuard guard(entry->device);
+          auto bytes =
+              at::empty({entry->device_nbytes}, at::TensorOptions().dtype(at::kByte).device(entry->device));
+          const c10::StreamGuard side(Device::side_stream(entry->device.index()));
+          offload::piece_of(bytes, entry->piece)
+              .copy_(offload::piece_of(entry->host, entry->piece), /*non_blocking=*/true);
+          return {std::move(bytes), true};  // the compute stream does not wait for this copy
+        }
+      }
+      return base_.reload(entry);
+    }
+
+    void on_unpack(const std::shared_ptr<Entry>& entry) { base_.on_unpack(entry); }
+    void settle() { base_.settle(); }
+    void end_backward() { base_.end_backward(); }
+    void resume(const std::shared_ptr<Entry>& entry) { base_.resume(entry); }
+    void add_stats(offload::Stats& stats) const { base_.add_stats(stats); }
+    void release(Entry& entry) noexcept { base_.release(entry); }
+
+   private:
+    Base base_;
+  };
+};
+
+}  // namespace faults

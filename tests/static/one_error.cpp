@@ -1,0 +1,76 @@
+// SPDX-License-Identifier: MIT
+// Must-not-compile cases for tests/static/one_error.py: each CASE is a
+// Manager (or make_manager) whose policies fail one concept by one member;
+// the build must stop with exactly one error, naming that concept and
+// member. With -DTWIN the same program, one token away, must compile.
+
+#include <cstdint>
+#include <memory>
+#include <string_view>
+
+#include <offload/offload.hpp>
+
+struct Device {
+  static constexpr c10::DeviceType device_type = c10::DeviceType::PrivateUse1;
+  static constexpr std::string_view name = "device";
+  static constexpr bool has_streams = false;
+  static constexpr bool has_events = false;
+#if CASE != 1 || defined(TWIN)
+  static bool available() { return true; }
+#endif
+};
+
+struct Storage {
+  static constexpr std::string_view name = "storage";
+#if CASE != 2 || defined(TWIN)
+  static constexpr bool prefers_pinned = false;
+#endif
+  offload::HostBuffer allocate(std::int64_t, c10::DeviceType, const offload::Options&);
+};
+
+struct Sync {
+  static constexpr std::string_view name = "sync";
+  static constexpr bool needs_events = false;
+  template <class D>
+  struct State {
+    struct EntryState {};
+    using Entry = offload::Entry<EntryState>;
+    explicit State(const offload::Options&) {}
+    void offload(const std::shared_ptr<Entry>&, const at::Tensor&) {}
+    offload::Reloaded reload(const std::shared_ptr<Entry>&) { return {}; }
+    void on_unpack(const std::shared_ptr<Entry>&) {}
+#if CASE != 3 || defined(TWIN)
+    void settle() {}
+#else
+    void settel() {}
+#endif
+    void end_backward() {}
+    void resume(const std::shared_ptr<Entry>&) {}
+    void add_stats(offload::Stats&) const {}
+#if CASE != 5 || defined(TWIN)
+    void release(Entry&) noexcept {}
+#else
+    void release(Entry&) {}
+#endif
+  };
+};
+
+#if CASE == 4 && !defined(TWIN)
+using Chosen = offload::sync::Streamed;  // needs events; Device has none
+#else
+using Chosen = Sync;
+#endif
+
+#if CASE == 6
+// The dispatcher: a storage policy without prefers_pinned, through make_manager.
+struct BadStorage {
+  static constexpr std::string_view name = "bad";
+#ifdef TWIN
+  static constexpr bool prefers_pinned = false;
+#endif
+  offload::HostBuffer allocate(std::int64_t, c10::DeviceType, const offload::Options&);
+};
+offload::AnyManager make() { return offload::make_manager<BadStorage, offload::sync::Streamed>(); }
+#else
+offload::AnyManager make() { return offload::Manager<Device, Storage, Chosen>(offload::Options{}); }
+#endif
