@@ -292,6 +292,41 @@ inline AnyManager make_pass_through_manager(const Options& options = {},
   return AnyManager(std::make_shared<detail::PassThroughSource>(options, std::move(why)));
 }
 
+namespace detail {
+
+/// make_manager without install_hooks(): for hosts whose own autograd
+/// engine asks the manager for hooks (Python's saved_tensors_hooks, where
+/// install_hooks() refuses). Same checks, choice and errors.
+template <class Storage, class Sync, class Devices>
+AnyManager dispatch_manager(const Options& options, Devices devices, Fallback fallback) {
+  static_assert(check_device_list<Devices>());
+  options.validate();
+  const auto detected = detect_accelerator();
+  if (!detected.type) {
+    std::string why = "no accelerator was detected (" + detected.reason + ")";
+    if (fallback == Fallback::pass_through) return make_pass_through_manager(options, std::move(why));
+    C10_THROW_ERROR(Error, "offload::make_manager: " + why + "; this build has: " +
+                               join(device_names(devices)) +
+                               ". Pass offload::Fallback::pass_through to run without offloading");
+  }
+  std::optional<AnyManager> chosen;
+  boost::hana::for_each(devices, [&](auto t) {
+    using P = typename decltype(t)::type;
+    if (chosen || P::device_type != *detected.type || !P::available()) return;
+    chosen.emplace(build<P, Storage, Sync>(options, detected));
+  });
+  if (chosen) return *std::move(chosen);
+  std::string why = "no device policy for '" + detected.name + "'";
+  if (fallback == Fallback::pass_through) return make_pass_through_manager(options, std::move(why));
+  C10_THROW_ERROR(Error, "offload::make_manager: " + why + "; this build has: " +
+                             join(device_names(devices)) +
+                             ". Add one with boost::hana::prepend(offload::builtin_devices, "
+                             "boost::hana::type_c<YourPolicy>) (docs/dispatch.md), or pass "
+                             "offload::Fallback::pass_through to run without offloading");
+}
+
+}  // namespace detail
+
 /// Detects the accelerator (detect_accelerator()) and returns a manager
 /// for it: the first policy P in `devices` with P::device_type equal to
 /// the detected type and P::available() true, as
@@ -324,28 +359,7 @@ AnyManager make_manager(const Options& options, Devices devices, Fallback fallba
   static_assert(detail::check_device_list<Devices>());
   options.validate();
   install_hooks();
-  const auto detected = detect_accelerator();
-  if (!detected.type) {
-    std::string why = "no accelerator was detected (" + detected.reason + ")";
-    if (fallback == Fallback::pass_through) return make_pass_through_manager(options, std::move(why));
-    C10_THROW_ERROR(Error, "offload::make_manager: " + why + "; this build has: " +
-                               detail::join(detail::device_names(devices)) +
-                               ". Pass offload::Fallback::pass_through to run without offloading");
-  }
-  std::optional<AnyManager> chosen;
-  boost::hana::for_each(devices, [&](auto t) {
-    using P = typename decltype(t)::type;
-    if (chosen || P::device_type != *detected.type || !P::available()) return;
-    chosen.emplace(detail::build<P, Storage, Sync>(options, detected));
-  });
-  if (chosen) return *std::move(chosen);
-  std::string why = "no device policy for '" + detected.name + "'";
-  if (fallback == Fallback::pass_through) return make_pass_through_manager(options, std::move(why));
-  C10_THROW_ERROR(Error, "offload::make_manager: " + why + "; this build has: " +
-                             detail::join(detail::device_names(devices)) +
-                             ". Add one with boost::hana::prepend(offload::builtin_devices, "
-                             "boost::hana::type_c<YourPolicy>) (docs/dispatch.md), or pass "
-                             "offload::Fallback::pass_through to run without offloading");
+  return detail::dispatch_manager<Storage, Sync>(options, devices, fallback);
 }
 
 /// make_manager(options, builtin_devices, fallback).
