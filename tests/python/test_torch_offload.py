@@ -14,8 +14,8 @@ import threading
 
 import pytest
 import torch
-import torch.utils.checkpoint
 
+import cases
 import gpt
 import torch_offload
 import torch_offload.sim
@@ -39,264 +39,44 @@ def assert_bitwise(ref, got):
         assert torch.equal(bits(a), bits(b)), f"result {i} differs bitwise"
 
 
-def parity(run, sync, min_offloaded=1, **options):
-    """run(ctx) -> list of tensors. Runs it without offloading and inside a
-    Manager; the results must be bitwise equal and something offloaded."""
-    ref = run(contextlib.nullcontext())
-    manager = torch_offload.Manager(DEV, sync=sync, min_offload_bytes=options.pop("min_offload_bytes", 64),
-                                    **options)
-    got = run(manager)
+def leaf(*shape, seed=0):
+    return cases.leaf(DEV, *shape, seed=seed)
+
+
+# ---------------------------------------------------------------- parity: the GPT and the bug classes
+
+# What each case must also show besides bitwise parity (Stats fields).
+EXPECT = {
+    "gpt_3_adamw_steps": lambda s: s.tensors_offloaded >= 30 and s.passed_leaf > 0,
+    "views_storage_offset": lambda s: s.tensors_aliased > 0,  # one storage, several views: copied once
+    "cpu_saved_by_function": lambda s: s.passed_other_device >= 1,
+    "two_threads": lambda s: s.tensors_offloaded >= 12,
+}
+PARITY_CASES = [name for name in cases.CASES if name != "inplace_after_save"]
+
+
+@pytest.mark.parametrize("sync", SYNCS)
+@pytest.mark.parametrize("case", PARITY_CASES)
+def test_bitwise_parity(case, sync):
+    run = cases.CASES[case]
+    ref = run(contextlib.nullcontext, DEV)
+    manager = torch_offload.Manager(DEV, sync=sync, min_offload_bytes=1024 if case == "gpt_3_adamw_steps" else 64)
+    got = run(lambda: manager, DEV)
     assert_bitwise(ref, got)
     stats = manager.stats()
-    assert stats.tensors_offloaded >= min_offloaded, stats
-    return stats
-
-
-def leaf(*shape, seed=0):
-    g = torch.Generator().manual_seed(seed)
-    return torch.randn(*shape, generator=g).to(DEV).requires_grad_()
-
-
-# ---------------------------------------------------------------- the GPT
-
-@pytest.mark.parametrize("sync", SYNCS)
-def test_gpt_three_adamw_steps_bitwise(sync):
-    def run(ctx):
-        model = gpt.make(DEV, layers=2, width=64, heads=4, seq=32)
-        opt = torch.optim.AdamW(model.parameters(), lr=1e-2)
-        idx, targets = gpt.batch(DEV, batch_size=2, seq=32)
-        out = []
-        for _ in range(3):
-            opt.zero_grad()
-            with ctx:
-                loss = model.loss(idx, targets)
-            loss.backward()
-            out += [loss.detach()] + [p.grad.clone() for p in model.parameters()]
-            opt.step()
-        return out + [p.detach().clone() for p in model.parameters()]
-
-    stats = parity(run, sync, min_offloaded=30, min_offload_bytes=1024)
-    assert stats.bytes_reloaded > 0 or stats.stash_reuses > 0
-    assert stats.passed_leaf > 0  # parameters stay
-
-
-# ---------------------------------------------------------------- bug classes
-
-@pytest.mark.parametrize("sync", SYNCS)
-def test_views_with_storage_offsets(sync):
-    def run(ctx):
-        a = leaf(64, 32)
-        with ctx:
-            base = a * 2.0
-            parts = [base[8:24], base[40:], base[:, 5:17], base[3]]
-            loss = sum((p.sin() * p).sum() for p in parts)
-        loss.backward()
-        return [loss.detach(), a.grad]
-
-    stats = parity(run, sync)
-    assert stats.tensors_aliased > 0  # one storage, several views: offloaded once
-
-
-@pytest.mark.parametrize("sync", SYNCS)
-def test_transposes_of_square_non_leaf_matrices(sync):
-    def run(ctx):
-        a = leaf(48, 48)
-        with ctx:
-            m = a.tanh()
-            t = m.t()
-            loss = (t @ m).sum() + (m @ t.exp()).sum()
-        loss.backward()
-        return [loss.detach(), a.grad]
-
-    parity(run, sync)
-
-
-@pytest.mark.parametrize("sync", SYNCS)
-def test_stride_zero_expands(sync):
-    def run(ctx):
-        v = leaf(1, 256)
-        w = leaf(256, 256, seed=1)
-        with ctx:
-            e = (v * 3.0).expand(256, 256)
-            loss = (e * w.sin()).sum() + (e.t() @ w).sum()
-        loss.backward()
-        return [loss.detach(), v.grad, w.grad]
-
-    parity(run, sync)
-
-
-class CpuSaved(torch.autograd.Function):
-    """Saves a CPU tensor on purpose (e.g. an index table): it must come back on the CPU."""
-
-    @staticmethod
-    def forward(ctx, x, table):
-        ctx.save_for_backward(x, table)
-        return x * table.to(x.device)
-
-    @staticmethod
-    def backward(ctx, grad):
-        x, table = ctx.saved_tensors
-        assert table.device.type == "cpu" and x.device.type == DEV
-        return grad * table.to(grad.device), None
-
-
-@pytest.mark.parametrize("sync", SYNCS)
-def test_cpu_tensors_saved_by_a_custom_function_stay_on_cpu(sync):
-    def run(ctx):
-        a = leaf(128, 64)
-        table = torch.linspace(0, 1, 64 * 128).reshape(128, 64)
-        with ctx:
-            loss = CpuSaved.apply(a.exp(), table).sum()
-        loss.backward()
-        return [loss.detach(), a.grad]
-
-    stats = parity(run, sync)
-    assert stats.passed_other_device >= 1
-
-
-@pytest.mark.parametrize("sync", SYNCS)
-def test_unused_branch_then_next_step(sync):
-    def run(ctx):
-        a = leaf(64, 64)
-        out = []
-        for _ in range(2):
-            with ctx:
-                h = a.sin()
-                unused = (h.exp() * h).sum()  # saved tensors never unpacked
-                loss = (h * h).sum()
-            loss.backward()
-            del unused
-            out += [loss.detach(), a.grad.clone()]
-            a.grad = None
-        return out
-
-    parity(run, sync)
-
-
-@pytest.mark.parametrize("sync", SYNCS)
-def test_partial_autograd_grad_then_new_forward(sync):
-    def run(ctx):
-        a = leaf(64, 64)
-        b = leaf(64, 64, seed=1)
-        with ctx:
-            x = a.sin() * b.cos()
-            y1 = (x.exp()).sum()
-            y2 = (x.tanh() * b).sum()
-        (ga,) = torch.autograd.grad(y1, [a])
-        with ctx:
-            z = (a.sigmoid() * b).pow(2).sum()
-        z.backward()
-        return [y1.detach(), y2.detach(), ga, z.detach(), a.grad, b.grad]
-
-    parity(run, sync)
-
-
-@pytest.mark.parametrize("sync", SYNCS)
-def test_retain_graph(sync):
-    def run(ctx):
-        a = leaf(64, 64)
-        with ctx:
-            loss = (a.sin().exp() * a).sum()
-        loss.backward(retain_graph=True)
-        first = a.grad.clone()
-        loss.backward()
-        return [loss.detach(), first, a.grad]
-
-    parity(run, sync)
-
-
-@pytest.mark.parametrize("sync", SYNCS)
-def test_double_backward(sync):
-    def run(ctx):
-        a = leaf(32, 32)
-        with ctx:
-            y = (a.sin() * a.exp()).sum()
-        (g,) = torch.autograd.grad(y, [a], create_graph=True)
-        with ctx:
-            gg = (g * g).sum()
-        gg.backward()
-        return [y.detach(), g.detach(), a.grad]
-
-    parity(run, sync)
-
-
-@pytest.mark.parametrize("sync", SYNCS)
-def test_checkpoint_inside_the_with(sync):
-    def block(x, w):
-        return (x @ w).tanh() @ w.t()
-
-    def run(ctx):
-        x = leaf(64, 64)
-        w = leaf(64, 64, seed=1)
-        with ctx:
-            h = x.sin()
-            h = torch.utils.checkpoint.checkpoint(block, h, w, use_reentrant=False)
-            loss = (h.exp() * h).sum()
-        loss.backward()
-        return [loss.detach(), x.grad, w.grad]
-
-    parity(run, sync)
-
-
-@pytest.mark.parametrize("sync", SYNCS)
-def test_gradient_accumulation(sync):
-    def run(ctx):
-        model = gpt.make(DEV, layers=1, width=32, heads=2, seq=16)
-        for micro in range(3):
-            idx, targets = gpt.batch(DEV, batch_size=2, seq=16, seed=micro)
-            with ctx:
-                loss = model.loss(idx, targets) / 3
-            loss.backward()
-        return [p.grad for p in model.parameters()]
-
-    parity(run, sync)
+    assert stats.tensors_offloaded >= 1, stats  # something was offloaded: the case can fail
+    assert stats.bytes_reloaded > 0 or stats.stash_reuses > 0, stats
+    assert EXPECT.get(case, lambda s: True)(stats), stats
 
 
 @pytest.mark.parametrize("region", ["blocking", "streamed", "no_offload"])
 def test_in_place_change_after_save_raises_autograds_error(region):
-    a = leaf(64, 64)
     manager = torch_offload.Manager(DEV, sync=region, min_offload_bytes=64) if region != "no_offload" else None
-    with manager if manager else torch_offload.no_offload():
-        h = a * 2.0
-        loss = h.sin().sum()  # sin saves h
-    h.add_(1.0)
     with pytest.raises(RuntimeError, match="one of the variables needed for gradient computation has been "
                                            "modified by an inplace operation"):
-        loss.backward()
+        cases.in_place_after_save(lambda: manager or torch_offload.no_offload(), DEV)
     if manager:
         assert manager.stats().tensors_offloaded == 1
-
-
-@pytest.mark.parametrize("sync", SYNCS)
-def test_two_threads_each_with_its_own_with(sync):
-    manager = torch_offload.Manager(DEV, sync=sync, min_offload_bytes=64)
-    expected = {}
-    for seed in (0, 1):
-        a = leaf(64, 64, seed=seed)
-        (a.sin().exp() * a).sum().backward()
-        expected[seed] = a.grad
-    results, errors = {}, []
-
-    def work(seed):
-        try:
-            for _ in range(5):
-                a = leaf(64, 64, seed=seed)
-                with manager:
-                    loss = (a.sin().exp() * a).sum()
-                loss.backward()
-                assert torch.equal(bits(a.grad), bits(expected[seed]))
-            results[seed] = True
-        except Exception as e:  # reported below
-            errors.append(e)
-
-    threads = [threading.Thread(target=work, args=(s,)) for s in (0, 1)]
-    for t in threads:
-        t.start()
-    for t in threads:
-        t.join()
-    assert not errors, errors
-    assert results == {0: True, 1: True}
-    assert manager.stats().tensors_offloaded >= 20
 
 
 def test_tensors_saved_on_another_thread_are_not_routed():
