@@ -28,11 +28,13 @@ import time
 
 ROOT = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
 sys.path.insert(0, os.path.join(ROOT, "tests", "python"))
+sys.path.insert(0, os.path.join(ROOT, "bench"))
 
 import torch  # noqa: E402
 
 import cases  # noqa: E402
 import gpt  # noqa: E402
+import hook_overhead  # noqa: E402
 import torch_offload  # noqa: E402
 
 
@@ -216,6 +218,32 @@ def main():
                 cell["target_peak"] = ours["peak_bytes"] <= 1.05 * min(r["peak_bytes"] for r in peer_rows)
                 cell["target_time"] = all(ours["time_ratio"] < r["time_ratio"] for r in peer_rows)
             results["cells"].append(cell)
+
+    # Hook cost: what the Python route adds per saved tensor, measured as
+    # bench/hook_overhead.py measures the identity hooks (256 saved CPU
+    # float32[16] tensors per run, process CPU time, alternating rounds).
+    warmup, rounds = (5, 100) if args.quick else (20, 400)
+    manager = torch_offload.Manager(device)
+    hook_rows = {
+        "python identity hooks (floor)": hook_overhead.identity_hooks,
+        "torch_offload.Manager (CPU tensors: passed through in C++)": lambda: manager,
+        "torch_offload.no_offload": torch_offload.no_offload,
+    }
+    print("\n## Hook cost per saved tensor (host CPU time)\n")
+    print("| hooks | ns per saved tensor (median) | IQR | / identity hooks |")
+    print("|---|---|---|---|")
+    results["hook_cost"] = {}
+    floor = None
+    threads = torch.get_num_threads()
+    torch.set_num_threads(1)  # tiny tensors, as bench/hook_overhead.py
+    for name, make_ctx in hook_rows.items():
+        per_tensor, _ = hook_overhead.measure(make_ctx, warmup, rounds)
+        median = statistics.median(per_tensor)
+        q = statistics.quantiles(per_tensor, n=4)
+        floor = floor or median
+        results["hook_cost"][name] = {"ns_per_tensor": median, "q1": q[0], "q3": q[2], "rounds": rounds}
+        print(f"| {name} | {median:.0f} | {q[0]:.0f}..{q[2]:.0f} | {median / floor:.2f} |")
+    torch.set_num_threads(threads)
 
     # Correctness matrix: poison and a copy delay on, as in the tests.
     if device == "sim":
