@@ -10,7 +10,11 @@ Writes DIR/peers.json (sim) or DIR/peers-cuda.json (cuda) and prints two
 markdown tables: per (layers, copy delay) cell, peak device bytes and median
 step time as ratios to no offloading, whether the losses are bitwise those
 of no offloading, and host time per saved tensor for pack + unpack (one
-extra instrumented step: the tool's pack and unpack hooks timed); then the
+extra instrumented step: the tool's pack and unpack hooks timed). The tools
+step in turn (round robin), so a change in machine load hits all alike; a
+tool's peak is its model and AdamW state plus the most its step added above
+what was allocated when the step began. Then the hook cost per saved tensor
+of the Python route against identity hooks, and the
 correctness matrix (tests/python/cases.py x tool: exact / differs / raises).
 Peers that cannot be imported are listed with the reason. The model is the
 GPT of examples/gpt.hpp (tests/python/gpt.py), AdamW. On sim the copy delay
@@ -98,34 +102,69 @@ def instrument(ctx, counter):
         setattr(ctx, name, timed)
 
 
-def train(device, dm, factory, layers, steps, shape):
-    """Returns (losses as bit strings, step times s, peak bytes, host ns per saved tensor or None)."""
-    model = gpt.make(device, layers=layers, **shape["model"])
-    opt = torch.optim.AdamW(model.parameters(), lr=1e-3)
-    idx, targets = gpt.batch(device, batch_size=shape["batch"], seq=shape["model"]["seq"])
-    ctx = factory(model)
-    losses, times, peak = [], [], 0
-    for step in range(steps + 2):
-        instrumented = step == steps + 1  # the last step: hooks timed, not counted in times or peak
-        counter = {"ns": 0, "packs": 0}
-        if instrumented and not isinstance(ctx, contextlib.nullcontext):
-            instrument(ctx, counter)
+class Run:
+    """One tool training its own copy of the model (same seed, same batch)."""
+
+    def __init__(self, device, factory, layers, shape):
+        self.model = gpt.make(device, layers=layers, **shape["model"])
+        self.opt = torch.optim.AdamW(self.model.parameters(), lr=1e-3)
+        self.idx, self.targets = gpt.batch(device, batch_size=shape["batch"], seq=shape["model"]["seq"])
+        self.ctx = factory(self.model)
+        self.losses, self.times, self.peak, self.counter = [], [], 0, None
+
+    def step(self, dm, timed, instrumented):
+        if instrumented and not isinstance(self.ctx, contextlib.nullcontext):
+            self.counter = {"ns": 0, "packs": 0}
+            instrument(self.ctx, self.counter)
         dm.synchronize()
         dm.reset_peak_memory_stats()
+        at_start = dm.memory_allocated()
         t0 = time.perf_counter()
-        opt.zero_grad(set_to_none=True)
-        with ctx:
-            loss = model.loss(idx, targets)
+        self.opt.zero_grad(set_to_none=True)
+        with self.ctx:
+            loss = self.model.loss(self.idx, self.targets)
         loss.backward()
-        opt.step()
+        self.opt.step()
         dm.synchronize()
         elapsed = time.perf_counter() - t0
-        losses.append(loss.detach().cpu().numpy().tobytes().hex())
-        if step >= 1 and not instrumented:  # step 0 warms up
-            times.append(elapsed)
-            peak = max(peak, dm.max_memory_allocated())
-    host = counter["ns"] / counter["packs"] if counter["packs"] else None
-    return losses, times, peak, host
+        self.losses.append(loss.detach().cpu().numpy().tobytes().hex())
+        if timed:
+            # The other tools' models share the device: this run's peak is
+            # its own model and optimizer state plus what the step added.
+            self.times.append(elapsed)
+            self.peak = max(self.peak, self.resident_bytes() + dm.max_memory_allocated() - at_start)
+
+    def resident_bytes(self):
+        tensors = list(self.model.parameters()) + [
+            t for state in self.opt.state.values() for t in state.values() if torch.is_tensor(t)]
+        return sum(t.nbytes for t in tensors if t.device == self.idx.device)
+
+    def host_ns_per_saved_tensor(self):
+        return self.counter["ns"] / self.counter["packs"] if self.counter and self.counter["packs"] else None
+
+
+def train_all(device, dm, tools, layers, steps, shape):
+    """Every tool steps in turn (round robin, so that a change in machine
+    load hits all of them alike): step 0 warms up, steps 1..steps are timed
+    (median) and give the peak, a last step times the hooks. Returns
+    name -> row."""
+    runs, rows = {}, {}
+    for name, factory in tools.items():
+        try:
+            runs[name] = Run(device, factory, layers, shape)
+        except Exception as e:
+            rows[name] = {"error": first_line(e)}
+    for step in range(steps + 2):
+        for name, run in list(runs.items()):
+            try:
+                run.step(dm, timed=1 <= step <= steps, instrumented=step == steps + 1)
+            except Exception as e:
+                rows[name] = {"error": first_line(e)}
+                del runs[name]
+    for name, run in runs.items():
+        rows[name] = {"peak_bytes": run.peak, "median_step_s": statistics.median(run.times),
+                      "losses": run.losses, "host_ns_per_saved_tensor": run.host_ns_per_saved_tensor()}
+    return {name: rows[name] for name in tools}
 
 
 def matrix_cell(case, factory, device, reference):
@@ -165,7 +204,7 @@ def main():
         delays = [None]
     torch.set_num_threads(max(1, (os.cpu_count() or 2) // 2))
     dm = torch.get_device_module(device)
-    steps = 3 if args.quick else 6
+    steps = 3 if args.quick else 7
     shape = {"model": dict(width=64, heads=4, seq=32), "batch": 4} if args.quick else \
         {"model": dict(width=128, heads=4, seq=64), "batch": 8}
     layer_counts = [4, 8, 16]
@@ -187,22 +226,14 @@ def main():
         for delay in delays:
             if delay is not None:
                 torch_offload.sim.set_copy_delay_us(delay)
-            cell = {"layers": layers, "delay_us": delay, "tools": {}}
-            base = None
-            for name, factory in tools.items():
-                try:
-                    losses, times, peak, host = train(device, dm, factory, layers, steps, shape)
-                    row = {"peak_bytes": peak, "median_step_s": statistics.median(times), "losses": losses,
-                           "host_ns_per_saved_tensor": host}
-                except Exception as e:
-                    row = {"error": first_line(e)}
-                cell["tools"][name] = row
-                if name == "none":
-                    base = row
+            cell = {"layers": layers, "delay_us": delay, "tools": train_all(device, dm, tools, layers, steps, shape)}
+            base = cell["tools"]["none"]
+            for name, row in cell["tools"].items():
                 if "error" in row:
                     print(f"| {layers} | {delay if delay is not None else '-'} | {name} | raises: {row['error']} "
                           "| | | | | |")
                     continue
+                host = row["host_ns_per_saved_tensor"]
                 row["peak_ratio"] = row["peak_bytes"] / base["peak_bytes"]
                 row["time_ratio"] = row["median_step_s"] / base["median_step_s"]
                 row["losses_equal"] = row["losses"] == base["losses"]

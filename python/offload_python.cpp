@@ -22,6 +22,8 @@
 #include <offload/dispatch.hpp>
 #include <offload/sync/streamed.hpp>
 
+#include "errors.hpp"
+
 namespace py = pybind11;
 
 namespace {
@@ -186,15 +188,7 @@ std::vector<std::pair<const char*, std::int64_t>> stat_values(const offload::Sta
 
 PYBIND11_MODULE(_C, m) {
   m.doc() = "torch_offload's C++ core (use the torch_offload package, not this module)";
-  py::register_local_exception_translator([](std::exception_ptr p) {
-    try {
-      if (p) std::rethrow_exception(p);
-    } catch (const c10::ValueError& e) {
-      PyErr_SetString(PyExc_ValueError, e.what_without_backtrace());
-    } catch (const c10::Error& e) {
-      PyErr_SetString(PyExc_RuntimeError, e.what_without_backtrace());
-    }
-  });
+  offload::python::register_error_translator();
 
   py::class_<Packed>(m, "Packed", "One saved tensor held by torch_offload (opaque).");
 

@@ -15,6 +15,8 @@
 
 #include <offload/sim.hpp>
 
+#include "errors.hpp"
+
 namespace py = pybind11;
 
 namespace {
@@ -39,15 +41,7 @@ const c10::impl::DeviceGuardImplInterface& guard() {
 
 PYBIND11_MODULE(_sim, m) {
   m.doc() = "offload::sim for Python (use torch_offload.sim, not this module)";
-  py::register_local_exception_translator([](std::exception_ptr p) {
-    try {
-      if (p) std::rethrow_exception(p);
-    } catch (const c10::ValueError& e) {
-      PyErr_SetString(PyExc_ValueError, e.what_without_backtrace());
-    } catch (const c10::Error& e) {
-      PyErr_SetString(PyExc_RuntimeError, e.what_without_backtrace());
-    }
-  });
+  offload::python::register_error_translator();
 
   m.def(
       "install",
