@@ -37,8 +37,8 @@ class Packed {
  public:
   static std::unique_ptr<Packed> with_hooks(std::unique_ptr<torch::autograd::SavedVariableHooks> hooks,
                                             const at::Tensor& tensor) {
-    auto out = std::make_unique<Packed>();
     if (!hooks) return plain(tensor);
+    auto out = std::make_unique<Packed>();
     hooks->call_pack_hook(tensor);
     out->hooks_ = std::move(hooks);
     return out;
@@ -215,7 +215,10 @@ PYBIND11_MODULE(_C, m) {
           py::call_guard<py::gil_scoped_release>())
       .def_static(
           "unpack", [](Packed& packed) { return packed.unpack(); }, py::call_guard<py::gil_scoped_release>())
-      .def("on_scope_exit", [](offload::AnyManager& self) { self.hook_source()->on_scope_exit(); })
+      // Streamed settles its forward stash here: it may wait for copies.
+      .def(
+          "on_scope_exit", [](offload::AnyManager& self) { self.hook_source()->on_scope_exit(); },
+          py::call_guard<py::gil_scoped_release>())
       .def("stats", [](const offload::AnyManager& self) { return stat_values(self.stats()); })
       .def("reset_stats", &offload::AnyManager::reset_stats)
       .def("exclude", [](offload::AnyManager& self, const std::vector<at::Tensor>& tensors) {
