@@ -246,6 +246,28 @@ def test_options_are_checked_before_names():
         torch_offload.Manager("tpu", max_fwd_stash=0)
 
 
+def test_auto_without_an_accelerator_raises_or_passes_through():
+    # A fresh process without sim: on this CPU machine LibTorch detects no
+    # usable accelerator (a CUDA build without a GPU counts as none).
+    code = """
+import torch, torch_offload
+if torch.accelerator.is_available():
+    print("SKIP"); raise SystemExit
+try:
+    torch_offload.Manager()
+except RuntimeError as e:
+    print("RAISED", e)
+print(repr(torch_offload.Manager(fallback="pass_through")))
+"""
+    run = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, env=os.environ)
+    assert run.returncode == 0, run.stderr
+    if run.stdout.startswith("SKIP"):
+        pytest.skip("this machine has an accelerator")
+    assert "RAISED torch_offload.Manager: device='auto': no accelerator was detected" in run.stdout
+    assert "fallback='pass_through' to run without offloading" in run.stdout
+    assert "PassThrough<offloads nothing: no accelerator was detected" in run.stdout
+
+
 def test_import_with_another_torch_version_is_an_import_error():
     code = "import torch; torch.__version__ = '0.0.1'; import torch_offload"
     run = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, env=os.environ)
