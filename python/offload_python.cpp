@@ -10,6 +10,7 @@
 #include <memory>
 #include <optional>
 #include <string>
+#include <string_view>
 #include <utility>
 #include <vector>
 
@@ -159,29 +160,12 @@ offload::AnyManager make(const std::string& device, const std::string& storage, 
 
 // ---------------------------------------------------------------- stats
 
-/// Every Stats field by name, in declaration order.
-std::vector<std::pair<const char*, std::int64_t>> stat_values(const offload::Stats& s) {
-  return {{"tensors_seen", s.tensors_seen},
-          {"tensors_offloaded", s.tensors_offloaded},
-          {"storages_offloaded", s.storages_offloaded},
-          {"tensors_aliased", s.tensors_aliased},
-          {"passed_other_device", s.passed_other_device},
-          {"passed_small", s.passed_small},
-          {"passed_excluded", s.passed_excluded},
-          {"passed_leaf", s.passed_leaf},
-          {"passed_layout", s.passed_layout},
-          {"passed_budget", s.passed_budget},
-          {"bytes_offloaded", s.bytes_offloaded},
-          {"bytes_reloaded", s.bytes_reloaded},
-          {"tensors_reloaded", s.tensors_reloaded},
-          {"reloads_shared", s.reloads_shared},
-          {"host_bytes_in_use", s.host_bytes_in_use},
-          {"host_bytes_peak", s.host_bytes_peak},
-          {"blocking_fallbacks", s.blocking_fallbacks},
-          {"pinned_fallbacks", s.pinned_fallbacks},
-          {"stash_reuses", s.stash_reuses},
-          {"prefetches", s.prefetches},
-          {"prefetch_peak", s.prefetch_peak}};
+/// Every Stats counter by name, in declaration order (offload::stat_fields).
+std::vector<std::pair<std::string_view, std::int64_t>> stat_values(const offload::Stats& s) {
+  std::vector<std::pair<std::string_view, std::int64_t>> out;
+  out.reserve(offload::stat_fields.size());
+  for (const auto& field : offload::stat_fields) out.emplace_back(field.name, s.*field.member);
+  return out;
 }
 
 }  // namespace
@@ -238,8 +222,8 @@ PYBIND11_MODULE(_C, m) {
 
   m.def("plain_pack", [](const at::Tensor& tensor) { return Packed::plain(tensor); });
   m.def("stat_fields", [] {
-    std::vector<std::string> out;
-    for (const auto& [name, value] : stat_values(offload::Stats{})) out.emplace_back(name);
+    std::vector<std::pair<std::string_view, std::string_view>> out;  // (name, what it counts)
+    for (const auto& field : offload::stat_fields) out.emplace_back(field.name, field.doc);
     return out;
   });
   m.def("compiled_device_policies", [] { return offload::compiled_device_policies(); });

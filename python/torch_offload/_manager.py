@@ -10,7 +10,7 @@ from . import _C
 
 Stats = dataclasses.make_dataclass(
     "Stats",
-    [(name, int, dataclasses.field(default=0)) for name in _C.stat_fields()],
+    [(name, int, dataclasses.field(default=0, metadata={"doc": doc})) for name, doc in _C.stat_fields()],
     frozen=True,
     namespace={
         "passed_through": property(
@@ -23,7 +23,8 @@ Stats = dataclasses.make_dataclass(
 )
 Stats.__doc__ = """What a Manager did, as counters (C++ offload::Stats, same field names).
 
-All byte counts are bytes of the underlying storages. A frozen snapshot:
+All byte counts are bytes of the underlying storages; each field's
+``metadata["doc"]`` says what it counts. A frozen snapshot:
 ``manager.stats()`` returns a new one each call. ``passed_through`` sums
 the ``passed_*`` reasons.
 """
