@@ -292,11 +292,13 @@ inline AnyManager make_pass_through_manager(const Options& options = {},
 }
 
 namespace detail {
-/// make_manager's work, once its policies passed their checks.
+/// make_manager's work once its policies passed their checks, without
+/// install_hooks(): also for hosts whose own autograd engine asks the
+/// manager for hooks (Python's saved_tensors_hooks, where install_hooks()
+/// refuses). Same checks, choice and errors as make_manager.
 template <class Storage, class Sync, class FallbackSync, class Devices>
-AnyManager dispatch(const Options& options, Devices devices, Fallback fallback) {
+AnyManager dispatch_manager(const Options& options, Devices devices, Fallback fallback) {
   options.validate();
-  install_hooks();
   const auto detected = detect_accelerator();
   const auto have = [&] {
     return "; this program has: " + detail::join(detail::device_names(devices, /*only_linked=*/true)) + ". ";
@@ -364,7 +366,9 @@ AnyManager make_manager(const Options& options, Devices devices, Fallback fallba
   if constexpr (!checked) {
     return detail::make_any_manager(nullptr);  // not reached: the build stopped
   } else {
-    return detail::dispatch<Storage, Sync, FallbackSync>(options, devices, fallback);
+    options.validate();
+    install_hooks();
+    return detail::dispatch_manager<Storage, Sync, FallbackSync>(options, devices, fallback);
   }
 }
 

@@ -1,0 +1,230 @@
+// SPDX-License-Identifier: MIT
+// torch_offload._C: the managers for Python training loops. Python's
+// torch.autograd.graph.saved_tensors_hooks calls pack/unpack below; each
+// pack asks the manager for a fresh SavedVariableHooks object (the same
+// object the C++ engine hook would hand autograd), runs its pack in C++ and
+// returns it to Python as an opaque handle; unpack hands it back. The only
+// LibTorch-heavy translation unit of the Python package.
+
+#include <cstdint>
+#include <memory>
+#include <optional>
+#include <string>
+#include <string_view>
+#include <utility>
+#include <vector>
+
+#include <boost/hana/for_each.hpp>
+
+#include <c10/util/Exception.h>
+#include <torch/csrc/autograd/saved_variable_hooks.h>
+#include <torch/csrc/utils/pybind.h>
+
+#include <offload/offload.hpp>
+
+#include "errors.hpp"
+
+namespace py = pybind11;
+
+namespace {
+
+// ---------------------------------------------------------------- handles
+
+/// What pack returns to Python for one saved tensor: the manager's hooks
+/// object after its pack ran, or (no_offload, pass-through managers) the
+/// tensor itself with its version, checked at unpack as autograd would.
+class Packed {
+ public:
+  static std::unique_ptr<Packed> with_hooks(std::unique_ptr<torch::autograd::SavedVariableHooks> hooks,
+                                            const at::Tensor& tensor) {
+    if (!hooks) return plain(tensor);
+    auto out = std::make_unique<Packed>();
+    hooks->call_pack_hook(tensor);
+    out->hooks_ = std::move(hooks);
+    return out;
+  }
+  static std::unique_ptr<Packed> plain(const at::Tensor& tensor) {
+    auto out = std::make_unique<Packed>();
+    out->tensor_ = tensor;
+    if (tensor.defined()) {
+      out->version_ = tensor.unsafeGetTensorImpl()->version_counter();
+      out->saved_version_ = out->version_.enabled() ? out->version_.current_version() : 0;
+      if (auto fn = tensor.grad_fn()) {
+        out->grad_fn_ = fn;
+        out->output_nr_ = tensor.output_nr();
+      }
+    }
+    return out;
+  }
+  at::Tensor unpack() {
+    if (hooks_) return hooks_->call_unpack_hook();
+    if (version_.enabled() && version_.current_version() != saved_version_) {
+      offload::detail::throw_modified_inplace(tensor_, version_.current_version(), saved_version_, grad_fn_,
+                                              output_nr_);
+    }
+    return tensor_;
+  }
+
+ private:
+  std::unique_ptr<torch::autograd::SavedVariableHooks> hooks_;
+  at::Tensor tensor_;
+  c10::VariableVersion version_;  // disabled until a tensor is saved
+  std::uint32_t saved_version_ = 0;
+  offload::detail::WeakNode grad_fn_;
+  std::int64_t output_nr_ = 0;
+};
+
+// ---------------------------------------------------------------- choosing
+
+constexpr const char* kStorages = "'pinned_host', 'pageable_host'";
+constexpr const char* kSyncs = "'blocking', 'streamed'";
+
+std::string accepted_devices() {
+  std::string out = "'auto'";
+  for (const auto& name : offload::compiled_device_policies()) {
+    if (name != "generic") out += ", '" + name + "'";
+  }
+  return out + " or the name of a registered PrivateUse1 backend";
+}
+
+template <class Storage, class Sync>
+offload::AnyManager build_for(const std::string& device, const offload::Options& options,
+                              offload::Fallback fallback) {
+  if (device == "auto") {
+    const auto detected = offload::detect_accelerator();
+    if (!detected.type) {
+      const std::string why = "no accelerator was detected (" + detected.reason + ")";
+      if (fallback == offload::Fallback::pass_through) return offload::make_pass_through_manager(options, why);
+      TORCH_CHECK(false, "torch_offload.Manager: device='auto': ", why,
+                  "; pass device='sim' after torch_offload.sim.install(), or fallback='pass_through' to run "
+                  "without offloading");
+    }
+    return offload::detail::dispatch_manager<Storage, Sync, offload::sync::Blocking>(options, offload::builtin_devices,
+                                                                                  fallback);
+  }
+  std::optional<offload::AnyManager> chosen;
+  bool known = false;
+  std::string unavailable;
+  auto try_policy = [&](auto t) {
+    using P = typename decltype(t)::type;
+    if (chosen || !unavailable.empty()) return;
+    const bool generic = P::name == std::string_view("generic");
+    const bool named = generic ? (c10::is_privateuse1_backend_registered() &&
+                                  c10::get_privateuse1_backend(/*lower_case=*/true) == device)
+                               : P::name == device;
+    if (!named) return;
+    known = true;
+    if (!P::available()) {
+      unavailable = std::string(P::name);
+      return;
+    }
+    chosen.emplace(offload::detail::build<P, Storage, Sync>(
+        options, offload::DetectedAccelerator{P::device_type, device, {}}));
+  };
+  boost::hana::for_each(offload::builtin_devices, try_policy);
+  if (chosen) return *std::move(chosen);
+  TORCH_CHECK_VALUE(known, "torch_offload.Manager: device must be one of ", accepted_devices(), ", got '",
+                    device, "'");
+  std::string why = "device '" + device + "' is not available in this process" +
+                    (device == "sim" ? " (call torch_offload.sim.install() first)" : "");
+  if (fallback == offload::Fallback::pass_through) return offload::make_pass_through_manager(options, why);
+  TORCH_CHECK(false, "torch_offload.Manager: ", why,
+              "; pass fallback='pass_through' to run without offloading");
+}
+
+offload::AnyManager make(const std::string& device, const std::string& storage, const std::string& sync,
+                         const offload::Options& options, const std::string& fallback) {
+  // Every argument is checked before anything is detected or built.
+  options.validate();
+  TORCH_CHECK_VALUE(storage == "pinned_host" || storage == "pageable_host",
+                    "torch_offload.Manager: storage must be one of ", kStorages, ", got '", storage, "'");
+  TORCH_CHECK_VALUE(sync == "blocking" || sync == "streamed", "torch_offload.Manager: sync must be one of ",
+                    kSyncs, ", got '", sync, "'");
+  TORCH_CHECK_VALUE(fallback == "error" || fallback == "pass_through",
+                    "torch_offload.Manager: fallback must be one of 'error', 'pass_through', got '", fallback,
+                    "'");
+  const auto fb = fallback == "error" ? offload::Fallback::error : offload::Fallback::pass_through;
+  const bool pinned = storage == "pinned_host";
+  const bool streamed = sync == "streamed";
+  using offload::storage::PageableHost;
+  using offload::storage::PinnedHost;
+  using offload::sync::Blocking;
+  using offload::sync::Streamed;
+  if (pinned) {
+    return streamed ? build_for<PinnedHost, Streamed>(device, options, fb)
+                    : build_for<PinnedHost, Blocking>(device, options, fb);
+  }
+  return streamed ? build_for<PageableHost, Streamed>(device, options, fb)
+                  : build_for<PageableHost, Blocking>(device, options, fb);
+}
+
+// ---------------------------------------------------------------- stats
+
+/// Every Stats counter by name, in declaration order (offload::stat_fields).
+std::vector<std::pair<std::string_view, std::int64_t>> stat_values(const offload::Stats& s) {
+  std::vector<std::pair<std::string_view, std::int64_t>> out;
+  out.reserve(offload::stat_fields.size());
+  for (const auto& field : offload::stat_fields) out.emplace_back(field.name, s.*field.member);
+  return out;
+}
+
+}  // namespace
+
+PYBIND11_MODULE(_C, m) {
+  m.doc() = "torch_offload's C++ core (use the torch_offload package, not this module)";
+  offload::python::register_error_translator();
+
+  py::class_<Packed>(m, "Packed", "One saved tensor held by torch_offload (opaque).");
+
+  py::class_<offload::AnyManager>(m, "Manager")
+      .def(py::init([](const std::string& device, const std::string& storage, const std::string& sync,
+                       std::int64_t min_offload_bytes, std::int64_t max_fwd_stash, std::int64_t prefetch_depth,
+                       bool pin_memory, std::int64_t host_budget_bytes, const std::string& fallback) {
+             offload::Options options;
+             options.min_offload_bytes = min_offload_bytes;
+             options.max_fwd_stash = max_fwd_stash;
+             options.prefetch_depth = prefetch_depth;
+             options.pin_memory = pin_memory;
+             options.host_budget_bytes = host_budget_bytes;
+             return make(device, storage, sync, options, fallback);
+           }),
+           py::arg("device"), py::arg("storage"), py::arg("sync"), py::arg("min_offload_bytes"),
+           py::arg("max_fwd_stash"), py::arg("prefetch_depth"), py::arg("pin_memory"),
+           py::arg("host_budget_bytes"), py::arg("fallback"))
+      .def(
+          "pack",
+          [](offload::AnyManager& self, const at::Tensor& tensor) {
+            return Packed::with_hooks(self.make_hooks(), tensor);
+          },
+          py::call_guard<py::gil_scoped_release>())
+      .def_static(
+          "unpack", [](Packed& packed) { return packed.unpack(); }, py::call_guard<py::gil_scoped_release>())
+      // Streamed settles its forward stash here: it may wait for copies.
+      .def(
+          "on_scope_exit", [](offload::AnyManager& self) { offload::detail::source_of(self)->on_scope_exit(); },
+          py::call_guard<py::gil_scoped_release>())
+      .def("stats", [](const offload::AnyManager& self) { return stat_values(self.stats()); })
+      .def("reset_stats", &offload::AnyManager::reset_stats)
+      .def("exclude", [](offload::AnyManager& self, const std::vector<at::Tensor>& tensors) {
+        self.exclude(tensors);
+      })
+      .def("describe", &offload::AnyManager::describe)
+      .def("options", [](const offload::AnyManager& self) {
+        const auto& o = self.options();
+        py::dict out;
+        out["min_offload_bytes"] = o.min_offload_bytes;
+        out["max_fwd_stash"] = o.max_fwd_stash;
+        out["prefetch_depth"] = o.prefetch_depth;
+        out["pin_memory"] = o.pin_memory;
+        out["host_budget_bytes"] = o.host_budget_bytes;
+        return out;
+      });
+
+  m.def("plain_pack", [](const at::Tensor& tensor) { return Packed::plain(tensor); });
+  m.def("stat_fields", [] {
+    std::vector<std::pair<std::string_view, std::string_view>> out;  // (name, what it counts)
+    for (const auto& field : offload::stat_fields) out.emplace_back(field.name, field.doc);
+    return out;
+  });
+  m.def("compiled_device_policies", [] { return offload::compiled_device_policies(); });
+}

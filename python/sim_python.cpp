@@ -1,0 +1,93 @@
+// SPDX-License-Identifier: MIT
+// torch_offload._sim: offload::sim (the simulated PrivateUse1 accelerator)
+// for Python processes. Light on purpose: pybind11 and <offload/sim.hpp>
+// plus the device guard for current device and stream.
+
+#include <cstdint>
+#include <string>
+
+#include <c10/core/Device.h>
+#include <c10/core/DeviceType.h>
+#include <c10/core/Stream.h>
+#include <c10/core/impl/DeviceGuardImplInterface.h>
+#include <c10/util/Exception.h>
+#include <pybind11/pybind11.h>
+
+#include <offload/sim.hpp>
+
+#include "errors.hpp"
+
+namespace py = pybind11;
+
+namespace {
+
+constexpr auto kSim = c10::DeviceType::PrivateUse1;
+
+py::dict memory_dict(const offload::sim::MemoryStats& s) {
+  py::dict out;
+  out["current_bytes"] = s.current_bytes;
+  out["peak_bytes"] = s.peak_bytes;
+  out["allocations"] = s.allocations;
+  out["frees"] = s.frees;
+  return out;
+}
+
+const c10::impl::DeviceGuardImplInterface& guard() {
+  TORCH_CHECK(offload::sim::installed(), "torch_offload.sim is not installed; call torch_offload.sim.install() first");
+  return *c10::impl::getDeviceGuardImpl(kSim);
+}
+
+}  // namespace
+
+PYBIND11_MODULE(_sim, m) {
+  m.doc() = "offload::sim for Python (use torch_offload.sim, not this module)";
+  offload::python::register_error_translator();
+
+  m.def(
+      "install",
+      [](const std::string& name, int num_devices, std::int64_t capacity_bytes, std::int64_t copy_delay_us,
+         bool poison_freed) {
+        offload::sim::install(offload::sim::Config{.backend_name = name,
+                                                   .num_devices = num_devices,
+                                                   .capacity_bytes = capacity_bytes,
+                                                   .copy_delay_us = copy_delay_us,
+                                                   .poison_freed = poison_freed});
+      },
+      py::arg("name"), py::arg("num_devices"), py::arg("capacity_bytes"), py::arg("copy_delay_us"),
+      py::arg("poison_freed"));
+  m.attr("device_type") = static_cast<int>(kSim);  // what torch.Stream(device_type=...) takes
+  m.def("installed", &offload::sim::installed);
+  m.def("config", [] {
+    const auto c = offload::sim::config();
+    py::dict out;
+    out["name"] = c.backend_name;
+    out["num_devices"] = c.num_devices;
+    out["capacity_bytes"] = c.capacity_bytes;
+    out["copy_delay_us"] = c.copy_delay_us;
+    out["poison_freed"] = c.poison_freed;
+    return out;
+  });
+  m.def("set_copy_delay_us", &offload::sim::set_copy_delay_us);
+  m.def("set_poison_freed", &offload::sim::set_poison_freed);
+  m.def("set_capacity_bytes", &offload::sim::set_capacity_bytes);
+  m.def("device_memory", [](int index) { return memory_dict(offload::sim::device_memory(static_cast<c10::DeviceIndex>(index))); });
+  m.def("reset_peak", [](int index) { offload::sim::reset_peak(static_cast<c10::DeviceIndex>(index)); });
+  m.def("host_memory", [] { return memory_dict(offload::sim::host_memory()); });
+  m.def("reset_host_peak", &offload::sim::reset_host_peak);
+  m.def(
+      "synchronize", [](int index) { offload::sim::synchronize(static_cast<c10::DeviceIndex>(index)); },
+      py::call_guard<py::gil_scoped_release>());
+  m.def("current_device", [] { return static_cast<int>(guard().getDevice().index()); });
+  m.def("set_device", [](int index) {
+    guard().setDevice(c10::Device(kSim, static_cast<c10::DeviceIndex>(index)));
+  });
+  // Streams cross as (stream_id, device_index): torch.Stream is built and
+  // read on the Python side.
+  m.def("current_stream_id", [](int index) {
+    return guard().getStream(c10::Device(kSim, static_cast<c10::DeviceIndex>(index))).id();
+  });
+  m.def("exchange_stream", [](std::int64_t id, int index) {
+    const c10::Stream stream(c10::Stream::UNSAFE, c10::Device(kSim, static_cast<c10::DeviceIndex>(index)), id);
+    return guard().exchangeStream(stream).id();
+  });
+}

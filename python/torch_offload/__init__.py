@@ -1,0 +1,44 @@
+# SPDX-License-Identifier: MIT
+"""torch_offload: activation offloading for PyTorch training loops.
+
+The tensors autograd saves for backward inside ``with manager:`` are copied
+to host memory and their device memory is released; backward brings them
+back (prefetched) to exactly the device they came from. Losses and
+gradients are bitwise those of the same run without offloading. The
+decisions, copies, streams and accounting are torch-offload's C++ managers;
+Python only carries an opaque handle per saved tensor.
+
+    import torch_offload
+    manager = torch_offload.Manager()          # the detected accelerator
+    manager.exclude(model.parameters())
+    with manager:
+        loss = model(x).sum()
+    loss.backward()
+
+Drop-in names for TRL / torchtune: ``OffloadActivations``, ``NoOpManager``,
+``get_act_offloading_ctx_manager``. The simulated accelerator:
+``torch_offload.sim``. See docs/python.md.
+"""
+
+import torch
+
+from ._build_info import TORCH_VERSION as _BUILT_WITH, VERSION as __version__
+
+if torch.__version__ != _BUILT_WITH:
+    raise ImportError(
+        f"torch_offload was built against torch {_BUILT_WITH} but this process imported torch "
+        f"{torch.__version__}; rebuild it against this torch (pip install --no-build-isolation .)"
+    )
+
+from ._manager import Manager, Stats, no_offload  # noqa: E402
+from ._peers import NoOpManager, OffloadActivations, get_act_offloading_ctx_manager  # noqa: E402
+
+__all__ = [
+    "Manager",
+    "Stats",
+    "no_offload",
+    "OffloadActivations",
+    "NoOpManager",
+    "get_act_offloading_ctx_manager",
+    "__version__",
+]

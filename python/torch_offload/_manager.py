@@ -1,0 +1,159 @@
+# SPDX-License-Identifier: MIT
+"""torch_offload.Manager, no_offload and Stats."""
+
+import dataclasses
+import threading
+
+import torch
+
+from . import _C
+
+Stats = dataclasses.make_dataclass(
+    "Stats",
+    [(name, int, dataclasses.field(default=0, metadata={"doc": doc})) for name, doc in _C.stat_fields()],
+    frozen=True,
+    namespace={
+        "passed_through": property(
+            lambda self: self.passed_other_device + self.passed_small + self.passed_excluded
+            + self.passed_leaf + self.passed_layout + self.passed_budget,
+            doc="Saved tensors that stayed on their device or host, all reasons.",
+        ),
+        "__module__": __name__,
+    },
+)
+Stats.__doc__ = """What a Manager did, as counters (C++ offload::Stats, same field names).
+
+All byte counts are bytes of the underlying storages; each field's
+``metadata["doc"]`` says what it counts. A frozen snapshot:
+``manager.stats()`` returns a new one each call. ``passed_through`` sums
+the ``passed_*`` reasons.
+"""
+
+
+class _HookRegion:
+    """Pushes saved_tensors_hooks(pack, unpack) on enter, pops on exit.
+
+    Re-enterable and nestable; the stack of open regions is per thread, like
+    saved_tensors_hooks itself (which is thread-local)."""
+
+    def __init__(self, pack, unpack):
+        self._pack = pack
+        self._unpack = unpack
+        self._local = threading.local()
+
+    def _open(self):
+        stack = self._local.__dict__.setdefault("stack", [])
+        hooks = torch.autograd.graph.saved_tensors_hooks(self._pack, self._unpack)
+        hooks.__enter__()
+        stack.append(hooks)
+
+    def _close(self, *exc):
+        stack = getattr(self._local, "stack", None)
+        if not stack:
+            raise RuntimeError(
+                f"{type(self).__name__}.__exit__ on a thread where it is not open "
+                "(a region is closed on the thread that opened it)"
+            )
+        stack.pop().__exit__(*exc)
+
+
+class Manager(_HookRegion):
+    """An activation-offload manager: ``with manager:`` routes the tensors
+    autograd saves on this thread through it.
+
+    Args:
+        device: ``"auto"`` (the accelerator LibTorch detects; see
+            ``fallback``), ``"cuda"``, ``"xpu"``, ``"npu"``, ``"neuron"``,
+            ``"sim"`` (after ``torch_offload.sim.install()``), or the name of
+            any registered PrivateUse1 backend (generic c10 policy).
+        storage: ``"pinned_host"`` (page-locked host memory) or
+            ``"pageable_host"``.
+        sync: ``"streamed"`` (side copy stream, forward stash, backward
+            prefetch; falls back to blocking copies, visibly, on a device
+            without streams/events) or ``"blocking"``.
+        min_offload_bytes: storages smaller than this stay put, [0, 2**50].
+        max_fwd_stash: streamed: tensors in flight to the host, [1, 1024].
+        prefetch_depth: streamed: tensors brought back ahead, [0, 1024].
+        pin_memory: whether pinned_host may page-lock.
+        host_budget_bytes: most host bytes held, 0 = unlimited, [0, 2**50].
+        fallback: with ``device="auto"`` and no usable accelerator,
+            ``"error"`` raises RuntimeError, ``"pass_through"`` returns a
+            manager that offloads nothing (its repr says why).
+
+    Raises ValueError for an option out of range (same text as the C++
+    ``offload::Options``) or an unknown name (listing the accepted ones),
+    before anything is built; RuntimeError when the device is not there.
+
+    A tensor is offloaded when it is on the manager's device type, strided,
+    not a parameter (leaf requiring grad, or a view of one), not excluded,
+    and its storage has at least ``min_offload_bytes``. Backward may run
+    after the ``with`` has closed. ``with`` regions are per thread and
+    nestable; every method is thread-safe. pack and unpack run in C++ with
+    the GIL released.
+    """
+
+    def __init__(self, device="auto", storage="pinned_host", sync="streamed", *, min_offload_bytes=1024,
+                 max_fwd_stash=5, prefetch_depth=2, pin_memory=True, host_budget_bytes=0, fallback="error"):
+        for name, value in (("device", device), ("storage", storage), ("sync", sync), ("fallback", fallback)):
+            if not isinstance(value, str):
+                raise TypeError(f"torch_offload.Manager: {name} must be a str, got {type(value).__name__}")
+        impl = _C.Manager(device, storage, sync, min_offload_bytes, max_fwd_stash, prefetch_depth,
+                          bool(pin_memory), host_budget_bytes, fallback)
+        super().__init__(impl.pack, _C.Manager.unpack)
+        self._impl = impl
+        self._requested = device
+
+    def __enter__(self):
+        self._open()
+        return self
+
+    def __exit__(self, *exc):
+        self._close(*exc)
+        self._impl.on_scope_exit()
+        return False
+
+    def stats(self):
+        """A Stats snapshot (thread-safe)."""
+        return Stats(**dict(self._impl.stats()))
+
+    def reset_stats(self):
+        """Zeroes the counters; host bytes in use are kept (thread-safe)."""
+        self._impl.reset_stats()
+
+    def exclude(self, tensors):
+        """Never offload tensors sharing storage with any of ``tensors`` (an
+        iterable of tensors, e.g. ``model.parameters()``, ``model.buffers()``).
+        Leaf tensors that require grad are never offloaded anyway."""
+        self._impl.exclude([t for t in tensors if isinstance(t, torch.Tensor)])
+
+    @property
+    def options(self):
+        """The validated options, as a dict."""
+        return self._impl.options()
+
+    def describe(self):
+        """Which C++ manager was chosen, e.g. ``Manager<sim, pinned_host, streamed>``,
+        with the dispatcher's note in brackets when it had to adapt."""
+        return self._impl.describe()
+
+    def __repr__(self):
+        how = "detected" if self._requested == "auto" else "requested"
+        return f"torch_offload.Manager({self.describe()}; device {how}: {self._requested!r})"
+
+
+class no_offload(_HookRegion):
+    """Inside it, saved tensors of this thread stay where they are, even
+    inside an open Manager (like torchtune's NoOpManager). Autograd's check
+    for in-place changes to saved tensors still applies. Re-enterable."""
+
+    def __init__(self):
+        super().__init__(_C.plain_pack, _C.Manager.unpack)
+
+    def __enter__(self):
+        # None, as saved_tensors_hooks: TRL registers __enter__ as a forward
+        # pre-hook, where a return value would replace the module's input.
+        self._open()
+
+    def __exit__(self, *exc):
+        self._close(*exc)
+        return False

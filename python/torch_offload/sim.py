@@ -1,0 +1,216 @@
+# SPDX-License-Identifier: MIT
+"""The simulated accelerator (offload::sim) inside a Python process.
+
+    import torch_offload.sim
+    torch_offload.sim.install(copy_delay_us=300, poison_freed=True)
+    x = torch.randn(4, device="sim")
+    torch.get_device_module("sim").max_memory_allocated()
+
+``install`` registers the PrivateUse1 backend under ``name`` for the whole
+process (device memory from a counting allocator, one worker thread per
+stream, events, asynchronous copies with an optional delay, poisoning of
+freed memory), generates the ``Tensor.<name>()`` methods, and registers a
+device module, so that ``torch.get_device_module(name)`` and
+``torch.<name>`` give device-generic code what it calls: is_available,
+device_count, current_device, set_device, synchronize, current_stream,
+stream(s), Stream, Event, empty_cache, memory_allocated,
+max_memory_allocated, reset_peak_memory_stats, manual_seed(_all).
+Importing this module loads the sim library (it registers a PrivateUse1
+device guard), so import it only where the simulated device is wanted.
+"""
+
+import contextlib
+import sys
+import types
+
+import torch
+
+import torch_offload  # noqa: F401  (the torch version check)
+
+from . import _sim
+
+__all__ = [
+    "install", "installed", "config", "set_copy_delay_us", "set_poison_freed", "set_capacity_bytes",
+    "device_memory", "reset_peak", "host_memory", "reset_host_peak", "synchronize", "device_module",
+]
+
+
+def install(name="sim", num_devices=2, capacity_bytes=0, copy_delay_us=0, poison_freed=False):
+    """Registers the simulated accelerator for this process (see the module doc).
+
+    Args:
+        name: the PrivateUse1 backend name (lower-case letters, digits, '_',
+            starting with a letter, at most 32 characters, not an in-tree
+            device type).
+        num_devices: [1, 16].
+        capacity_bytes: device memory per device, 0 = unlimited; an
+            allocation beyond it raises torch.OutOfMemoryError.
+        copy_delay_us: every queued (non_blocking) CPU<->sim copy sleeps this
+            long on its stream first, [0, 10_000_000] microseconds.
+        poison_freed: fill device blocks with 0xFF (NaN) when allocated and
+            when released.
+
+    Raises ValueError for a field out of range (naming it), RuntimeError
+    when already installed with a different configuration (naming each
+    differing field) or when another PrivateUse1 backend is registered.
+    Installing the same configuration again does nothing. Thread-safe.
+    """
+    first = not _sim.installed()
+    _sim.install(name, num_devices, capacity_bytes, copy_delay_us, bool(poison_freed))
+    if first or not hasattr(torch, name):
+        torch.utils.rename_privateuse1_backend(name)
+        torch.utils.generate_methods_for_privateuse1_backend(for_tensor=True, for_module=True,
+                                                             for_storage=True)
+        torch._register_device_module(name, device_module)
+
+
+installed = _sim.installed
+
+
+def config():
+    """The installed configuration (dict), with the runtime knobs' current values."""
+    return _sim.config()
+
+
+def set_copy_delay_us(us):
+    """Delay of copies queued from now on, [0, 10_000_000] microseconds."""
+    _sim.set_copy_delay_us(us)
+
+
+def set_poison_freed(on):
+    """Checking mode for blocks allocated or released from now on."""
+    _sim.set_poison_freed(bool(on))
+
+
+def set_capacity_bytes(nbytes):
+    """Per-device capacity in bytes, 0 = unlimited."""
+    _sim.set_capacity_bytes(nbytes)
+
+
+def device_memory(index=0):
+    """Counters of device ``index``: dict of current_bytes, peak_bytes,
+    allocations, frees (bytes as requested; a block counts until its
+    stream-ordered release)."""
+    return _sim.device_memory(index)
+
+
+def reset_peak(index=0):
+    """Sets the peak of device ``index`` to its current bytes."""
+    _sim.reset_peak(index)
+
+
+def host_memory():
+    """Counters of the pinned host allocator (same keys as device_memory)."""
+    return _sim.host_memory()
+
+
+def reset_host_peak():
+    """Sets the host peak to the current host bytes."""
+    _sim.reset_host_peak()
+
+
+def synchronize(device=None):
+    """Waits for every stream of the device (default: the current one)."""
+    _sim.synchronize(_index(device))
+
+
+# ---------------------------------------------------------------- device module
+
+def _index(device):
+    if device is None:
+        return _sim.current_device()
+    if isinstance(device, int):
+        return device
+    device = torch.device(device)
+    return _sim.current_device() if device.index is None else device.index
+
+
+def _name():
+    return _sim.config()["name"]
+
+
+def current_stream(device=None):
+    """The calling thread's current stream on ``device`` (a torch.Stream)."""
+    index = _index(device)
+    return torch.Stream(stream_id=_sim.current_stream_id(index), device_index=index, device_type=_sim.device_type)
+
+
+@contextlib.contextmanager
+def stream(s):
+    """Makes ``s`` (a torch.Stream of this device, or None) the calling
+    thread's current stream on its device for the block."""
+    if s is None:
+        yield
+        return
+    previous = _sim.exchange_stream(s.stream_id, s.device_index)
+    try:
+        yield
+    finally:
+        _sim.exchange_stream(previous, s.device_index)
+
+
+def Stream(device=None, priority=0):  # noqa: N802 (a class-like factory, as torch.cuda.Stream)
+    """A stream from the device's pool (torch.Stream)."""
+    return torch.Stream(device=torch.device(_name(), _index(device)), priority=priority)
+
+
+def Event(enable_timing=False, blocking=False, interprocess=False):  # noqa: N802
+    """An event of this device (torch.Event); recorded with ``stream.record_event()`` or ``event.record(stream)``."""
+    return torch.Event(device=torch.device(_name(), _sim.current_device()), enable_timing=enable_timing,
+                       blocking=blocking, interprocess=interprocess)
+
+
+def _empty_cache():
+    """Nothing is cached beyond the poison quarantine: synchronizes every device."""
+    for i in range(_sim.config()["num_devices"]):
+        _sim.synchronize(i)
+
+
+def _memory_allocated(device=None):
+    return _sim.device_memory(_index(device))["current_bytes"]
+
+
+def _max_memory_allocated(device=None):
+    return _sim.device_memory(_index(device))["peak_bytes"]
+
+
+def _reset_peak_memory_stats(device=None):
+    _sim.reset_peak(_index(device))
+
+
+def _manual_seed(seed):
+    # sim's random operators use the CPU generator (shared by all sim
+    # devices); torch.manual_seed calls this too, so seed only that one.
+    torch.default_generator.manual_seed(int(seed))
+
+
+
+device_module = types.ModuleType("torch_offload.sim.device_module", "The device module registered for sim.")
+for _fn_name, _fn in {
+    "is_available": lambda: _sim.installed(),
+    "device_count": lambda: _sim.config()["num_devices"] if _sim.installed() else 0,
+    "current_device": lambda: _sim.current_device(),
+    "set_device": lambda device: _sim.set_device(_index(device)),
+    "synchronize": synchronize,
+    "current_stream": current_stream,
+    "default_stream": lambda device=None: torch.Stream(stream_id=0, device_index=_index(device),
+                                                       device_type=_sim.device_type),
+    "stream": stream,
+    "Stream": Stream,
+    "Event": Event,
+    "empty_cache": _empty_cache,
+    "memory_allocated": _memory_allocated,
+    "max_memory_allocated": _max_memory_allocated,
+    "reset_peak_memory_stats": _reset_peak_memory_stats,
+    "manual_seed": _manual_seed,
+    "manual_seed_all": _manual_seed,
+    "is_initialized": lambda: _sim.installed(),
+    # Autocast runs sim ops with the CPU kernels; checkpoint saves and
+    # restores the device RNG, which is the CPU generator.
+    "get_amp_supported_dtype": lambda: [torch.float16, torch.bfloat16],
+    "get_rng_state": lambda device=None: torch.get_rng_state(),
+    "set_rng_state": lambda state, device=None: torch.set_rng_state(state),
+    "_is_in_bad_fork": lambda: False,
+}.items():
+    setattr(device_module, _fn_name, _fn)
+sys.modules[device_module.__name__] = device_module

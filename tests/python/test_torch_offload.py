@@ -1,0 +1,330 @@
+# SPDX-License-Identifier: MIT
+"""torch_offload from Python, on the simulated device with a copy delay and
+poisoning of freed memory (conftest.py): bitwise parity of losses and
+gradients with the same run without offloading, for Blocking and Streamed,
+over a GPT and the bug classes of DESIGN.md section 1; the peers' names;
+bad input; the device module; the README snippet."""
+
+import builtins
+import contextlib
+import os
+import re
+import subprocess
+import sys
+import threading
+
+import pytest
+import torch
+
+import cases
+import gpt
+import torch_offload
+import torch_offload.sim
+
+SYNCS = ["blocking", "streamed"]
+DEV = "sim"
+ROOT = os.path.dirname(os.path.dirname(os.path.dirname(os.path.abspath(__file__))))
+
+
+def bits(t):
+    """A tensor's bytes on the CPU: equal bits, not just equal values."""
+    t = t.detach().to("cpu").contiguous()
+    return t.view(torch.uint8) if t.dim() else t.reshape(1).view(torch.uint8)
+
+
+def assert_bitwise(ref, got):
+    assert len(ref) == len(got)
+    for i, (a, b) in enumerate(zip(ref, got)):
+        assert a.device == b.device, f"result {i}: device {b.device}, expected {a.device}"
+        assert a.dtype == b.dtype and a.shape == b.shape, f"result {i}: dtype/shape differ"
+        assert torch.equal(bits(a), bits(b)), f"result {i} differs bitwise"
+
+
+def leaf(*shape, seed=0):
+    return cases.leaf(DEV, *shape, seed=seed)
+
+
+# ---------------------------------------------------------------- parity: the GPT and the bug classes
+
+# What each case must also show besides bitwise parity (Stats fields).
+EXPECT = {
+    "gpt_3_adamw_steps": lambda s: s.tensors_offloaded >= 30 and s.passed_leaf > 0,
+    "views_storage_offset": lambda s: s.tensors_aliased > 0,  # one storage, several views: copied once
+    "cpu_saved_by_function": lambda s: s.passed_other_device >= 1,
+    "two_threads": lambda s: s.tensors_offloaded >= 12,
+}
+PARITY_CASES = [name for name in cases.CASES if name != "inplace_after_save"]
+
+
+@pytest.mark.parametrize("sync", SYNCS)
+@pytest.mark.parametrize("case", PARITY_CASES)
+def test_bitwise_parity(case, sync):
+    run = cases.CASES[case]
+    ref = run(contextlib.nullcontext, DEV)
+    manager = torch_offload.Manager(DEV, sync=sync, min_offload_bytes=1024 if case == "gpt_3_adamw_steps" else 64)
+    got = run(lambda: manager, DEV)
+    assert_bitwise(ref, got)
+    stats = manager.stats()
+    assert stats.tensors_offloaded >= 1, stats  # something was offloaded: the case can fail
+    assert stats.bytes_reloaded > 0 or stats.stash_reuses > 0, stats
+    assert EXPECT.get(case, lambda s: True)(stats), stats
+
+
+@pytest.mark.parametrize("region", ["blocking", "streamed", "no_offload"])
+def test_in_place_change_after_save_raises_autograds_error(region):
+    manager = torch_offload.Manager(DEV, sync=region, min_offload_bytes=64) if region != "no_offload" else None
+    with pytest.raises(RuntimeError, match="one of the variables needed for gradient computation has been "
+                                           "modified by an inplace operation"):
+        cases.in_place_after_save(lambda: manager or torch_offload.no_offload(), DEV)
+    if manager:
+        assert manager.stats().tensors_offloaded == 1
+
+
+def test_tensors_saved_on_another_thread_are_not_routed():
+    manager = torch_offload.Manager(DEV, min_offload_bytes=64)
+    seen = []
+    with manager:
+        t = threading.Thread(target=lambda: seen.append((leaf(64, 64).sin() * 2).sum()))
+        t.start()
+        t.join()
+    seen[0].backward()
+    assert manager.stats().tensors_seen == 0
+
+
+# ---------------------------------------------------------------- API
+
+def test_no_offload_keeps_tensors_where_they_are():
+    a = leaf(64, 64)
+    manager = torch_offload.Manager(DEV, min_offload_bytes=64)
+    with manager:
+        with torch_offload.no_offload():
+            y = a.sin().exp().sum()
+    y.backward()
+    assert manager.stats().tensors_seen == 0
+
+
+def test_nested_with_and_backward_after_exit():
+    outer = torch_offload.Manager(DEV, sync="blocking", min_offload_bytes=64)
+    inner = torch_offload.Manager(DEV, sync="streamed", min_offload_bytes=64)
+    a = leaf(64, 64)
+    with outer:
+        h = a.sin()
+        with inner:
+            k = h.exp()
+        loss = (k * h).sum()
+    loss.backward()
+    assert inner.stats().tensors_seen == 1  # exp's result
+    assert outer.stats().tensors_seen == 3  # sin's input is a leaf; mul saves both
+    assert outer.stats().passed_leaf == 1
+
+
+def test_stats_is_a_dataclass_with_every_field():
+    import dataclasses
+
+    manager = torch_offload.Manager(DEV, min_offload_bytes=64)
+    with manager:
+        loss = leaf(64, 64).sin().exp().sum()
+    loss.backward()
+    s = manager.stats()
+    assert dataclasses.is_dataclass(s)
+    names = [f.name for f in dataclasses.fields(s)]
+    assert names == [name for name, _ in torch_offload._C.stat_fields()]
+    assert dataclasses.fields(s)[0].metadata["doc"] == "saved tensors given to the pack hook"
+    assert {"tensors_offloaded", "bytes_offloaded", "host_bytes_peak", "prefetches"} <= set(names)
+    # sin saves its input (a leaf: stays), exp its result (offloaded).
+    assert s.tensors_seen == 2 and s.tensors_offloaded == 1 and s.bytes_offloaded == 64 * 64 * 4
+    assert s.passed_through == s.passed_leaf == 1
+    manager.reset_stats()
+    assert manager.stats().tensors_seen == 0
+
+
+def test_exclude_parameters():
+    model = gpt.make(DEV, layers=1, width=32, heads=2, seq=16)
+    manager = torch_offload.Manager(DEV, min_offload_bytes=0)
+    manager.exclude(model.parameters())
+    idx, targets = gpt.batch(DEV, batch_size=2, seq=16)
+    with manager:
+        w = model.lm_head.weight * 1.0  # a non-leaf view of a parameter's storage? no: a new tensor
+        loss = model.loss(idx, targets) + (w * model.lm_head.weight.detach()).sum()
+    loss.backward()
+    assert manager.stats().passed_excluded >= 1
+
+
+def test_repr_names_the_chosen_manager():
+    assert "Manager<sim, pinned_host, streamed>" in repr(torch_offload.Manager())
+    r = repr(torch_offload.Manager("sim", "pageable_host", "blocking"))
+    assert "Manager<sim, pageable_host, blocking>" in r and "requested: 'sim'" in r
+    generic = torch_offload.Manager("sim").describe()
+    assert generic == "Manager<sim, pinned_host, streamed>"
+
+
+def test_peer_names_accept_the_peers_arguments():
+    trl_style = torch_offload.OffloadActivations(use_pin_memory=True, use_streams=True, min_offload_size=1024,
+                                                 max_fwd_stash_size=5)
+    assert "Manager<sim, pinned_host, streamed>" in repr(trl_style)
+    blocking = torch_offload.OffloadActivations(use_pin_memory=False, use_streams=False)
+    assert "Manager<sim, pageable_host, blocking>" in repr(blocking)
+    tune_style = torch_offload.OffloadActivations(use_streams=None)
+    assert tune_style.options["max_fwd_stash"] == 5
+    with pytest.raises(ValueError, match="max_fwd_stash must be in \\[1, 1024\\], got 0"):
+        torch_offload.OffloadActivations(max_fwd_stash_size=0)
+    a = leaf(64, 64)
+    with trl_style:
+        with torch_offload.NoOpManager():
+            y = a.sin().exp().sum()
+    y.backward()
+    assert trl_style.stats().tensors_seen == 0
+
+
+@pytest.mark.parametrize("use_streams", [True, False])
+def test_get_act_offloading_ctx_manager_keeps_the_head_on_the_device(use_streams):
+    def run(ctx_of):
+        model = gpt.make(DEV, layers=1, width=32, heads=2, seq=16)
+        ctx = ctx_of(model)
+        idx, targets = gpt.batch(DEV, batch_size=2, seq=16)
+        with ctx:
+            loss = model.loss(idx, targets)
+        loss.backward()
+        return [loss.detach()] + [p.grad for p in model.parameters()], ctx
+
+    ref, _ = run(lambda m: contextlib.nullcontext())
+    got, manager = run(lambda m: torch_offload.get_act_offloading_ctx_manager(m, use_streams=use_streams,
+                                                                              min_offload_size=64))
+    assert_bitwise(ref, got)
+    with_head, plain = manager.stats(), None
+    assert with_head.tensors_offloaded > 0
+    plain_manager = torch_offload.OffloadActivations(use_streams=use_streams, min_offload_size=64)
+    _, plain = run(lambda m: plain_manager)
+    # The head (ln output saved by lm_head's matmul) was not offloaded.
+    assert with_head.tensors_seen < plain.stats().tensors_seen
+    assert isinstance(torch_offload.get_act_offloading_ctx_manager(torch.nn.Linear(2, 2), False),
+                      contextlib.nullcontext)
+
+
+def test_pass_through_fallback_and_unavailable_device():
+    with pytest.raises(RuntimeError, match="device 'npu' is not available"):
+        torch_offload.Manager("npu")
+    m = torch_offload.Manager("npu", fallback="pass_through")
+    assert "PassThrough<offloads nothing: device 'npu' is not available" in repr(m)
+    a = leaf(64, 64)
+    with m:
+        y = a.sin().exp().sum()
+    y.backward()
+    assert m.stats().tensors_seen == 2 and m.stats().tensors_offloaded == 0
+
+
+# ---------------------------------------------------------------- bad input
+
+def bad_input_rows():
+    """The rows of docs/bad-input.md's Python section: (call, exception name, message)."""
+    text = open(os.path.join(ROOT, "docs", "bad-input.md"), encoding="utf-8").read()
+    section = text[text.index("## Python: `torch_offload`"):]
+    rows = [re.findall(r"`([^`]*)`", line) for line in section.splitlines() if line.startswith("| `")]
+    assert len(rows) >= 20, "docs/bad-input.md: the Python table is missing"
+    return [tuple(r) for r in rows]
+
+
+@pytest.mark.parametrize("call,error,message", bad_input_rows())
+def test_bad_input_row(call, error, message):
+    if "'cuda', " in message and "cuda" not in torch_offload._C.compiled_device_policies():
+        message = message.replace("'cuda', ", "")
+    before = torch_offload.sim.config()
+    with pytest.raises(getattr(builtins, error)) as info:
+        eval(call, {"torch_offload": torch_offload})
+    assert str(info.value) == message
+    assert torch_offload.sim.config() == before  # nothing changed
+
+
+def test_wrong_types_are_type_errors():
+    with pytest.raises(TypeError):
+        torch_offload.Manager("sim", min_offload_bytes="1k")
+    with pytest.raises(TypeError):
+        torch_offload.Manager(None)
+
+
+def test_options_are_checked_before_names():
+    with pytest.raises(ValueError, match="max_fwd_stash"):
+        torch_offload.Manager("tpu", max_fwd_stash=0)
+
+
+def test_auto_without_an_accelerator_raises_or_passes_through():
+    # A fresh process without sim: on this CPU machine LibTorch detects no
+    # usable accelerator (a CUDA build without a GPU counts as none).
+    code = """
+import torch, torch_offload
+if torch.accelerator.is_available():
+    print("SKIP"); raise SystemExit
+try:
+    torch_offload.Manager()
+except RuntimeError as e:
+    print("RAISED", e)
+print(repr(torch_offload.Manager(fallback="pass_through")))
+"""
+    run = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, env=os.environ)
+    assert run.returncode == 0, run.stderr
+    if run.stdout.startswith("SKIP"):
+        pytest.skip("this machine has an accelerator")
+    assert "RAISED torch_offload.Manager: device='auto': no accelerator was detected" in run.stdout
+    assert "fallback='pass_through' to run without offloading" in run.stdout
+    assert "PassThrough<offloads nothing: no accelerator was detected" in run.stdout
+
+
+def test_import_with_another_torch_version_is_an_import_error():
+    code = "import torch; torch.__version__ = '0.0.1'; import torch_offload"
+    run = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, env=os.environ)
+    assert run.returncode != 0
+    assert "ImportError" in run.stderr
+    assert f"built against torch {torch.__version__}" in run.stderr and "imported torch 0.0.1" in run.stderr
+
+
+# ---------------------------------------------------------------- sim device module
+
+def test_device_module_serves_device_generic_code():
+    mod = torch.get_device_module("sim")
+    assert mod is torch.sim
+    assert mod.is_available() and mod.device_count() == 2 and mod.current_device() == 0
+    s0 = mod.current_stream()
+    s1 = mod.Stream()
+    assert s0.stream_id == 0 and s1 != s0
+    x = torch.ones(256, 256, device="sim")
+    with mod.stream(s1):
+        assert mod.current_stream() == s1
+        s1.wait_stream(s0)
+        host = torch.empty(256, 256, pin_memory=True)
+        host.copy_(x, non_blocking=True)
+        ev = s1.record_event()
+    assert mod.current_stream() == s0
+    s0.wait_event(ev)
+    mod.synchronize()
+    assert torch.equal(host, torch.ones(256, 256))
+    e = mod.Event()
+    e.record(s0)
+    e.synchronize()
+    assert e.query()
+    mod.reset_peak_memory_stats()
+    before = mod.memory_allocated()
+    y = torch.empty(1024, device="sim")
+    assert mod.memory_allocated() == before + 4096 and mod.max_memory_allocated() >= before + 4096
+    del y, x, host
+    mod.empty_cache()
+    mod.set_device(1)
+    assert mod.current_device() == 1 and torch.ones(1, device="sim").device == torch.device("sim", 1)
+    mod.set_device(0)
+    mod.manual_seed(3)
+    mod.manual_seed_all(3)
+    assert torch.ones(2).sim().device.type == "sim"
+
+
+# ---------------------------------------------------------------- docs
+
+def test_readme_python_snippet_runs():
+    readme = open(os.path.join(ROOT, "README.md"), encoding="utf-8").read()
+    found = re.search(r"<!-- snippet:python[^>]*-->\s*```python\n(.*?)```", readme, re.S)
+    assert found, "README.md has no <!-- snippet:python --> block"
+    model = gpt.make(DEV, layers=1, width=32, heads=2, seq=16)
+    optimizer = torch.optim.AdamW(model.parameters())
+    inputs, targets = gpt.batch(DEV, batch_size=2, seq=16)
+    namespace = {"model": model, "optimizer": optimizer, "inputs": inputs, "targets": targets, "steps": 2,
+                 "loss_fn": lambda logits, t: torch.nn.functional.cross_entropy(logits.flatten(0, 1), t.flatten())}
+    exec(compile(found.group(1), "README.md", "exec"), namespace)
+    assert namespace["manager"].stats().tensors_offloaded > 0
