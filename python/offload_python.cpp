@@ -118,7 +118,7 @@ offload::AnyManager build_for(const std::string& device, const offload::Options&
       unavailable = std::string(P::name);
       return;
     }
-    chosen.emplace(offload::detail::build<P, Storage, Sync>(
+    chosen.emplace(offload::detail::build<P, Storage, Sync, offload::sync::Blocking>(
         options, offload::DetectedAccelerator{P::device_type, device, {}}));
   };
   boost::hana::for_each(offload::builtin_devices, try_policy);
@@ -176,6 +176,7 @@ PYBIND11_MODULE(_C, m) {
 
   py::class_<Packed>(m, "Packed", "One saved tensor held by torch_offload (opaque).");
 
+  py::class_<offload::detail::ScopeMark>(m, "_ScopeMark");
   py::class_<offload::AnyManager>(m, "Manager")
       .def(py::init([](const std::string& device, const std::string& storage, const std::string& sync,
                        std::int64_t min_offload_bytes, std::int64_t max_fwd_stash, std::int64_t prefetch_depth,
@@ -199,10 +200,16 @@ PYBIND11_MODULE(_C, m) {
           py::call_guard<py::gil_scoped_release>())
       .def_static(
           "unpack", [](Packed& packed) { return packed.unpack(); }, py::call_guard<py::gil_scoped_release>())
+      // What the manager had seen when a `with` opened (for its warnings at exit).
+      .def("on_scope_enter",
+           [](offload::AnyManager& self) { return offload::detail::source_of(self)->on_scope_enter(); })
       // Streamed settles its forward stash here: it may wait for copies.
       .def(
-          "on_scope_exit", [](offload::AnyManager& self) { offload::detail::source_of(self)->on_scope_exit(); },
-          py::call_guard<py::gil_scoped_release>())
+          "on_scope_exit",
+          [](offload::AnyManager& self, const offload::detail::ScopeMark& opened, bool in_order) {
+            offload::detail::source_of(self)->on_scope_exit(opened, in_order);
+          },
+          py::arg("opened"), py::arg("in_order"), py::call_guard<py::gil_scoped_release>())
       .def("stats", [](const offload::AnyManager& self) { return stat_values(self.stats()); })
       .def("reset_stats", &offload::AnyManager::reset_stats)
       .def("exclude", [](offload::AnyManager& self, const std::vector<at::Tensor>& tensors) {

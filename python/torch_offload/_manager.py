@@ -102,14 +102,19 @@ class Manager(_HookRegion):
         super().__init__(impl.pack, _C.Manager.unpack)
         self._impl = impl
         self._requested = device
+        self._marks = threading.local()  # per thread: what the manager had seen at each open `with`
 
     def __enter__(self):
         self._open()
+        marks = getattr(self._marks, "stack", None)
+        if marks is None:
+            marks = self._marks.stack = []
+        marks.append(self._impl.on_scope_enter())
         return self
 
     def __exit__(self, *exc):
         self._close(*exc)
-        self._impl.on_scope_exit()
+        self._impl.on_scope_exit(self._marks.stack.pop(), True)
         return False
 
     def stats(self):
