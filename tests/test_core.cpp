@@ -38,7 +38,7 @@ TEST_CASE("Options: defaults are valid and documented values") {
   CHECK(options.min_offload_bytes == 1024);
   CHECK(options.max_fwd_stash == 5);
   CHECK(options.prefetch_depth == 2);
-  CHECK(options.prefetch_bytes == std::int64_t{16} << 20);
+  CHECK(options.prefetch_bytes == 0);
   CHECK(options.pin_memory);
   CHECK(options.host_budget_bytes == 0);
   CHECK_NOTHROW(options.validate());
