@@ -20,6 +20,8 @@ device guard), so import it only where the simulated device is wanted.
 """
 
 import contextlib
+import ctypes
+import os
 import sys
 import types
 
@@ -27,7 +29,14 @@ import torch
 
 import torch_offload  # noqa: F401  (the torch version check)
 
-from . import _sim
+from . import _C
+
+# _sim registers itself with the core that _C holds (offload::detail::note_linked,
+# so make_manager's messages know sim is there). Python loads extension modules
+# with RTLD_LOCAL: make _C's symbols visible to the modules loaded after it.
+ctypes.CDLL(_C.__file__, mode=os.RTLD_NOLOAD | os.RTLD_GLOBAL)
+
+from . import _sim  # noqa: E402
 
 __all__ = [
     "install", "installed", "config", "set_copy_delay_us", "set_poison_freed", "set_capacity_bytes",
