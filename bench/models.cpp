@@ -224,7 +224,8 @@ Analysis analyse(const Shapes& s, const offload::Options& o) {
   a.working = 4 * (std::max(12 * B * T * W, 3 * B * H * T * T) + B * T * W);
   a.largest = 4 * std::max(4 * B * T * W, B * H * T * T);
   // The prefetch window: prefetch_bytes of buffers (at least one storage),
-  // or prefetch_depth storages when prefetch_bytes is 0.
+  // or prefetch_depth times the largest storage when prefetch_bytes is 0
+  // (the logits, 4BTV, are left out: they come back first, and V is small).
   const auto prefetch = o.prefetch_bytes > 0 ? std::max(o.prefetch_bytes, a.largest) : o.prefetch_depth * a.largest;
   a.window = o.max_fwd_stash * a.largest + prefetch;
   return a;
@@ -463,7 +464,7 @@ int run_overlap(const Args& args) {
   std::cout << "\nAt " << delay << " us: exposed copy time of Blocking (timed) = t_blocking - t_none = "
             << fixed(t_block - t_none, 1) << " ms; of Streamed = " << fixed(t_stream - t_none, 1) << " ms.\n"
             << "Fraction of exposed copy time hidden = (t_blocking - t_streamed) / (t_blocking - t_none) = "
-            << fixed(100 * hidden, 1) << " %  (target >= 80 %: " << (hidden >= 0.8 ? "met" : "MISSED") << ")\n"
+            << fixed(100 * hidden, 1) << " %  (target >= 90 % with the library defaults: " << (hidden >= 0.9 ? "met" : "MISSED") << ")\n"
             << "Decomposition: the delay itself costs Blocking (timed) " << fixed(delay_exposed_block, 1)
             << " ms and Streamed " << fixed(delay_exposed_stream, 1) << " ms (t at " << delay
             << " us - t at 0 us): Streamed hides " << fixed(100 * latency_hidden, 1)

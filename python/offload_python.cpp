@@ -6,11 +6,14 @@
 // returns it to Python as an opaque handle; unpack hands it back. The only
 // LibTorch-heavy translation unit of the Python package.
 
+#include <algorithm>
 #include <cstdint>
+#include <map>
 #include <memory>
 #include <optional>
 #include <string>
 #include <string_view>
+#include <tuple>
 #include <utility>
 #include <vector>
 
@@ -178,20 +181,26 @@ PYBIND11_MODULE(_C, m) {
 
   py::class_<offload::detail::ScopeMark>(m, "_ScopeMark");
   py::class_<offload::AnyManager>(m, "Manager")
+      // options: every key of offload::option_fields (an int each); the
+      // Python Manager passes them all.
       .def(py::init([](const std::string& device, const std::string& storage, const std::string& sync,
-                       std::int64_t min_offload_bytes, std::int64_t max_fwd_stash, std::int64_t prefetch_depth,
-                       bool pin_memory, std::int64_t host_budget_bytes, const std::string& fallback) {
+                       const std::map<std::string, std::int64_t>& values, bool pin_memory,
+                       const std::string& fallback) {
              offload::Options options;
-             options.min_offload_bytes = min_offload_bytes;
-             options.max_fwd_stash = max_fwd_stash;
-             options.prefetch_depth = prefetch_depth;
+             for (const auto& field : offload::option_fields) {
+               const auto found = values.find(std::string(field.name));
+               if (found != values.end()) options.*field.member = found->second;
+             }
+             for (const auto& [key, value] : values) {
+               const bool known = std::any_of(offload::option_fields.begin(), offload::option_fields.end(),
+                                              [&](const auto& field) { return field.name == key; });
+               TORCH_CHECK_VALUE(known, "torch_offload.Manager: unknown option '", key, "'");
+             }
              options.pin_memory = pin_memory;
-             options.host_budget_bytes = host_budget_bytes;
              return make(device, storage, sync, options, fallback);
            }),
-           py::arg("device"), py::arg("storage"), py::arg("sync"), py::arg("min_offload_bytes"),
-           py::arg("max_fwd_stash"), py::arg("prefetch_depth"), py::arg("pin_memory"),
-           py::arg("host_budget_bytes"), py::arg("fallback"))
+           py::arg("device"), py::arg("storage"), py::arg("sync"), py::arg("options"), py::arg("pin_memory"),
+           py::arg("fallback"))
       .def(
           "pack",
           [](offload::AnyManager& self, const at::Tensor& tensor) {
@@ -219,15 +228,17 @@ PYBIND11_MODULE(_C, m) {
       .def("options", [](const offload::AnyManager& self) {
         const auto& o = self.options();
         py::dict out;
-        out["min_offload_bytes"] = o.min_offload_bytes;
-        out["max_fwd_stash"] = o.max_fwd_stash;
-        out["prefetch_depth"] = o.prefetch_depth;
+        for (const auto& field : offload::option_fields) out[py::str(field.name)] = o.*field.member;
         out["pin_memory"] = o.pin_memory;
-        out["host_budget_bytes"] = o.host_budget_bytes;
         return out;
       });
 
   m.def("plain_pack", [](const at::Tensor& tensor) { return Packed::plain(tensor); });
+  m.def("option_fields", [] {
+    std::vector<std::tuple<std::string_view, std::int64_t, std::int64_t, std::string_view>> out;  // (name, lo, hi, unit)
+    for (const auto& field : offload::option_fields) out.emplace_back(field.name, field.range.lo, field.range.hi, field.unit);
+    return out;
+  });
   m.def("stat_fields", [] {
     std::vector<std::pair<std::string_view, std::string_view>> out;  // (name, what it counts)
     for (const auto& field : offload::stat_fields) out.emplace_back(field.name, field.doc);

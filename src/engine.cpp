@@ -30,18 +30,14 @@ namespace offload {
 
 // ---------------------------------------------------------------- Options
 namespace {
-void check_range(const char* field, std::int64_t value, Range range) {
+void check_range(std::string_view field, std::int64_t value, Range range) {
   TORCH_CHECK_VALUE(range.contains(value), "offload::Options: ", field, " must be in [", range.lo, ", ", range.hi,
                     "], got ", value);
 }
 }  // namespace
 
 void Options::validate() const {
-  check_range("min_offload_bytes", min_offload_bytes, ranges::min_offload_bytes);
-  check_range("max_fwd_stash", max_fwd_stash, ranges::max_fwd_stash);
-  check_range("prefetch_depth", prefetch_depth, ranges::prefetch_depth);
-  check_range("prefetch_bytes", prefetch_bytes, ranges::prefetch_bytes);
-  check_range("host_budget_bytes", host_budget_bytes, ranges::host_budget_bytes);
+  for (const auto& field : option_fields) check_range(field.name, this->*field.member, field.range);
 }
 
 std::ostream& operator<<(std::ostream& os, const Stats& s) {

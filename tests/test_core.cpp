@@ -364,24 +364,17 @@ struct CollectWarnings final : c10::WarningHandler {
   c10::WarningUtils::WarningHandlerGuard guard_;
 };
 
-std::string range_message(const char* field, offload::Range range, std::int64_t got) {
+std::string range_message(std::string_view field, offload::Range range, std::int64_t got) {
   return "offload::Options: " + std::string(field) + " must be in [" + std::to_string(range.lo) + ", " +
          std::to_string(range.hi) + "], got " + std::to_string(got);
 }
 }  // namespace
 
 TEST_CASE("Options: offload::ranges are what validate() accepts, at both ends") {
-  struct Field {
-    const char* name;
-    std::int64_t offload::Options::*member;
-    offload::Range range;
-  };
-  const Field fields[] = {
-      {"min_offload_bytes", &offload::Options::min_offload_bytes, offload::ranges::min_offload_bytes},
-      {"max_fwd_stash", &offload::Options::max_fwd_stash, offload::ranges::max_fwd_stash},
-      {"prefetch_depth", &offload::Options::prefetch_depth, offload::ranges::prefetch_depth},
-      {"host_budget_bytes", &offload::Options::host_budget_bytes, offload::ranges::host_budget_bytes},
-  };
+  // Every integer field, through the one list validate() and the Python
+  // binding read.
+  const auto& fields = offload::option_fields;
+  CHECK(fields.size() == 5);
   for (const auto& f : fields) {
     CAPTURE(f.name);
     for (auto ok : {f.range.lo, f.range.hi}) {

@@ -110,6 +110,73 @@ TEST_CASE("Streamed: the prefetch window counts bytes, not tensors, when prefetc
   CHECK(tiny.stats().prefetch_peak == 1);
 }
 
+TEST_CASE("Streamed: with prefetch_bytes 0 small saved tensors do not take a prefetch slot each") {
+  offload::sim::install();
+  offload::sim::ScopedKnobs restore;
+  offload::sim::set_copy_delay_us(1000);
+  offload::sim::set_poison_freed(true);
+  // 8 layers, each saving its 256 KiB output and four 4 KiB tensors (the
+  // shape of LayerNorm's saved mean and rstd next to a large activation)
+  const auto x = at::randn({kSide, kSide}).to(sim0).requires_grad_();
+  const auto run = [&](const Streamed* manager) {
+    std::optional<offload::Scope> scope;
+    if (manager != nullptr) scope.emplace(*manager);
+    auto h = x * 1;
+    auto loss = at::zeros({}, x.options());
+    for (int i = 0; i < 8; ++i) {
+      h = h.tanh();
+      for (int j = 0; j < 4; ++j) loss = loss + h.narrow(0, j, 4).tanh().sum();
+    }
+    loss = loss + h.sum();
+    scope.reset();
+    x.mutable_grad() = at::Tensor();
+    loss.backward();
+    return x.grad().to(at::kCPU);
+  };
+  const auto plain = run(nullptr);
+  for (std::int64_t depth : {1, 2}) {
+    CAPTURE(depth);
+    Streamed manager(offload::Options{.min_offload_bytes = 0, .max_fwd_stash = 1, .prefetch_depth = depth});
+    CHECK(at::equal(run(&manager), plain));
+    const auto stats = manager.stats();
+    CHECK(stats.tensors_offloaded == 8 * 5);
+    // Counting tensors, depth slots would hold at most depth tensors; the
+    // window of depth x 256 KiB also holds the small ones between them.
+    CHECK(stats.prefetch_peak >= depth + 3);  // counting tensors: <= depth (+1 on demand)
+    CHECK(stats.prefetch_peak <= depth * 5 + 1);
+  }
+}
+
+TEST_CASE("Streamed: the window shrinks once the largest saved tensor came back") {
+  offload::sim::install();
+  offload::sim::ScopedKnobs restore;
+  offload::sim::set_copy_delay_us(1000);
+  offload::sim::set_poison_freed(true);
+  // 8 chained 256 KiB activations, then one 4 MiB tensor saved last (as
+  // the logits are) and so needed first in backward.
+  Chain chain;
+  const auto run = [&](const Streamed* manager) {
+    std::optional<offload::Scope> scope;
+    if (manager != nullptr) scope.emplace(*manager);
+    auto h = chain.x * 1;
+    for (int i = 0; i < 8; ++i) h = h.tanh();
+    auto loss = h.repeat({4, 4}).tanh().sum();
+    scope.reset();
+    chain.x.mutable_grad() = at::Tensor();
+    loss.backward();
+    return chain.x.grad().to(at::kCPU);
+  };
+  const auto plain = run(nullptr);
+  Streamed manager(offload::Options{.min_offload_bytes = 0, .max_fwd_stash = 1, .prefetch_depth = 1});
+  CHECK(at::equal(run(&manager), plain));
+  const auto stats = manager.stats();
+  CHECK(stats.tensors_offloaded == 9);
+  // A window sized by the 4 MiB tensor for the whole backward would bring
+  // all eight 256 KiB ones back at once; sized by what is still to come,
+  // one is ahead (+1 on demand).
+  CHECK(stats.prefetch_peak <= 2);
+}
+
 TEST_CASE("Streamed: a tensor still in the forward stash is reused, not copied back") {
   offload::sim::install();
   offload::sim::ScopedKnobs restore;

@@ -255,7 +255,9 @@ std::optional<Args> parse_args(int argc, char** argv) {
   integer("--max-fwd-stash", a.max_fwd_stash, offload::ranges::max_fwd_stash,
           "streamed: device-to-host copies in flight in forward", g2);
   integer("--prefetch-depth", a.prefetch_depth, offload::ranges::prefetch_depth,
-          "streamed: tensors brought back ahead of need in backward", g2);
+          "streamed: how far ahead of need backward brings tensors back, in largest saved tensors", g2);
+  bytes("--prefetch-bytes", a.prefetch_bytes, offload::ranges::prefetch_bytes,
+        "streamed: a fixed prefetch window in bytes instead (0: follow --prefetch-depth)");
 
   const std::string g3 = "Output";
   app.add_option("--summary-json", a.summary_json, "write the results as JSON")

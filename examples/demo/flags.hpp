@@ -48,6 +48,7 @@ struct Args {
   std::int64_t min_offload_bytes = offload::Options{}.min_offload_bytes;
   std::int64_t max_fwd_stash = offload::Options{}.max_fwd_stash;
   std::int64_t prefetch_depth = offload::Options{}.prefetch_depth;
+  std::int64_t prefetch_bytes = offload::Options{}.prefetch_bytes;
   std::int64_t log_every = 0;  ///< 0 = about ten lines per run when stdout is not a terminal
 };
 

@@ -46,7 +46,8 @@ int run(const Args& args) {
   const DeviceMemory memory(device);
   const offload::Options options{.min_offload_bytes = args.min_offload_bytes,
                                  .max_fwd_stash = args.max_fwd_stash,
-                                 .prefetch_depth = args.prefetch_depth};
+                                 .prefetch_depth = args.prefetch_depth,
+                                 .prefetch_bytes = args.prefetch_bytes};
   try {
     options.validate();
   } catch (const c10::ValueError& e) {

@@ -3,7 +3,9 @@
 /// @file
 /// offload::Options: every tunable of a manager, with defaults and units.
 
+#include <array>
 #include <cstdint>
+#include <string_view>
 
 namespace offload {
 
@@ -21,9 +23,9 @@ struct Range {
 namespace ranges {
 inline constexpr Range min_offload_bytes{0, std::int64_t{1} << 50};  ///< bytes
 inline constexpr Range max_fwd_stash{1, 1024};                       ///< offloaded storages
-inline constexpr Range prefetch_depth{0, 1024};                      ///< offloaded storages
+inline constexpr Range prefetch_depth{0, 1024};                      ///< largest offloaded storages
 inline constexpr Range host_budget_bytes{0, std::int64_t{1} << 50};  ///< bytes; 0 = unlimited
-inline constexpr Range prefetch_bytes{0, std::int64_t{1} << 50};    ///< bytes; 0 = count tensors (prefetch_depth)
+inline constexpr Range prefetch_bytes{0, std::int64_t{1} << 50};    ///< bytes; 0 = prefetch_depth x the largest storage
 }  // namespace ranges
 
 /// Settings of one offload manager. Plain data: copy freely. A manager
@@ -41,27 +43,29 @@ struct Options {
   /// Accepted: ranges::max_fwd_stash, [1, 1024]. Default 5 tensors.
   std::int64_t max_fwd_stash = 5;
 
-  /// sync::Streamed: how many offloaded tensors backward brings back ahead
-  /// of the one it needs now. 0 reloads on demand only.
-  /// Accepted: ranges::prefetch_depth, [0, 1024]. Default 2 tensors. Used
-  /// only when prefetch_bytes is 0.
+  /// sync::Streamed: how far ahead of need backward brings offloaded
+  /// tensors back, in units of the largest offloaded storage: when
+  /// prefetch_bytes is 0 the prefetch window is prefetch_depth times the
+  /// device bytes of the largest offloaded storage backward has not needed
+  /// yet (the same bound on device memory as prefetch_depth large tensors;
+  /// it shrinks once the largest, e.g. the logits, came back), and any
+  /// number of smaller tensors (LayerNorm's mean and rstd) fill it, so they
+  /// do not take a slot each. 0 reloads on demand only.
+  /// Accepted: ranges::prefetch_depth, [0, 1024]. Default 2.
   std::int64_t prefetch_depth = 2;
 
-  /// sync::Streamed: how many bytes backward keeps in flight ahead of need
-  /// (device buffers of offloaded tensors brought back, not yet used),
-  /// whatever the tensor count, so that small saved tensors (LayerNorm's
-  /// mean and rstd) do not take a slot like a large activation. At least
-  /// one tensor is brought back ahead even if it alone exceeds the window.
-  /// 0 = count tensors with prefetch_depth instead.
-  /// Accepted: ranges::prefetch_bytes, [0, 2^50].
-  /// Default 0 (count tensors). A window hides more copy time (16 MiB:
-  /// 87.4 % against about 70 % with prefetch_depth 2 on bench/README.md's
-  /// overlap benchmark) but raises the backward peak by up to its size: on
+  /// sync::Streamed: a fixed prefetch window in bytes instead: backward
+  /// keeps up to this many device bytes of offloaded tensors brought back
+  /// ahead of need (not yet used), whatever the tensor count. At least one
+  /// tensor is brought back ahead even if it alone exceeds the window.
+  /// 0 = the window follows prefetch_depth (above).
+  /// Accepted: ranges::prefetch_bytes, [0, 2^50]. Default 0.
+  /// A fixed window larger than a few of the model's largest saved tensors
+  /// raises the backward peak by up to its size for little more overlap: on
   /// the demo model (4 layers, about 20 MiB offloaded per step) 16 MiB
   /// raised the offloaded peak from 0.38x to 0.64x of the run without
   /// offloading, and a model whose activations fit in the window is brought
-  /// back whole at the start of backward (no memory saved). Set it to a
-  /// small fraction of one step's offloaded bytes.
+  /// back whole at the start of backward (no memory saved).
   std::int64_t prefetch_bytes = 0;
 
   /// Whether storage::PinnedHost may use page-locked host memory. When false
@@ -80,5 +84,27 @@ struct Options {
   /// Changes nothing.
   void validate() const;
 };
+
+/// One integer field of Options: its name (as in C++, the demo's and the
+/// Python package's keyword), the member, its accepted range and its unit.
+struct OptionField {
+  std::string_view name;
+  std::int64_t Options::*member;
+  Range range;
+  std::string_view unit;
+};
+
+/// Every integer field of Options, in declaration order (pin_memory, the
+/// one bool, is not listed). validate() checks these in this order, and the
+/// Python binding reads its keywords and options() from here.
+inline constexpr std::array option_fields{
+    OptionField{"min_offload_bytes", &Options::min_offload_bytes, ranges::min_offload_bytes, "bytes"},
+    OptionField{"max_fwd_stash", &Options::max_fwd_stash, ranges::max_fwd_stash, "offloaded storages"},
+    OptionField{"prefetch_depth", &Options::prefetch_depth, ranges::prefetch_depth, "largest offloaded storages"},
+    OptionField{"prefetch_bytes", &Options::prefetch_bytes, ranges::prefetch_bytes, "bytes"},
+    OptionField{"host_budget_bytes", &Options::host_budget_bytes, ranges::host_budget_bytes, "bytes"},
+};
+static_assert(sizeof(Options) == (option_fields.size() + 1) * sizeof(std::int64_t),
+              "offload::option_fields must list every integer field of offload::Options");
 
 }  // namespace offload

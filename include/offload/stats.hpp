@@ -83,7 +83,7 @@ inline constexpr std::array stat_fields{
     StatField{"prefetches", &Stats::prefetches,
               "host -> device copies started ahead of (or on) demand by sync::Streamed"},
     StatField{"prefetch_peak", &Stats::prefetch_peak,
-              "most prefetched buffers outstanding at once (tensors; with prefetch_bytes 0: <= Options::prefetch_depth, +1 on demand)"},
+              "most prefetched buffers outstanding at once (tensors; their bytes stay within the prefetch window, +1 on demand)"},
 };
 static_assert(sizeof(Stats) == stat_fields.size() * sizeof(std::int64_t),
               "offload::stat_fields must list every field of offload::Stats");

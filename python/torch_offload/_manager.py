@@ -2,6 +2,7 @@
 """torch_offload.Manager, no_offload and Stats."""
 
 import dataclasses
+import operator
 import threading
 
 import torch
@@ -73,7 +74,11 @@ class Manager(_HookRegion):
             without streams/events) or ``"blocking"``.
         min_offload_bytes: storages smaller than this stay put, [0, 2**50].
         max_fwd_stash: streamed: tensors in flight to the host, [1, 1024].
-        prefetch_depth: streamed: tensors brought back ahead, [0, 1024].
+        prefetch_depth: streamed: how far ahead backward brings tensors
+            back, in units of the largest offloaded storage (small saved
+            tensors fill the window without a slot each), [0, 1024].
+        prefetch_bytes: streamed: a fixed prefetch window in bytes instead,
+            0 = follow prefetch_depth, [0, 2**50].
         pin_memory: whether pinned_host may page-lock.
         host_budget_bytes: most host bytes held, 0 = unlimited, [0, 2**50].
         fallback: with ``device="auto"`` and no usable accelerator,
@@ -93,12 +98,26 @@ class Manager(_HookRegion):
     """
 
     def __init__(self, device="auto", storage="pinned_host", sync="streamed", *, min_offload_bytes=1024,
-                 max_fwd_stash=5, prefetch_depth=2, pin_memory=True, host_budget_bytes=0, fallback="error"):
+                 max_fwd_stash=5, prefetch_depth=2, prefetch_bytes=0, pin_memory=True, host_budget_bytes=0,
+                 fallback="error"):
         for name, value in (("device", device), ("storage", storage), ("sync", sync), ("fallback", fallback)):
             if not isinstance(value, str):
                 raise TypeError(f"torch_offload.Manager: {name} must be a str, got {type(value).__name__}")
-        impl = _C.Manager(device, storage, sync, min_offload_bytes, max_fwd_stash, prefetch_depth,
-                          bool(pin_memory), host_budget_bytes, fallback)
+        options = {"min_offload_bytes": min_offload_bytes, "max_fwd_stash": max_fwd_stash,
+                   "prefetch_depth": prefetch_depth, "prefetch_bytes": prefetch_bytes,
+                   "host_budget_bytes": host_budget_bytes}
+        for name, lo, hi, _ in _C.option_fields():
+            value = options[name]
+            if isinstance(value, bool):
+                raise TypeError(f"torch_offload.Manager: {name} must be an int, got bool")
+            try:
+                value = operator.index(value)  # int, numpy and torch integers
+            except TypeError:
+                raise TypeError(f"torch_offload.Manager: {name} must be an int, got {type(value).__name__}") from None
+            if not lo <= value <= hi:  # the C++ message, also for values beyond int64
+                raise ValueError(f"offload::Options: {name} must be in [{lo}, {hi}], got {value}")
+            options[name] = value
+        impl = _C.Manager(device, storage, sync, options, bool(pin_memory), fallback)
         super().__init__(impl.pack, _C.Manager.unpack)
         self._impl = impl
         self._requested = device

@@ -79,6 +79,21 @@ class SimStream {
     return enqueued_;
   }
 
+  // Marks the current end of the stream for an event: when nothing is
+  // queued, the mark is reached at once (as recording an event on an idle
+  // device stream is a host call that completes immediately); otherwise a
+  // marker task is queued and `on_reached` runs when the worker reaches it.
+  // Returns the position of the mark.
+  std::uint64_t mark(std::function<void()> on_reached) {
+    std::unique_lock<std::mutex> lock(mutex_);
+    if (completed_ >= enqueued_) {
+      on_reached();
+      return enqueued_;
+    }
+    lock.unlock();
+    return enqueue(std::move(on_reached));
+  }
+
   // The position of the last queued task if it has not run yet.
   std::optional<std::uint64_t> pending_position() {
     std::lock_guard<std::mutex> lock(mutex_);
@@ -874,7 +889,7 @@ struct SimGuardImpl final : public c10::impl::DeviceGuardImplInterface {
                 " cannot be recorded on a stream of ", device_name(s.device()));
     auto rec = std::make_shared<Recording>();
     rec->stream = &s;
-    rec->position = s.enqueue([rec] { rec->t_ns.store(now_ns()); });
+    rec->position = s.mark([rec] { rec->t_ns.store(now_ns()); });
     std::lock_guard<std::mutex> lock(ev->mutex);
     ev->last = std::move(rec);
   }

@@ -138,6 +138,39 @@ def test_stats_is_a_dataclass_with_every_field():
     assert manager.stats().tensors_seen == 0
 
 
+def test_options_round_trip_every_field():
+    import inspect
+
+    names = [name for name, _, _, _ in torch_offload._C.option_fields()]
+    assert names == ["min_offload_bytes", "max_fwd_stash", "prefetch_depth", "prefetch_bytes", "host_budget_bytes"]
+    # Each is a keyword of Manager with the C++ default, and options() returns what was given.
+    params = inspect.signature(torch_offload.Manager).parameters
+    defaults = torch_offload.Manager("sim").options
+    assert {name: params[name].default for name in names} == {name: defaults[name] for name in names}
+    given = {name: lo + 1 for name, lo, _, _ in torch_offload._C.option_fields()}
+    assert torch_offload.Manager("sim", **given).options == {**given, "pin_memory": True}
+
+
+def test_fixed_prefetch_window_is_exact_and_bounded():
+    # 8 chained 64 KiB activations. Depth 0 without a window: on demand only;
+    # a window of 2.5 activations keeps 2 in flight whatever the depth.
+    x = leaf(128, 128)
+    (x * 1).tanh().tanh().tanh().tanh().tanh().tanh().tanh().tanh().sum().backward()
+    ref = x.grad.cpu()
+    for window in (0, 5 * 64 * 1024 // 2):
+        manager = torch_offload.Manager(DEV, min_offload_bytes=0, max_fwd_stash=1, prefetch_depth=0,
+                                        prefetch_bytes=window)
+        x.grad = None
+        with manager:
+            h = x * 1
+            for _ in range(8):
+                h = h.tanh()
+        h.sum().backward()
+        assert torch.equal(x.grad.cpu(), ref)
+        peak = manager.stats().prefetch_peak
+        assert peak == 1 if window == 0 else peak in (2, 3)  # on demand only; 2 ahead (+1 on demand)
+
+
 def test_exclude_parameters():
     model = gpt.make(DEV, layers=1, width=32, heads=2, seq=16)
     manager = torch_offload.Manager(DEV, min_offload_bytes=0)
@@ -236,10 +269,21 @@ def test_bad_input_row(call, error, message):
 
 
 def test_wrong_types_are_type_errors():
-    with pytest.raises(TypeError):
+    with pytest.raises(TypeError, match="min_offload_bytes must be an int, got str"):
         torch_offload.Manager("sim", min_offload_bytes="1k")
+    with pytest.raises(TypeError, match="max_fwd_stash must be an int, got float"):
+        torch_offload.Manager("sim", max_fwd_stash=2.0)
     with pytest.raises(TypeError):
         torch_offload.Manager(None)
+
+
+def test_integer_options_accept_numpy_and_torch_integers_and_name_huge_values():
+    import numpy
+
+    m = torch_offload.Manager("sim", max_fwd_stash=numpy.int64(3), prefetch_depth=torch.tensor(4))
+    assert m.options["max_fwd_stash"] == 3 and m.options["prefetch_depth"] == 4
+    with pytest.raises(ValueError, match=r"prefetch_bytes must be in \[0, 1125899906842624\], got 18446744073709551616"):
+        torch_offload.Manager("sim", prefetch_bytes=2**64)
 
 
 def test_options_are_checked_before_names():

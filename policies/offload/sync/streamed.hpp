@@ -43,8 +43,11 @@ namespace offload::sync {
 /// pack order (the order backward needs them) on the side stream, into
 /// buffers allocated on the compute stream; the compute stream waits only
 /// on the event of the tensor it needs now. The window ahead is
-/// Options::prefetch_bytes device bytes (at least one storage), or, when
-/// that is 0, Options::prefetch_depth storages; prefetched buffers not yet
+/// Options::prefetch_depth times the device bytes of the largest offloaded
+/// storage backward has not needed yet (or Options::prefetch_bytes when
+/// that is set),
+/// filled with as many storages as fit and at least one, so small saved
+/// tensors do not take a slot like a large one; prefetched buffers not yet
 /// consumed never exceed it. At the end
 /// of a backward pass (Engine::queue_callback) unconsumed prefetches are
 /// dropped, so retain_graph keeps only host copies.
@@ -78,6 +81,7 @@ struct Streamed {
       /// belong to (produced on, or allocated on): the stream that must wait
       /// before they are released.
       std::optional<c10::Stream> home_stream;
+      std::int64_t counted_bytes = -1;  ///< device bytes counted among those still to come back; -1: not counted
     };
     using Entry = offload::Entry<EntryState>;
 
@@ -102,7 +106,7 @@ struct Streamed {
       auto& mine = entry->sync;
       mine.d2h.emplace(Device::device_type);
       mine.d2h->record(side);
-      order_[entry->seq] = entry;
+      track(entry);
       mine.stash = device_bytes;
       mine.home_stream = compute;
       stash_.push_back(entry);
@@ -114,6 +118,7 @@ struct Streamed {
     }
 
     Reloaded reload(const std::shared_ptr<Entry>& entry) {
+      uncount(*entry);  // needed now: no longer sizes the window ahead
       const auto index = entry->device.index();
       if (!events_work(index)) {
         ++blocking_fallbacks_;
@@ -147,26 +152,22 @@ struct Streamed {
 
     void on_unpack(const std::shared_ptr<Entry>& entry) {
       const auto index = entry->device.index();
-      const bool by_bytes = options_.prefetch_bytes > 0;
-      if ((!by_bytes && options_.prefetch_depth == 0) || !events_work(index)) return;
+      const std::int64_t window = window_bytes();
+      if (window == 0 || !events_work(index)) return;
       const c10::Stream compute = Device::current_stream(index);
-      // The window: the next storages backward needs, up to prefetch_bytes
-      // of device buffers (at least one), or prefetch_depth storages.
-      std::int64_t considered = 0;
-      std::int64_t window_bytes = 0;
+      // The next storages backward needs, in reverse pack order, while they
+      // fit in the window (the first one always does).
+      std::int64_t ahead = 0;
+      bool first = true;
       for (auto it = std::make_reverse_iterator(order_.lower_bound(entry->seq)); it != order_.rend(); ++it) {
         auto next = it->second.lock();
         if (!next || next->device != entry->device) continue;
-        if (by_bytes) {
-          window_bytes += next->device_nbytes;
-          if (considered > 0 && window_bytes > options_.prefetch_bytes) break;
-        } else if (considered >= options_.prefetch_depth || outstanding_ >= options_.prefetch_depth) {
-          break;
-        }
-        ++considered;
+        ahead += next->device_nbytes;
+        if (!first && ahead > window) break;
+        first = false;
         if (next->sync.stash.defined() || next->sync.prefetched.defined()) continue;
         if (next->reloaded && !next->reloaded->expired()) continue;
-        if (by_bytes && outstanding_ > 0 && outstanding_bytes_ + next->device_nbytes > options_.prefetch_bytes) break;
+        if (outstanding_bytes_ > 0 && outstanding_bytes_ + next->device_nbytes > window) break;
         prefetch(*next, compute);
       }
     }
@@ -175,7 +176,10 @@ struct Streamed {
     /// drops prefetches nobody consumed and the forward stash.
     void end_backward() {
       for (auto& [seq, weak] : order_) {
-        if (auto entry = weak.lock(); entry && entry->sync.prefetched.defined()) drop_prefetch(*entry);
+        auto entry = weak.lock();
+        if (!entry) continue;
+        if (entry->sync.prefetched.defined()) drop_prefetch(*entry);
+        count(*entry);  // a later backward (retain_graph) needs it again
       }
       settle();
     }
@@ -192,6 +196,7 @@ struct Streamed {
     void release(Entry& entry) noexcept {
       try {
         order_.erase(entry.seq);
+        uncount(entry);
         if (entry.sync.stash.defined()) drop_stash(entry);
         if (entry.sync.prefetched.defined()) drop_prefetch(entry);
         // The host buffer may be read or written by a copy still in flight.
@@ -206,7 +211,7 @@ struct Streamed {
     /// Called by the manager after it grew an entry it had let go with
     /// release() (a later saved view needed bytes the entry lacked): tracks
     /// it again, so that backward prefetches it.
-    void resume(const std::shared_ptr<Entry>& entry) { order_[entry->seq] = entry; }
+    void resume(const std::shared_ptr<Entry>& entry) { track(entry); }
 
     /// Adds this policy's counters to a Stats snapshot.
     void add_stats(Stats& stats) const {
@@ -217,6 +222,16 @@ struct Streamed {
     }
 
    private:
+    // The prefetch window in device bytes: Options::prefetch_bytes, or
+    // prefetch_depth times the largest offloaded storage backward has not
+    // needed yet (the window shrinks once the large ones, e.g. the logits,
+    // came back).
+    std::int64_t window_bytes() const {
+      if (options_.prefetch_bytes > 0) return options_.prefetch_bytes;
+      if (sizes_.empty()) return 0;
+      return options_.prefetch_depth * sizes_.rbegin()->first;
+    }
+
     at::Tensor empty_bytes(const Entry& entry) const {
       const c10::DeviceGuard guard(entry.device);
       return at::empty({entry.device_nbytes}, at::TensorOptions().dtype(at::kByte).device(entry.device));
@@ -226,6 +241,27 @@ struct Streamed {
       auto found = side_.find(index);
       if (found == side_.end()) found = side_.emplace(index, Device::side_stream(index)).first;
       return found->second;
+    }
+
+    void track(const std::shared_ptr<Entry>& entry) {
+      order_[entry->seq] = entry;
+      uncount(*entry);
+      count(*entry);
+    }
+
+    // sizes_ counts the device bytes of the tracked entries backward has
+    // not needed yet: the window is sized by the largest of them.
+    void count(Entry& entry) {
+      if (entry.sync.counted_bytes >= 0) return;
+      ++sizes_[entry.device_nbytes];
+      entry.sync.counted_bytes = entry.device_nbytes;
+    }
+
+    void uncount(Entry& entry) noexcept {
+      auto& bytes = entry.sync.counted_bytes;
+      if (bytes < 0) return;
+      if (auto found = sizes_.find(bytes); found != sizes_.end() && --found->second == 0) sizes_.erase(found);
+      bytes = -1;
     }
 
     // Whether events work on this device at run time (probed once).
@@ -299,6 +335,7 @@ struct Streamed {
     std::deque<std::weak_ptr<Entry>> stash_;               // forward stash, oldest first
     std::int64_t outstanding_ = 0;                         // prefetched, not yet consumed
     std::int64_t outstanding_bytes_ = 0;                   // their device bytes
+    std::map<std::int64_t, std::int64_t> sizes_;           // device bytes -> entries not needed yet that have them
     std::int64_t blocking_fallbacks_ = 0;
     std::int64_t stash_reuses_ = 0;
     std::int64_t prefetches_ = 0;
