@@ -35,7 +35,7 @@ using Json = nlohmann::ordered_json;
 struct Args {
   std::string name;
   bool quick = false;
-  std::string out = "bench/results";              ///< folder for NAME.json
+  std::string out = "bench/results";             ///< folder for NAME.json
   std::map<std::string, std::int64_t> integers;  ///< integer flags given, by name without "--"
   std::map<std::string, std::string> texts;      ///< text flags given, by name without "--"
 
@@ -104,7 +104,11 @@ double cpu_ns(F&& f) {
 
 /// {"median", "q1", "q3", "min", "max", "n"} of `s`.
 inline Json summary_json(const Summary& s) {
-  return Json::object({{"median", s.median}, {"q1", s.q1}, {"q3", s.q3}, {"min", s.min}, {"max", s.max},
+  return Json::object({{"median", s.median},
+                       {"q1", s.q1},
+                       {"q3", s.q3},
+                       {"min", s.min},
+                       {"max", s.max},
                        {"n", static_cast<std::int64_t>(s.n)}});
 }
 

@@ -63,9 +63,10 @@ void add_text(CLI::App& sub, bench::Args& args, const std::string& name, const s
 
 int main(int argc, char** argv) {
   bench::Args args;
-  CLI::App app("Benchmarks of torch-offload (not tests): each prints a markdown table with ratios against a "
-               "baseline measured in the same run and writes its raw numbers to OUT/NAME.json.",
-               "offload-bench");
+  CLI::App app(
+      "Benchmarks of torch-offload (not tests): each prints a markdown table with ratios against a "
+      "baseline measured in the same run and writes its raw numbers to OUT/NAME.json.",
+      "offload-bench");
   app.set_help_flag("-h,--help", "show this text (NAME --help: that benchmark's flags)");
   app.require_subcommand(0, 1);  // none: the error below, which names the benchmarks
   app.option_defaults()->multi_option_policy(CLI::MultiOptionPolicy::TakeLast);
@@ -86,9 +87,10 @@ int main(int argc, char** argv) {
   auto* overlap = add("overlap", "step time none / Blocking / Streamed on sim with a copy delay");
   add_ints(*overlap, args, shape_flags);
   add_ints(*overlap, args, option_flags);
-  add_ints(*overlap, args, {{"delay-us", {0, 10'000'000}, "sim copy delay in microseconds"},
-                            {"rounds", {1, 1000}, "measured rounds"},
-                            {"threads", {1, 256}, "intra-op threads"}});
+  add_ints(*overlap, args,
+           {{"delay-us", {0, 10'000'000}, "sim copy delay in microseconds"},
+            {"rounds", {1, 1000}, "measured rounds"},
+            {"threads", {1, 256}, "intra-op threads"}});
   auto* gpu = add("gpu", "NVIDIA GPU: step time none vs Streamed, D2H/H2D GB/s vs a pinned copy_");
   add_ints(*gpu, args, shape_flags);
   add_ints(*gpu, args, option_flags);

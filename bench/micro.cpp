@@ -15,10 +15,10 @@
 #include <ATen/core/Tensor.h>
 #include <ATen/ops/empty.h>
 #include <ATen/ops/ones.h>
-#include <c10/core/GradMode.h>
-#include <torch/csrc/autograd/saved_variable_hooks.h>
 #include <c10/core/Event.h>
+#include <c10/core/GradMode.h>
 #include <c10/core/StreamGuard.h>
+#include <torch/csrc/autograd/saved_variable_hooks.h>
 #if __has_include(<torch/headeronly/version.h>)
 #include <torch/headeronly/version.h>
 #else
@@ -82,9 +82,7 @@ class IdentitySource final : public offload::detail::HookSource {
   };
 
  public:
-  std::unique_ptr<torch::autograd::SavedVariableHooks> make_hooks() override {
-    return std::make_unique<Hooks>(this);
-  }
+  std::unique_ptr<torch::autograd::SavedVariableHooks> make_hooks() override { return std::make_unique<Hooks>(this); }
   std::string describe() const override { return "identity hooks"; }
   offload::Stats stats() const override {
     offload::Stats s;
@@ -148,16 +146,14 @@ int run_hook(const Args& args) {
        "(a) CPU tensors through a Manager<Sim, PinnedHost, Blocking> (not its device: passed through). "
        "Pure bookkeeping on the same tensors as the Python row",
        cpu, sim_manager<offload::sync::Blocking>(1024), 1},
-      {"a_sim_below_min",
-       "(a') sim tensors under min_offload_bytes (1 MiB): passed through after the size check",
-       kSim, sim_manager<offload::sync::Blocking>(std::int64_t{1} << 20), 1},
+      {"a_sim_below_min", "(a') sim tensors under min_offload_bytes (1 MiB): passed through after the size check", kSim,
+       sim_manager<offload::sync::Blocking>(std::int64_t{1} << 20), 1},
       {"b_sim_blocking",
        "(b) sim tensors offloaded with sync::Blocking, delay 0: pinned host alloc + D2H copy at pack, "
        "device alloc + H2D copy at unpack",
        kSim, sim_manager<offload::sync::Blocking>(0), 1},
-      {"b_sim_streamed",
-       "(b') as (b) with sync::Streamed (side stream, events, stash, prefetch), delay 0",
-       kSim, sim_manager<offload::sync::Streamed>(0), 6},
+      {"b_sim_streamed", "(b') as (b) with sync::Streamed (side stream, events, stash, prefetch), delay 0", kSim,
+       sim_manager<offload::sync::Streamed>(0), 6},
   };
 
   const std::string python_file = args.get("python", "");
@@ -174,8 +170,7 @@ int run_hook(const Args& args) {
             << " rounds after " << warmup << " warm-up rounds, 1 intra-op thread. Direct: the hooks object "
             << "alone (make_hooks + pack + unpack + destroy in a loop, no engine), same tensor.\n\n";
 
-  Table table({"case", "end-to-end ns/tensor (median)", "IQR", "direct ns/tensor", "no-hooks ns/op",
-               "Python / this"});
+  Table table({"case", "end-to-end ns/tensor (median)", "IQR", "direct ns/tensor", "no-hooks ns/op", "Python / this"});
   std::vector<Json> rows;
   double headline_cpp = 0, headline_direct = 0;
   for (const auto& c : cases) {
@@ -328,12 +323,16 @@ int run_copy(const Args& args) {
 
       std::vector<CopyRow> copies;
       copies.push_back({"memcpy", "memcpy", [&] {
-                          if (d2h) std::memcpy(plain_ptr, dev_ptr, static_cast<std::size_t>(n));
-                          else std::memcpy(dev_ptr, plain_ptr, static_cast<std::size_t>(n));
+                          if (d2h)
+                            std::memcpy(plain_ptr, dev_ptr, static_cast<std::size_t>(n));
+                          else
+                            std::memcpy(dev_ptr, plain_ptr, static_cast<std::size_t>(n));
                         }});
       auto sync_copy = [&, d2h](at::Tensor& host) {
-        if (d2h) host.copy_(dev);
-        else dev.copy_(host);
+        if (d2h)
+          host.copy_(dev);
+        else
+          dev.copy_(host);
       };
       auto alloc_copy = [&, d2h](auto storage) {
         if (d2h) {
@@ -341,26 +340,27 @@ int run_copy(const Args& args) {
           host.bytes.copy_(dev);
         } else {
           auto fresh = at::empty({n}, sim_options);
-          fresh.copy_(std::is_same_v<decltype(storage), offload::storage::PinnedHost> ? pinned.bytes
-                                                                                       : pageable.bytes);
+          fresh.copy_(std::is_same_v<decltype(storage), offload::storage::PinnedHost> ? pinned.bytes : pageable.bytes);
         }
       };
       copies.push_back({"pinned_copy", "PinnedHost copy_", [&] { sync_copy(pinned.bytes); }});
-      copies.push_back({"pinned_alloc_copy", "PinnedHost alloc+copy_",
-                        [&] { alloc_copy(offload::storage::PinnedHost{}); }});
+      copies.push_back(
+          {"pinned_alloc_copy", "PinnedHost alloc+copy_", [&] { alloc_copy(offload::storage::PinnedHost{}); }});
       copies.push_back({"pinned_async", "PinnedHost async", [&] {
                           c10::Event done(kSim.type());
                           {
                             const c10::StreamGuard on_side(side);
-                            if (d2h) pinned.bytes.copy_(dev, /*non_blocking=*/true);
-                            else dev.copy_(pinned.bytes, /*non_blocking=*/true);
+                            if (d2h)
+                              pinned.bytes.copy_(dev, /*non_blocking=*/true);
+                            else
+                              dev.copy_(pinned.bytes, /*non_blocking=*/true);
                             done.record(side);
                           }
                           done.synchronize();
                         }});
       copies.push_back({"pageable_copy", "PageableHost copy_", [&] { sync_copy(pageable.bytes); }});
-      copies.push_back({"pageable_alloc_copy", "PageableHost alloc+copy_",
-                        [&] { alloc_copy(offload::storage::PageableHost{}); }});
+      copies.push_back(
+          {"pageable_alloc_copy", "PageableHost alloc+copy_", [&] { alloc_copy(offload::storage::PageableHost{}); }});
 
       const std::int64_t budget = (args.quick ? std::int64_t{64} : std::int64_t{512}) << 20;
       const int reps = static_cast<int>(std::clamp<std::int64_t>(budget / n, 5, args.quick ? 50 : 200));
@@ -393,8 +393,7 @@ int run_copy(const Args& args) {
       }
       table.row(cells);
     }
-    std::cout << "\n### " << dir << (d2h ? " (sim device -> host buffer)" : " (host buffer -> sim device)")
-              << "\n\n";
+    std::cout << "\n### " << dir << (d2h ? " (sim device -> host buffer)" : " (host buffer -> sim device)") << "\n\n";
     table.print();
   }
   std::cout << "\nTarget: copy_ rows >= 0.8x memcpy at >= 1 MiB: " << (all_met ? "met" : "MISSED") << "\n";

@@ -69,19 +69,27 @@ enum class Mode { none, blocking, blocking_timed, streamed };
 
 std::string mode_name(Mode m) {
   switch (m) {
-    case Mode::none: return "none";
-    case Mode::blocking: return "Blocking";
-    case Mode::blocking_timed: return "Blocking (timed copies)";
-    case Mode::streamed: return "Streamed";
+    case Mode::none:
+      return "none";
+    case Mode::blocking:
+      return "Blocking";
+    case Mode::blocking_timed:
+      return "Blocking (timed copies)";
+    case Mode::streamed:
+      return "Streamed";
   }
   return "?";
 }
 std::string mode_key(Mode m) {
   switch (m) {
-    case Mode::none: return "none";
-    case Mode::blocking: return "blocking";
-    case Mode::blocking_timed: return "blocking_timed";
-    case Mode::streamed: return "streamed";
+    case Mode::none:
+      return "none";
+    case Mode::blocking:
+      return "blocking";
+    case Mode::blocking_timed:
+      return "blocking_timed";
+    case Mode::streamed:
+      return "streamed";
   }
   return "?";
 }
@@ -90,10 +98,14 @@ template <class Device>
 std::optional<offload::AnyManager> make_source(Mode mode, const offload::Options& options) {
   using offload::storage::PinnedHost;
   switch (mode) {
-    case Mode::none: return std::nullopt;
-    case Mode::blocking: return offload::Manager<Device, PinnedHost, offload::sync::Blocking>(options);
-    case Mode::blocking_timed: return offload::Manager<Device, PinnedHost, TimedBlocking>(options);
-    case Mode::streamed: return offload::Manager<Device, PinnedHost, offload::sync::Streamed>(options);
+    case Mode::none:
+      return std::nullopt;
+    case Mode::blocking:
+      return offload::Manager<Device, PinnedHost, offload::sync::Blocking>(options);
+    case Mode::blocking_timed:
+      return offload::Manager<Device, PinnedHost, TimedBlocking>(options);
+    case Mode::streamed:
+      return offload::Manager<Device, PinnedHost, offload::sync::Streamed>(options);
   }
   return std::nullopt;
 }
@@ -112,7 +124,7 @@ struct Shapes {
 };
 
 Shapes shapes_from(const Args& args, Shapes d) {
-  return Shapes{args.get_int("batch", d.batch), args.get_int("seq", d.seq), args.get_int("width", d.width),
+  return Shapes{args.get_int("batch", d.batch), args.get_int("seq", d.seq),     args.get_int("width", d.width),
                 args.get_int("heads", d.heads), args.get_int("vocab", d.vocab), args.get_int("layers", d.layers)};
 }
 
@@ -240,8 +252,8 @@ std::int64_t floor_bytes(const Analysis& a, Mode m) {
 // ================================================================ memory
 
 int run_memory(const Args& args) {
-  const Shapes base = shapes_from(args, Shapes{.batch = args.quick ? 4 : 8, .seq = 128, .width = 256,
-                                               .heads = 8, .vocab = 96, .layers = 0});
+  const Shapes base = shapes_from(
+      args, Shapes{.batch = args.quick ? 4 : 8, .seq = 128, .width = 256, .heads = 8, .vocab = 96, .layers = 0});
   const offload::Options options = options_from(args);
   std::vector<std::int64_t> layer_counts = {4, 8, 16};
   if (args.has("layers")) layer_counts = {args.get_int("layers", 16)};
@@ -250,7 +262,8 @@ int run_memory(const Args& args) {
   std::cout << "## Peak sim device memory of the demo model: none / Blocking / Streamed vs the floor\n\n"
             << "Model " << base.describe() << " (L = 4, 8, 16), fp32, AdamW; one training step measured after one "
             << "warm-up step (AdamW state exists). Options: " << describe(options)
-            << " (the library defaults unless given). Parameters are excluded from offloading. Peaks are of the sim allocator "
+            << " (the library defaults unless given). Parameters are excluded from offloading. Peaks are of the sim "
+               "allocator "
             << "(offload::sim::device_memory(0).peak_bytes after reset_peak), per phase of the step.\n\n"
             << "floor = 16P (weights, grads, AdamW exp_avg + exp_avg_sq, 4 bytes each)\n"
             << "      + W_blk = 4 (max(12 BTW, 3 BHT^2) + BTW)   (one block's backward working set)\n"
@@ -260,8 +273,7 @@ int run_memory(const Args& args) {
             << "A_blk (analytical saved bytes per block) = 4 (16 BTW + BHT^2 + 4 BT) + T^2.\n\n";
 
   Table table({"L", "mode", "peak MiB", "floor MiB", "peak/floor", "peak/(16P+W_blk)", "act. removed",
-               "fwd/bwd/opt peak MiB",
-               "offloaded MiB/step", "step s", "loss"});
+               "fwd/bwd/opt peak MiB", "offloaded MiB/step", "step s", "loss"});
   std::vector<Json> rows;
   bool target_met = true;
   for (const auto layers : layer_counts) {
@@ -306,13 +318,14 @@ int run_memory(const Args& args) {
       const double removed = mode == Mode::none ? 0.0 : static_cast<double>(peak_none - peak) / activation_bytes;
       const double ratio = static_cast<double>(peak) / static_cast<double>(fl);
       if (layers == 16 && mode != Mode::none && (removed < 0.9 || ratio > 1.2)) target_met = false;
-      table.row({std::to_string(layers), mode_name(mode), mib(peak), mode == Mode::none ? "" : mib(fl),
-                 mode == Mode::none ? "" : fixed(ratio, 3) + "x",
-                 mode == Mode::none ? "" : fixed(static_cast<double>(peak) / static_cast<double>(a.state + a.working), 3) + "x",
-                 mode == Mode::none ? "" : fixed(100 * removed, 1) + " %",
-                 mib(fwd) + " / " + mib(bwd) + " / " + mib(opt),
-                 mode == Mode::none ? "" : mib(st.bytes_offloaded), fixed(ns / 1e9, 2),
-                 std::string(fixed(loss, 6)) + (std::memcmp(&loss, &loss_none, sizeof loss) == 0 ? " (=)" : " (DIFFERS)")});
+      table.row(
+          {std::to_string(layers), mode_name(mode), mib(peak), mode == Mode::none ? "" : mib(fl),
+           mode == Mode::none ? "" : fixed(ratio, 3) + "x",
+           mode == Mode::none ? ""
+                              : fixed(static_cast<double>(peak) / static_cast<double>(a.state + a.working), 3) + "x",
+           mode == Mode::none ? "" : fixed(100 * removed, 1) + " %", mib(fwd) + " / " + mib(bwd) + " / " + mib(opt),
+           mode == Mode::none ? "" : mib(st.bytes_offloaded), fixed(ns / 1e9, 2),
+           std::string(fixed(loss, 6)) + (std::memcmp(&loss, &loss_none, sizeof loss) == 0 ? " (=)" : " (DIFFERS)")});
       rows.push_back(Json::object({
           {"layers", Json(layers)},
           {"mode", Json(mode_key(mode))},
@@ -352,10 +365,10 @@ int run_memory(const Args& args) {
   auto fields = header(args, torch_version());
   fields.push_back({"shapes", Json(base.describe())});
   fields.push_back({"options", options_json(options)});
-  fields.push_back({"floor_formula",
-                    Json("16P + 4*(max(12BTW, 3BHT^2) + BTW) [+ max_fwd_stash * s_max + max(prefetch_bytes, "
-                         "s_max) (prefetch_depth * s_max if prefetch_bytes = 0), s_max = 4*max(4BTW, BHT^2), "
-                         "for Streamed]")});
+  fields.push_back(
+      {"floor_formula", Json("16P + 4*(max(12BTW, 3BHT^2) + BTW) [+ max_fwd_stash * s_max + max(prefetch_bytes, "
+                             "s_max) (prefetch_depth * s_max if prefetch_bytes = 0), s_max = 4*max(4BTW, BHT^2), "
+                             "for Streamed]")});
   fields.push_back({"target", Json("L=16: activation_fraction_removed >= 0.9 and peak_over_floor <= 1.2")});
   fields.push_back({"target_met", Json(target_met)});
   fields.push_back({"rows", Json(rows)});
@@ -366,8 +379,7 @@ int run_memory(const Args& args) {
 // ================================================================ overlap
 
 int run_overlap(const Args& args) {
-  const Shapes s = shapes_from(args, Shapes{.batch = 8, .seq = 64, .width = 128, .heads = 4, .vocab = 96,
-                                            .layers = 8});
+  const Shapes s = shapes_from(args, Shapes{.batch = 8, .seq = 64, .width = 128, .heads = 4, .vocab = 96, .layers = 8});
   const std::int64_t delay = args.get_int("delay-us", 500);
   const int rounds = static_cast<int>(args.get_int("rounds", args.quick ? 3 : 9));
   const auto threads = static_cast<int>(args.get_int("threads", 1));
@@ -377,7 +389,8 @@ int run_overlap(const Args& args) {
   const std::vector<Mode> modes = {Mode::none, Mode::blocking, Mode::blocking_timed, Mode::streamed};
   const std::vector<std::int64_t> delays = {0, delay};
   std::vector<std::unique_ptr<Trainer>> trainers;
-  for (const Mode m : modes) trainers.push_back(std::make_unique<Trainer>(s, kSim, make_source<offload::device::Sim>(m, options)));
+  for (const Mode m : modes)
+    trainers.push_back(std::make_unique<Trainer>(s, kSim, make_source<offload::device::Sim>(m, options)));
   for (auto& t : trainers) {
     t->step();
     offload::sim::synchronize(0);
@@ -397,9 +410,10 @@ int run_overlap(const Args& args) {
       auto& t = *trainers[i];
       if (t.source) t.source->reset_stats();
       times[cell].push_back(time_ns([&] {
-        losses[cell] = t.step();
-        offload::sim::synchronize(0);
-      }) / 1e6);
+                              losses[cell] = t.step();
+                              offload::sim::synchronize(0);
+                            }) /
+                            1e6);
       history[i].push_back(losses[cell]);
       if (t.source) stats[cell] = t.source->stats();
     }
@@ -423,14 +437,14 @@ int run_overlap(const Args& args) {
   std::cout << "## Copy/compute overlap on sim, copy delay " << delay << " us per copy\n\n"
             << "Model " << s.describe() << ", AdamW, " << threads << " intra-op thread (sim's stream workers "
             << "get the other core). Step time in ms: median of " << rounds << " rounds; each round runs every "
-            << "(mode, delay) once, in a rotated order, after one warm-up step per mode. Options: "
-            << describe(options) << ". `Blocking` is the "
+            << "(mode, delay) once, in a rotated order, after one warm-up step per mode. Options: " << describe(options)
+            << ". `Blocking` is the "
             << "shipped sync::Blocking, whose non_blocking=false copies sim runs inline, without the delay; "
             << "`Blocking (timed copies)` is the same policy with each copy queued on the compute stream and "
             << "waited for, so it takes the delay like a copy on a real device: it is the Blocking of the "
             << "target.\n\n";
-  Table table({"mode", "delay us", "step ms", "IQR ms", "vs none (same delay)", "copies/step",
-               "copy delay if serial ms"});
+  Table table(
+      {"mode", "delay us", "step ms", "IQR ms", "vs none (same delay)", "copies/step", "copy delay if serial ms"});
   std::vector<Json> rows;
   for (std::size_t d = 0; d < delays.size(); ++d) {
     for (std::size_t i = 0; i < modes.size(); ++i) {
@@ -438,9 +452,8 @@ int run_overlap(const Args& args) {
       const auto copies = stats[cell].storages_offloaded + stats[cell].tensors_reloaded;
       const double none_here = at(Mode::none, d).median;
       table.row({mode_name(modes[i]), std::to_string(delays[d]), fixed(sum[cell].median, 1),
-                 fixed(sum[cell].q1, 1) + ".." + fixed(sum[cell].q3, 1),
-                 fixed(sum[cell].median / none_here, 3) + "x", std::to_string(copies),
-                 fixed(static_cast<double>(copies * delays[d]) / 1e3, 1)});
+                 fixed(sum[cell].q1, 1) + ".." + fixed(sum[cell].q3, 1), fixed(sum[cell].median / none_here, 3) + "x",
+                 std::to_string(copies), fixed(static_cast<double>(copies * delays[d]) / 1e3, 1)});
       rows.push_back(Json::object({{"mode", Json(mode_key(modes[i]))},
                                    {"delay_us", Json(delays[d])},
                                    {"step_ms", summary_json(sum[cell])},
@@ -461,15 +474,17 @@ int run_overlap(const Args& args) {
     same_loss = same_loss && h.size() == history[0].size() &&
                 std::memcmp(h.data(), history[0].data(), h.size() * sizeof(float)) == 0;
   }
-  std::cout << "\nAt " << delay << " us: exposed copy time of Blocking (timed) = t_blocking - t_none = "
-            << fixed(t_block - t_none, 1) << " ms; of Streamed = " << fixed(t_stream - t_none, 1) << " ms.\n"
+  std::cout << "\nAt " << delay
+            << " us: exposed copy time of Blocking (timed) = t_blocking - t_none = " << fixed(t_block - t_none, 1)
+            << " ms; of Streamed = " << fixed(t_stream - t_none, 1) << " ms.\n"
             << "Fraction of exposed copy time hidden = (t_blocking - t_streamed) / (t_blocking - t_none) = "
-            << fixed(100 * hidden, 1) << " %  (target >= 90 % with the library defaults: " << (hidden >= 0.9 ? "met" : "MISSED") << ")\n"
+            << fixed(100 * hidden, 1)
+            << " %  (target >= 90 % with the library defaults: " << (hidden >= 0.9 ? "met" : "MISSED") << ")\n"
             << "Decomposition: the delay itself costs Blocking (timed) " << fixed(delay_exposed_block, 1)
             << " ms and Streamed " << fixed(delay_exposed_stream, 1) << " ms (t at " << delay
             << " us - t at 0 us): Streamed hides " << fixed(100 * latency_hidden, 1)
-            << " % of the copy latency; Streamed's machinery on sim at delay 0 costs "
-            << fixed(stream_overhead, 1) << " ms per step over none.\n"
+            << " % of the copy latency; Streamed's machinery on sim at delay 0 costs " << fixed(stream_overhead, 1)
+            << " ms per step over none.\n"
             << "Losses of every step bitwise equal across modes: " << (same_loss ? "yes" : "NO") << "\n";
   auto fields = header(args, torch_version());
   fields.push_back({"shapes", Json(s.describe())});
@@ -497,16 +512,16 @@ int run_gpu(const Args& args) {
     return 3;
   }
   const c10::Device cuda(c10::DeviceType::CUDA, 0);
-  const Shapes s = shapes_from(args, Shapes{.batch = 8, .seq = 512, .width = 1024, .heads = 16, .vocab = 96,
-                                            .layers = 12});
+  const Shapes s =
+      shapes_from(args, Shapes{.batch = 8, .seq = 512, .width = 1024, .heads = 16, .vocab = 96, .layers = 12});
   const int steps = static_cast<int>(args.get_int("steps", args.quick ? 3 : 10));
   const offload::Options options = options_from(args);
   auto* allocator = c10::getDeviceAllocator(c10::DeviceType::CUDA);
   const auto agg = static_cast<std::size_t>(c10::CachingAllocator::StatType::AGGREGATE);
   auto sync = [] { torch::cuda::synchronize(0); };
 
-  std::cout << "## GPU: " << args.get("gpu-name", "?") << "\n\nModel " << s.describe() << ", AdamW, median of "
-            << steps << " steps after 2 warm-up steps.\n\n";
+  std::cout << "## GPU: " << args.get("gpu-name", "?") << "\n\nModel " << s.describe() << ", AdamW, median of " << steps
+            << " steps after 2 warm-up steps.\n\n";
   Table table({"mode", "step ms", "IQR ms", "vs none", "peak MiB", "offloaded MiB/step", "loss"});
   std::vector<Json> rows;
   double t_none = 0;
@@ -522,9 +537,10 @@ int run_gpu(const Args& args) {
     for (int i = 0; i < steps; ++i) {
       if (trainer.source) trainer.source->reset_stats();
       ms.push_back(time_ns([&] {
-        loss = trainer.step();
-        sync();
-      }) / 1e6);
+                     loss = trainer.step();
+                     sync();
+                   }) /
+                   1e6);
     }
     const auto peak = allocator->getDeviceStats(0).allocated_bytes[agg].peak;
     const auto st = trainer.source ? trainer.source->stats() : offload::Stats{};
@@ -543,8 +559,7 @@ int run_gpu(const Args& args) {
                                  {"prefetches", Json(st.prefetches)},
                                  {"stash_reuses", Json(st.stash_reuses)},
                                  {"loss", Json(static_cast<double>(loss))},
-                                 {"loss_bitwise_equal_to_none",
-                                  Json(std::memcmp(&loss, &loss_none, sizeof loss) == 0)},
+                                 {"loss_bitwise_equal_to_none", Json(std::memcmp(&loss, &loss_none, sizeof loss) == 0)},
                                  {"stats", offload_json::stats(st)}}));
   }
   table.print();
@@ -576,15 +591,23 @@ int run_gpu(const Args& args) {
       ready.block(side);
       {
         const c10::StreamGuard guard(side);
-        if (d2h) policy.bytes.copy_(dev, true);
-        else dev.copy_(policy.bytes, true);
+        if (d2h)
+          policy.bytes.copy_(dev, true);
+        else
+          dev.copy_(policy.bytes, true);
         done.record(side);
       }
       done.synchronize();
     };
-    const double d2h_plain = measure([&] { plain.copy_(dev, true); sync(); });
+    const double d2h_plain = measure([&] {
+      plain.copy_(dev, true);
+      sync();
+    });
     const double d2h_policy = measure([&] { on_side(true); });
-    const double h2d_plain = measure([&] { dev.copy_(plain, true); sync(); });
+    const double h2d_plain = measure([&] {
+      dev.copy_(plain, true);
+      sync();
+    });
     const double h2d_policy = measure([&] { on_side(false); });
     copies.row({size_label(n), fixed(d2h_plain, 2), fixed(d2h_policy, 2), fixed(d2h_policy / d2h_plain, 2) + "x",
                 fixed(h2d_plain, 2), fixed(h2d_policy, 2), fixed(h2d_policy / h2d_plain, 2) + "x"});

@@ -91,8 +91,7 @@ std::string accepted_devices() {
 }
 
 template <class Storage, class Sync>
-offload::AnyManager build_for(const std::string& device, const offload::Options& options,
-                              offload::Fallback fallback) {
+offload::AnyManager build_for(const std::string& device, const offload::Options& options, offload::Fallback fallback) {
   if (device == "auto") {
     const auto detected = offload::detect_accelerator();
     if (!detected.type) {
@@ -103,7 +102,7 @@ offload::AnyManager build_for(const std::string& device, const offload::Options&
                   "without offloading");
     }
     return offload::detail::dispatch_manager<Storage, Sync, offload::sync::Blocking>(options, offload::builtin_devices,
-                                                                                  fallback);
+                                                                                     fallback);
   }
   std::optional<offload::AnyManager> chosen;
   bool known = false;
@@ -126,13 +125,11 @@ offload::AnyManager build_for(const std::string& device, const offload::Options&
   };
   boost::hana::for_each(offload::builtin_devices, try_policy);
   if (chosen) return *std::move(chosen);
-  TORCH_CHECK_VALUE(known, "torch_offload.Manager: device must be one of ", accepted_devices(), ", got '",
-                    device, "'");
+  TORCH_CHECK_VALUE(known, "torch_offload.Manager: device must be one of ", accepted_devices(), ", got '", device, "'");
   std::string why = "device '" + device + "' is not available in this process" +
                     (device == "sim" ? " (call torch_offload.sim.install() first)" : "");
   if (fallback == offload::Fallback::pass_through) return offload::make_pass_through_manager(options, why);
-  TORCH_CHECK(false, "torch_offload.Manager: ", why,
-              "; pass fallback='pass_through' to run without offloading");
+  TORCH_CHECK(false, "torch_offload.Manager: ", why, "; pass fallback='pass_through' to run without offloading");
 }
 
 offload::AnyManager make(const std::string& device, const std::string& storage, const std::string& sync,
@@ -141,11 +138,10 @@ offload::AnyManager make(const std::string& device, const std::string& storage, 
   options.validate();
   TORCH_CHECK_VALUE(storage == "pinned_host" || storage == "pageable_host",
                     "torch_offload.Manager: storage must be one of ", kStorages, ", got '", storage, "'");
-  TORCH_CHECK_VALUE(sync == "blocking" || sync == "streamed", "torch_offload.Manager: sync must be one of ",
-                    kSyncs, ", got '", sync, "'");
+  TORCH_CHECK_VALUE(sync == "blocking" || sync == "streamed", "torch_offload.Manager: sync must be one of ", kSyncs,
+                    ", got '", sync, "'");
   TORCH_CHECK_VALUE(fallback == "error" || fallback == "pass_through",
-                    "torch_offload.Manager: fallback must be one of 'error', 'pass_through', got '", fallback,
-                    "'");
+                    "torch_offload.Manager: fallback must be one of 'error', 'pass_through', got '", fallback, "'");
   const auto fb = fallback == "error" ? offload::Fallback::error : offload::Fallback::pass_through;
   const bool pinned = storage == "pinned_host";
   const bool streamed = sync == "streamed";
@@ -183,24 +179,24 @@ PYBIND11_MODULE(_C, m) {
   py::class_<offload::AnyManager>(m, "Manager")
       // options: every key of offload::option_fields (an int each); the
       // Python Manager passes them all.
-      .def(py::init([](const std::string& device, const std::string& storage, const std::string& sync,
-                       const std::map<std::string, std::int64_t>& values, bool pin_memory,
-                       const std::string& fallback) {
-             offload::Options options;
-             for (const auto& field : offload::option_fields) {
-               const auto found = values.find(std::string(field.name));
-               if (found != values.end()) options.*field.member = found->second;
-             }
-             for (const auto& [key, value] : values) {
-               const bool known = std::any_of(offload::option_fields.begin(), offload::option_fields.end(),
-                                              [&](const auto& field) { return field.name == key; });
-               TORCH_CHECK_VALUE(known, "torch_offload.Manager: unknown option '", key, "'");
-             }
-             options.pin_memory = pin_memory;
-             return make(device, storage, sync, options, fallback);
-           }),
-           py::arg("device"), py::arg("storage"), py::arg("sync"), py::arg("options"), py::arg("pin_memory"),
-           py::arg("fallback"))
+      .def(
+          py::init([](const std::string& device, const std::string& storage, const std::string& sync,
+                      const std::map<std::string, std::int64_t>& values, bool pin_memory, const std::string& fallback) {
+            offload::Options options;
+            for (const auto& field : offload::option_fields) {
+              const auto found = values.find(std::string(field.name));
+              if (found != values.end()) options.*field.member = found->second;
+            }
+            for (const auto& [key, value] : values) {
+              const bool known = std::any_of(offload::option_fields.begin(), offload::option_fields.end(),
+                                             [&](const auto& field) { return field.name == key; });
+              TORCH_CHECK_VALUE(known, "torch_offload.Manager: unknown option '", key, "'");
+            }
+            options.pin_memory = pin_memory;
+            return make(device, storage, sync, options, fallback);
+          }),
+          py::arg("device"), py::arg("storage"), py::arg("sync"), py::arg("options"), py::arg("pin_memory"),
+          py::arg("fallback"))
       .def(
           "pack",
           [](offload::AnyManager& self, const at::Tensor& tensor) {
@@ -221,9 +217,7 @@ PYBIND11_MODULE(_C, m) {
           py::arg("opened"), py::arg("in_order"), py::call_guard<py::gil_scoped_release>())
       .def("stats", [](const offload::AnyManager& self) { return stat_values(self.stats()); })
       .def("reset_stats", &offload::AnyManager::reset_stats)
-      .def("exclude", [](offload::AnyManager& self, const std::vector<at::Tensor>& tensors) {
-        self.exclude(tensors);
-      })
+      .def("exclude", [](offload::AnyManager& self, const std::vector<at::Tensor>& tensors) { self.exclude(tensors); })
       .def("describe", &offload::AnyManager::describe)
       .def("options", [](const offload::AnyManager& self) {
         const auto& o = self.options();
@@ -235,8 +229,10 @@ PYBIND11_MODULE(_C, m) {
 
   m.def("plain_pack", [](const at::Tensor& tensor) { return Packed::plain(tensor); });
   m.def("option_fields", [] {
-    std::vector<std::tuple<std::string_view, std::int64_t, std::int64_t, std::string_view>> out;  // (name, lo, hi, unit)
-    for (const auto& field : offload::option_fields) out.emplace_back(field.name, field.range.lo, field.range.hi, field.unit);
+    std::vector<std::tuple<std::string_view, std::int64_t, std::int64_t, std::string_view>>
+        out;  // (name, lo, hi, unit)
+    for (const auto& field : offload::option_fields)
+      out.emplace_back(field.name, field.range.lo, field.range.hi, field.unit);
     return out;
   });
   m.def("stat_fields", [] {

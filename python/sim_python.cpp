@@ -70,7 +70,8 @@ PYBIND11_MODULE(_sim, m) {
   m.def("set_copy_delay_us", &offload::sim::set_copy_delay_us);
   m.def("set_poison_freed", &offload::sim::set_poison_freed);
   m.def("set_capacity_bytes", &offload::sim::set_capacity_bytes);
-  m.def("device_memory", [](int index) { return memory_dict(offload::sim::device_memory(static_cast<c10::DeviceIndex>(index))); });
+  m.def("device_memory",
+        [](int index) { return memory_dict(offload::sim::device_memory(static_cast<c10::DeviceIndex>(index))); });
   m.def("reset_peak", [](int index) { offload::sim::reset_peak(static_cast<c10::DeviceIndex>(index)); });
   m.def("host_memory", [] { return memory_dict(offload::sim::host_memory()); });
   m.def("reset_host_peak", &offload::sim::reset_host_peak);
@@ -78,14 +79,11 @@ PYBIND11_MODULE(_sim, m) {
       "synchronize", [](int index) { offload::sim::synchronize(static_cast<c10::DeviceIndex>(index)); },
       py::call_guard<py::gil_scoped_release>());
   m.def("current_device", [] { return static_cast<int>(guard().getDevice().index()); });
-  m.def("set_device", [](int index) {
-    guard().setDevice(c10::Device(kSim, static_cast<c10::DeviceIndex>(index)));
-  });
+  m.def("set_device", [](int index) { guard().setDevice(c10::Device(kSim, static_cast<c10::DeviceIndex>(index))); });
   // Streams cross as (stream_id, device_index): torch.Stream is built and
   // read on the Python side.
-  m.def("current_stream_id", [](int index) {
-    return guard().getStream(c10::Device(kSim, static_cast<c10::DeviceIndex>(index))).id();
-  });
+  m.def("current_stream_id",
+        [](int index) { return guard().getStream(c10::Device(kSim, static_cast<c10::DeviceIndex>(index))).id(); });
   m.def("exchange_stream", [](std::int64_t id, int index) {
     const c10::Stream stream(c10::Stream::UNSAFE, c10::Device(kSim, static_cast<c10::DeviceIndex>(index)), id);
     return guard().exchangeStream(stream).id();

@@ -12,9 +12,7 @@ namespace offload::device {
 
 bool Cuda::available() { return at::globalContext().hasCUDA() && c10::cuda::device_count() > 0; }
 
-c10::Stream Cuda::current_stream(c10::DeviceIndex index) {
-  return c10::cuda::getCurrentCUDAStream(index).unwrap();
-}
+c10::Stream Cuda::current_stream(c10::DeviceIndex index) { return c10::cuda::getCurrentCUDAStream(index).unwrap(); }
 
 c10::Stream Cuda::side_stream(c10::DeviceIndex index) {
   return c10::cuda::getStreamFromPool(/*isHighPriority=*/false, index).unwrap();

@@ -206,8 +206,9 @@ void Scope::close() {
   if (frame_->source) {
     frame_->source->on_scope_exit(frame_->mark, in_order);
   } else if (!in_order) {
-    TORCH_WARN_ONCE("offload::NoOffload was closed while a scope opened after it on the same thread was still "
-                    "open; close scopes innermost first");
+    TORCH_WARN_ONCE(
+        "offload::NoOffload was closed while a scope opened after it on the same thread was still "
+        "open; close scopes innermost first");
   }
   frame_.reset();
 }
@@ -215,8 +216,9 @@ void Scope::close() {
 Scope::~Scope() {
   if (!frame_) return;
   if (std::this_thread::get_id() != owner_) {
-    TORCH_WARN("offload::Scope destroyed on a thread other than the one that opened it; it is "
-               "closed now, but scopes are thread-bound: close each on its own thread");
+    TORCH_WARN(
+        "offload::Scope destroyed on a thread other than the one that opened it; it is "
+        "closed now, but scopes are thread-bound: close each on its own thread");
     frame_->open.store(false, std::memory_order_release);
     return;
   }

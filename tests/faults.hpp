@@ -89,7 +89,7 @@ struct Faulty {
     using EntryState = typename Base::EntryState;
     using Entry = offload::Entry<EntryState>;
     /// Whether Sync keeps a forward stash (sync::Streamed does).
-    static constexpr bool has_stash = requires(EntryState& s) { s.stash; };
+    static constexpr bool has_stash = requires(EntryState & s) { s.stash; };
 
     explicit State(const offload::Options& options) : base_(options) {}
 
@@ -120,8 +120,7 @@ struct Faulty {
         if constexpr (has_stash) stashed = entry->sync.stash.defined();
         if (!stashed && take(Fault::skip_wait)) {
           const c10::DeviceGuard guard(entry->device);
-          auto bytes =
-              at::empty({entry->device_nbytes}, at::TensorOptions().dtype(at::kByte).device(entry->device));
+          auto bytes = at::empty({entry->device_nbytes}, at::TensorOptions().dtype(at::kByte).device(entry->device));
           const c10::StreamGuard side(Device::side_stream(entry->device.index()));
           offload::piece_of(bytes, entry->piece)
               .copy_(offload::piece_of(entry->host, entry->piece), /*non_blocking=*/true);

@@ -32,9 +32,12 @@ GradPair grads_plain_and_wrapped(const at::Tensor& w, const std::function<at::Te
 
 std::string_view name(ModelKind kind) {
   switch (kind) {
-    case ModelKind::mlp: return "mlp";
-    case ModelKind::block: return "block";
-    case ModelKind::gpt: return "gpt";
+    case ModelKind::mlp:
+      return "mlp";
+    case ModelKind::block:
+      return "block";
+    case ModelKind::gpt:
+      return "gpt";
   }
   return "?";
 }
@@ -42,7 +45,8 @@ std::string_view name(ModelKind kind) {
 namespace {
 
 struct Mlp : torch::nn::Module {
-  Mlp() : fc1(register_module("fc1", torch::nn::Linear(32, 64))), fc2(register_module("fc2", torch::nn::Linear(64, 8))) {}
+  Mlp()
+      : fc1(register_module("fc1", torch::nn::Linear(32, 64))), fc2(register_module("fc2", torch::nn::Linear(64, 8))) {}
   torch::Tensor forward(const torch::Tensor& x) { return fc2(torch::gelu(fc1(x))); }
   torch::nn::Linear fc1, fc2;
 };
@@ -95,8 +99,8 @@ RunResult train_params(const std::vector<at::Tensor>& params, const Forward& for
   if (on_params) on_params(params);
   // AdamW's default eps (1e-8) is 0 in fp16, where a parameter whose
   // gradient is 0 or underflows when squared would step by x / 0.
-  const bool half = std::any_of(params.begin(), params.end(),
-                                [](const at::Tensor& p) { return p.scalar_type() == at::kHalf; });
+  const bool half =
+      std::any_of(params.begin(), params.end(), [](const at::Tensor& p) { return p.scalar_type() == at::kHalf; });
   torch::optim::AdamW optimizer(params, torch::optim::AdamWOptions(1e-2).eps(half ? 1e-4 : 1e-8));
   RunResult result;
   for (int step = 0; step < steps; ++step) {
@@ -146,8 +150,8 @@ CustomFunctionResult custom_function_saving_cpu(c10::Device device, const Wrap& 
 std::int64_t settled_device_bytes() {
   {
     const offload::NoOffload no_offload;
-    const auto leaf = torch::zeros({0}, torch::TensorOptions().device(c10::DeviceType::PrivateUse1, 0))
-                          .requires_grad_();
+    const auto leaf =
+        torch::zeros({0}, torch::TensorOptions().device(c10::DeviceType::PrivateUse1, 0)).requires_grad_();
     (leaf * 2).backward(torch::zeros_like(leaf));
   }
   offload::sim::synchronize();

@@ -36,27 +36,25 @@ using Wrap = std::function<at::Tensor(const Forward&)>;
 using OnParams = std::function<void(const std::vector<at::Tensor>&)>;
 
 struct RunResult {
-  std::vector<float> losses;          ///< per step
-  std::vector<at::Tensor> last_grads; ///< CPU copies, last step
-  std::vector<at::Tensor> params;     ///< CPU copies after the last optimizer step
+  std::vector<float> losses;           ///< per step
+  std::vector<at::Tensor> last_grads;  ///< CPU copies, last step
+  std::vector<at::Tensor> params;      ///< CPU copies after the last optimizer step
 };
 
 /// Builds `kind` on the CPU from seed 0, moves it to `device`, trains
 /// `steps` AdamW steps on fixed random data.
-RunResult train(ModelKind kind, c10::Device device, int steps, const Wrap& wrap = {},
-                const OnParams& on_params = {});
+RunResult train(ModelKind kind, c10::Device device, int steps, const Wrap& wrap = {}, const OnParams& on_params = {});
 
 /// Trains `params` `steps` AdamW steps (lr 1e-2) on the loss `forward`
 /// returns, the forward pass run by `wrap` when given; `after_step` (when
 /// given) runs after each optimizer step with the step's index.
-RunResult train_params(const std::vector<at::Tensor>& params, const Forward& forward, int steps,
-                       const Wrap& wrap = {}, const OnParams& on_params = {},
-                       const std::function<void(int)>& after_step = {});
+RunResult train_params(const std::vector<at::Tensor>& params, const Forward& forward, int steps, const Wrap& wrap = {},
+                       const OnParams& on_params = {}, const std::function<void(int)>& after_step = {});
 
 /// A custom torch::autograd::Function saves a device tensor x and a CPU
 /// tensor c on purpose; backward reports where c came back.
 struct CustomFunctionResult {
-  at::Tensor grad;                     ///< gradient of x, on the CPU
+  at::Tensor grad;  ///< gradient of x, on the CPU
   c10::Device cpu_saved_came_back_on{c10::DeviceType::CPU};
 };
 CustomFunctionResult custom_function_saving_cpu(c10::Device device, const Wrap& wrap = {});

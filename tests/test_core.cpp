@@ -52,13 +52,15 @@ TEST_CASE("Options: every out-of-range field names itself, its value and the ran
   const std::int64_t huge = (std::int64_t{1} << 50) + 1;
   const Row rows[] = {
       {{.min_offload_bytes = -1}, "offload::Options: min_offload_bytes must be in [0, 1125899906842624], got -1"},
-      {{.min_offload_bytes = huge}, "offload::Options: min_offload_bytes must be in [0, 1125899906842624], got 1125899906842625"},
+      {{.min_offload_bytes = huge},
+       "offload::Options: min_offload_bytes must be in [0, 1125899906842624], got 1125899906842625"},
       {{.max_fwd_stash = 0}, "offload::Options: max_fwd_stash must be in [1, 1024], got 0"},
       {{.max_fwd_stash = 1025}, "offload::Options: max_fwd_stash must be in [1, 1024], got 1025"},
       {{.prefetch_depth = -1}, "offload::Options: prefetch_depth must be in [0, 1024], got -1"},
       {{.prefetch_depth = 1025}, "offload::Options: prefetch_depth must be in [0, 1024], got 1025"},
       {{.prefetch_bytes = -1}, "offload::Options: prefetch_bytes must be in [0, 1125899906842624], got -1"},
-      {{.prefetch_bytes = huge}, "offload::Options: prefetch_bytes must be in [0, 1125899906842624], got 1125899906842625"},
+      {{.prefetch_bytes = huge},
+       "offload::Options: prefetch_bytes must be in [0, 1125899906842624], got 1125899906842625"},
       {{.host_budget_bytes = -5}, "offload::Options: host_budget_bytes must be in [0, 1125899906842624], got -5"},
   };
   for (const auto& row : rows) {
@@ -82,7 +84,7 @@ TEST_CASE("Scope: pack runs for every saved tensor inside a scope and never outs
   CHECK(manager.stats().tensors_seen == 0);
   {
     offload::Scope scope(manager);
-    auto c = a * 2;   // c is not a leaf
+    auto c = a * 2;             // c is not a leaf
     auto loss = (c * b).sum();  // saves c and b
     loss.backward();
   }
@@ -189,9 +191,9 @@ TEST_CASE("Views: offset, transpose, expand and several views of one storage com
     if (w.grad().defined()) w.grad().zero_();
     std::optional<offload::Scope> scope;
     if (offload) scope.emplace(manager);
-    auto base = w * 1.5;                         // one storage, saved through several views
-    auto sliced = base.narrow(0, 2, 3);          // storage offset 16
-    auto transposed = base.t();                  // strides swapped
+    auto base = w * 1.5;                                            // one storage, saved through several views
+    auto sliced = base.narrow(0, 2, 3);                             // storage offset 16
+    auto transposed = base.t();                                     // strides swapped
     auto expanded = base.select(0, 1).unsqueeze(0).expand({4, 8});  // stride 0
     auto loss = (sliced * sliced).sum() + (transposed.exp() * transposed).sum() + (expanded * expanded).sum();
     scope.reset();
@@ -330,9 +332,12 @@ TEST_CASE("Views: unpacked views keep their dtype, sizes, strides and storage of
   // compare geometry and bytes; then a later view that reaches outside.
   HostManager manager(offload::Options{.min_offload_bytes = 0});
   const auto h = at::randn({32, 64});
-  const std::vector<at::Tensor> views = {
-      h.narrow(1, 5, 8), h.narrow(0, 3, 2), h.t(), at::view_as_complex(h.narrow(0, 4, 1).view({32, 2})),
-      h.select(1, 7).unsqueeze(0).expand({3, 32}), h.narrow(0, 1, 0)};
+  const std::vector<at::Tensor> views = {h.narrow(1, 5, 8),
+                                         h.narrow(0, 3, 2),
+                                         h.t(),
+                                         at::view_as_complex(h.narrow(0, 4, 1).view({32, 2})),
+                                         h.select(1, 7).unsqueeze(0).expand({3, 32}),
+                                         h.narrow(0, 1, 0)};
   std::vector<std::unique_ptr<torch::autograd::SavedVariableHooks>> hooks;
   {
     const c10::NoGradGuard no_grad;

@@ -20,9 +20,11 @@
 namespace {
 
 using SimPinnedBlocking = offload::Manager<offload::device::Sim, offload::storage::PinnedHost, offload::sync::Blocking>;
-using SimPageableBlocking = offload::Manager<offload::device::Sim, offload::storage::PageableHost, offload::sync::Blocking>;
+using SimPageableBlocking =
+    offload::Manager<offload::device::Sim, offload::storage::PageableHost, offload::sync::Blocking>;
 using SimPinnedStreamed = offload::Manager<offload::device::Sim, offload::storage::PinnedHost, offload::sync::Streamed>;
-using SimPageableStreamed = offload::Manager<offload::device::Sim, offload::storage::PageableHost, offload::sync::Streamed>;
+using SimPageableStreamed =
+    offload::Manager<offload::device::Sim, offload::storage::PageableHost, offload::sync::Streamed>;
 
 const c10::Device sim0(c10::DeviceType::PrivateUse1, 0);
 const c10::Device sim1(c10::DeviceType::PrivateUse1, 1);
@@ -86,7 +88,8 @@ TEST_CASE_TEMPLATE("parity: tensors on sim:1 come back on sim:1", M, PARITY_TYPE
   CHECK(x.grad().device() == sim1);
 }
 
-TEST_CASE_TEMPLATE("parity: views with offset, transposed, permuted, expanded, several views of one storage", M, PARITY_TYPES) {
+TEST_CASE_TEMPLATE("parity: views with offset, transposed, permuted, expanded, several views of one storage", M,
+                   PARITY_TYPES) {
   Substrate substrate;
   auto w = on(at::randn({6, 8, 4}), sim0).requires_grad_();
   M manager(offload::Options{.min_offload_bytes = 0});
@@ -95,12 +98,12 @@ TEST_CASE_TEMPLATE("parity: views with offset, transposed, permuted, expanded, s
     std::optional<offload::Scope> scope;
     if (offload) scope.emplace(manager);
     auto base = w * 1.5;
-    auto sliced = base.narrow(0, 2, 3);                       // storage offset
-    auto transposed = base.transpose(0, 2);                   // swapped strides
+    auto sliced = base.narrow(0, 2, 3);      // storage offset
+    auto transposed = base.transpose(0, 2);  // swapped strides
     auto permuted = base.permute({1, 2, 0});
     auto expanded = base.select(0, 1).unsqueeze(0).expand({5, 8, 4});  // stride 0
-    auto loss = (sliced * sliced).sum() + (transposed.exp() * transposed).sum() +
-                (permuted.sin() * permuted).sum() + (expanded * expanded).sum();
+    auto loss = (sliced * sliced).sum() + (transposed.exp() * transposed).sum() + (permuted.sin() * permuted).sum() +
+                (expanded * expanded).sum();
     scope.reset();
     loss.backward();
     return std::make_pair(loss.to(at::kCPU), w.grad().to(at::kCPU));
@@ -118,7 +121,8 @@ TEST_CASE_TEMPLATE("parity: views with offset, transposed, permuted, expanded, s
   CHECK(stats.tensors_reloaded + stats.stash_reuses <= stats.storages_offloaded);
 }
 
-TEST_CASE_TEMPLATE("parity: a saved narrow view moves only its bytes; later views copy what is missing", M, PARITY_TYPES) {
+TEST_CASE_TEMPLATE("parity: a saved narrow view moves only its bytes; later views copy what is missing", M,
+                   PARITY_TYPES) {
   Substrate substrate;
   auto w = on(at::randn({512, 512}), sim0).requires_grad_();
   SUBCASE("the narrow case: 16,384 of 1,048,576 bytes") {
@@ -150,11 +154,11 @@ TEST_CASE_TEMPLATE("parity: a saved narrow view moves only its bytes; later view
       std::optional<offload::Scope> scope;
       if (offload) scope.emplace(manager);
       auto h = w * 2.0;
-      auto a = h.narrow(0, 100, 4);                 // rows 100-103
-      auto t1 = a.sin();                            // another offloaded storage in between
-      auto b = h.narrow(0, 98, 8);                  // reaches out on both sides
-      auto c = h.narrow(1, 500, 8);                 // strided: 8 floats of every row
-      auto d = h.t().narrow(0, 3, 2);               // two columns, transposed
+      auto a = h.narrow(0, 100, 4);    // rows 100-103
+      auto t1 = a.sin();               // another offloaded storage in between
+      auto b = h.narrow(0, 98, 8);     // reaches out on both sides
+      auto c = h.narrow(1, 500, 8);    // strided: 8 floats of every row
+      auto d = h.t().narrow(0, 3, 2);  // two columns, transposed
       auto loss = (a * t1).sum() + b.pow(3).sum() + c.pow(2).sum() + d.exp().sum() + (d * d).sum();
       scope.reset();
       loss.backward();

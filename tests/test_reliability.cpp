@@ -103,8 +103,8 @@ TEST_CASE("pinned fallback: a failed pinned allocation uses pageable memory, cou
   using HostPinned = offload::Manager<harness::HostAsDevice, offload::storage::PinnedHost, offload::sync::Blocking>;
   HostPinned manager(offload::Options{.min_offload_bytes = 0});
   auto w = at::randn({32, 32}).requires_grad_();
-  const auto grads = harness::grads_plain_and_wrapped(w, [](const at::Tensor& t) { return (t * 2).exp().sum(); },
-                                                      harness::with_scope(manager));
+  const auto grads = harness::grads_plain_and_wrapped(
+      w, [](const at::Tensor& t) { return (t * 2).exp().sum(); }, harness::with_scope(manager));
   CHECK(at::equal(grads.wrapped, grads.plain));
   CHECK(manager.stats().pinned_fallbacks >= 1);
   CHECK(manager.stats().storages_offloaded >= 1);
@@ -149,8 +149,8 @@ TEST_CASE("lifecycle: 1000 steps keep device and host memory flat") {
       host.push_back(manager.stats().host_bytes_in_use);
     }
   }
-  MESSAGE("device bytes after step 10 / 1000: ", device[0], " / ", device[1], "; pinned host bytes: ", pinned[0],
-          " / ", pinned[1], "; manager host bytes: ", host[0], " / ", host[1]);
+  MESSAGE("device bytes after step 10 / 1000: ", device[0], " / ", device[1], "; pinned host bytes: ", pinned[0], " / ",
+          pinned[1], "; manager host bytes: ", host[0], " / ", host[1]);
   CHECK(device[1] == device[0]);
   CHECK(pinned[1] == pinned[0]);
   CHECK(host[1] == 0);
@@ -214,18 +214,42 @@ at::Tensor random_graph(std::uint32_t seed, const at::Tensor& p, const at::Tenso
     const std::int64_t k = std::uniform_int_distribution<std::int64_t>(1, n - 1)(rng);
     at::Tensor r;
     switch (std::uniform_int_distribution<int>(0, 11)(rng)) {
-      case 0: r = a.matmul(b) / static_cast<double>(n); break;
-      case 1: r = a.t() * b; break;                                   // saves a view and b
-      case 2: r = a.tanh(); break;
-      case 3: r = a.sigmoid() * a; break;                             // one storage saved twice
-      case 4: r = at::cat({a.narrow(0, 0, k) * b.narrow(0, 0, k), b.narrow(0, k, n - k)}, 0); break;
-      case 5: r = a.select(0, k).unsqueeze(0).expand({n, n}) * b; break;  // stride-0 view saved
-      case 6: r = at::layer_norm(a, {n}); break;
-      case 7: r = at::softmax(a, 1); break;
-      case 8: r = a.transpose(0, 1).contiguous().exp().clamp_max(10.0); break;
-      case 9: r = a.narrow(1, k, n - k).sin().sum(1, true).expand({n, n}) + b; break;
-      case 10: r = (a * b).permute({1, 0}); break;
-      default: r = a.mul(0.5).add(b.pow(2)); break;
+      case 0:
+        r = a.matmul(b) / static_cast<double>(n);
+        break;
+      case 1:
+        r = a.t() * b;
+        break;  // saves a view and b
+      case 2:
+        r = a.tanh();
+        break;
+      case 3:
+        r = a.sigmoid() * a;
+        break;  // one storage saved twice
+      case 4:
+        r = at::cat({a.narrow(0, 0, k) * b.narrow(0, 0, k), b.narrow(0, k, n - k)}, 0);
+        break;
+      case 5:
+        r = a.select(0, k).unsqueeze(0).expand({n, n}) * b;
+        break;  // stride-0 view saved
+      case 6:
+        r = at::layer_norm(a, {n});
+        break;
+      case 7:
+        r = at::softmax(a, 1);
+        break;
+      case 8:
+        r = a.transpose(0, 1).contiguous().exp().clamp_max(10.0);
+        break;
+      case 9:
+        r = a.narrow(1, k, n - k).sin().sum(1, true).expand({n, n}) + b;
+        break;
+      case 10:
+        r = (a * b).permute({1, 0});
+        break;
+      default:
+        r = a.mul(0.5).add(b.pow(2));
+        break;
     }
     pool.push_back(r);
   }
@@ -234,7 +258,8 @@ at::Tensor random_graph(std::uint32_t seed, const at::Tensor& p, const at::Tenso
   return loss;
 }
 
-std::vector<at::Tensor> random_graph_grads(std::uint32_t seed, const std::function<at::Tensor(const std::function<at::Tensor()>&)>& wrap) {
+std::vector<at::Tensor> random_graph_grads(std::uint32_t seed,
+                                           const std::function<at::Tensor(const std::function<at::Tensor()>&)>& wrap) {
   auto gen = at::make_generator<at::CPUGeneratorImpl>(seed);
   auto p = at::randn({8, 8}, gen).to(sim0).requires_grad_();
   auto q = at::randn({8, 8}, gen).to(sim0).requires_grad_();
@@ -272,8 +297,8 @@ TEST_CASE("randomized graphs: gradient parity with Streamed and Blocking on sim,
   }
   std::ostringstream seeds;
   for (auto s : failing) seeds << " " << s;
-  MESSAGE("randomized graphs: seeds ", first, "..", first + count - 1, " run; failing seeds:",
-          failing.empty() ? std::string(" none") : seeds.str());
+  MESSAGE("randomized graphs: seeds ", first, "..", first + count - 1,
+          " run; failing seeds:", failing.empty() ? std::string(" none") : seeds.str());
   CHECK(failing.empty());
 }
 
@@ -313,8 +338,8 @@ TEST_CASE("lifecycle: a storage policy that throws leaves the accounting balance
   offload::Manager<offload::device::Sim, FailingHost, offload::sync::Blocking> manager(
       offload::Options{.min_offload_bytes = 0});
   Mlp model(21);
-  CHECK_THROWS_WITH_AS(model.train(1, harness::with_scope(manager)), doctest::Contains("FailingHost: out of host memory"),
-                       c10::Error);
+  CHECK_THROWS_WITH_AS(model.train(1, harness::with_scope(manager)),
+                       doctest::Contains("FailingHost: out of host memory"), c10::Error);
   CHECK(manager.stats().host_bytes_in_use == 0);
   CHECK(manager.stats().storages_offloaded == 0);
 }

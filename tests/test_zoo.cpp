@@ -37,9 +37,7 @@ struct BasicBlockImpl : nn::Module {
         bn1(register_module("bn1", nn::BatchNorm2d(c))),
         conv2(register_module("conv2", nn::Conv2d(nn::Conv2dOptions(c, c, 3).padding(1).bias(false)))),
         bn2(register_module("bn2", nn::BatchNorm2d(c))) {}
-  torch::Tensor forward(const torch::Tensor& x) {
-    return torch::relu(x + bn2(conv2(torch::relu(bn1(conv1(x))))));
-  }
+  torch::Tensor forward(const torch::Tensor& x) { return torch::relu(x + bn2(conv2(torch::relu(bn1(conv1(x)))))); }
   nn::Conv2d conv1;
   nn::BatchNorm2d bn1;
   nn::Conv2d conv2;
@@ -84,9 +82,9 @@ struct UNetImpl : nn::Module {
         mid(register_module("mid", conv_gn_silu(16, 16))),
         up(register_module("up", nn::ConvTranspose2d(nn::ConvTranspose2dOptions(16, 8, 2).stride(2)))),
         dec(register_module("dec", conv_gn_silu(16, 8))),
-        upsample(register_module("upsample", nn::Upsample(nn::UpsampleOptions()
-                                                              .scale_factor(std::vector<double>{2, 2})
-                                                              .mode(torch::kNearest)))),
+        upsample(register_module(
+            "upsample",
+            nn::Upsample(nn::UpsampleOptions().scale_factor(std::vector<double>{2, 2}).mode(torch::kNearest)))),
         out(register_module("out", nn::Conv2d(nn::Conv2dOptions(8, 3, 3).padding(1)))) {}
   torch::Tensor forward(const torch::Tensor& x) {
     const auto skip = enc->forward(x);
@@ -118,10 +116,10 @@ struct VitImpl : nn::Module {
   }
   torch::Tensor forward(const torch::Tensor& x) {
     const auto batch = x.size(0);
-    auto tokens = patch(x).flatten(2).permute({2, 0, 1});                 // [16, batch, width]
+    auto tokens = patch(x).flatten(2).permute({2, 0, 1});                   // [16, batch, width]
     tokens = torch::cat({cls.expand({1, batch, width}), tokens}, 0) + pos;  // [17, batch, width]
     const auto encoded = encoder(tokens);
-    return head(norm(encoded.narrow(0, 0, 1).squeeze(0)));                // the class token, a narrow view
+    return head(norm(encoded.narrow(0, 0, 1).squeeze(0)));  // the class token, a narrow view
   }
   nn::Conv2d patch;
   nn::TransformerEncoder encoder;
@@ -272,8 +270,8 @@ TEST_CASE_TEMPLATE("zoo: each model family trains bitwise equal with and without
   const offload::sim::ScopedKnobs restore;
   offload::sim::set_copy_delay_us(100);
   offload::sim::set_poison_freed(true);
-  for (const std::string name : {"resnet", "unet channels_last", "vit", "lstm lm", "gru lm", "moe", "complex",
-                                 "gpt bf16", "gpt fp16"}) {
+  for (const std::string name :
+       {"resnet", "unet channels_last", "vit", "lstm lm", "gru lm", "moe", "complex", "gpt bf16", "gpt fp16"}) {
     CAPTURE(name);
     const auto plain = train(name, 3);
     for (std::size_t step = 0; step < plain.losses.size(); ++step) {
@@ -283,8 +281,8 @@ TEST_CASE_TEMPLATE("zoo: each model family trains bitwise equal with and without
     for (const std::int64_t min_bytes : {std::int64_t{1}, offload::Options{}.min_offload_bytes}) {
       CAPTURE(min_bytes);
       M manager(offload::Options{.min_offload_bytes = min_bytes});
-      const auto offloaded = train(name, 3, harness::with_scope(manager),
-                                   [&](const std::vector<at::Tensor>& p) { manager.exclude(p); });
+      const auto offloaded =
+          train(name, 3, harness::with_scope(manager), [&](const std::vector<at::Tensor>& p) { manager.exclude(p); });
       std::string why;
       CHECK_MESSAGE(harness::bitwise_equal(plain, offloaded, &why), why);
       if (min_bytes == 1) {

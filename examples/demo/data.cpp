@@ -38,8 +38,8 @@ Corpus load_corpus(const Args& args) {
     text = read_file(*args.data, "--data");
     c.files.push_back(*args.data);
     if (text.empty()) {
-      throw UsageError("--data: '" + *args.data + "' is empty; expected text of at least --seq + 1 = " +
-                       std::to_string(args.seq + 1) + " bytes");
+      throw UsageError("--data: '" + *args.data +
+                       "' is empty; expected text of at least --seq + 1 = " + std::to_string(args.seq + 1) + " bytes");
     }
   } else {
     std::error_code ec;

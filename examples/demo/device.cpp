@@ -30,7 +30,8 @@ DeviceChoice choose_device(const Args& args) {
     if (text.empty() || ec != std::errc() || ptr != text.data() + text.size()) {
       throw UsageError("--device: expected an integer in [0, 63] after ':', got '" + text + "'");
     }
-    if (index < 0 || index > 63) throw UsageError("--device: " + text + " is out of range; accepted: [0, 63] after ':'");
+    if (index < 0 || index > 63)
+      throw UsageError("--device: " + text + " is out of range; accepted: [0, 63] after ':'");
     name.resize(colon);
   }
   std::transform(name.begin(), name.end(), name.begin(), [](unsigned char ch) { return std::tolower(ch); });
@@ -39,8 +40,8 @@ DeviceChoice choose_device(const Args& args) {
     try {
       detected = offload::detect_accelerator();
     } catch (const c10::Error& e) {
-      throw UsageError("--device " + args.device + ": LibTorch could not detect the accelerator: " +
-                       e.what_without_backtrace());
+      throw UsageError("--device " + args.device +
+                       ": LibTorch could not detect the accelerator: " + e.what_without_backtrace());
     }
   }
   if (name == "auto" && detected && detected->type) {
@@ -95,8 +96,7 @@ DeviceChoice choose_device(const Args& args) {
 
 namespace {
 c10::CachingDeviceAllocator::Stat allocated(c10::DeviceAllocator* a, c10::DeviceIndex index) {
-  return a->getDeviceStats(index)
-      .allocated_bytes[static_cast<std::size_t>(c10::CachingAllocator::StatType::AGGREGATE)];
+  return a->getDeviceStats(index).allocated_bytes[static_cast<std::size_t>(c10::CachingAllocator::StatType::AGGREGATE)];
 }
 }  // namespace
 

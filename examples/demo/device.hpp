@@ -82,9 +82,7 @@ class MemoryTrace {
 
   void start();
   /// Milliseconds since start().
-  double ms_since_start() const {
-    return std::chrono::duration<double, std::milli>(Clock::now() - t0_).count();
-  }
+  double ms_since_start() const { return std::chrono::duration<double, std::milli>(Clock::now() - t0_).count(); }
   /// Stops recording and returns the samples, the first at t = 0.
   std::vector<Sample> stop();
 

@@ -25,10 +25,14 @@ namespace demo {
 
 std::string_view mode_name(OffloadMode mode) {
   switch (mode) {
-    case OffloadMode::none: return "none";
-    case OffloadMode::blocking: return "blocking";
-    case OffloadMode::streamed: return "streamed";
-    case OffloadMode::compare: return "compare";
+    case OffloadMode::none:
+      return "none";
+    case OffloadMode::blocking:
+      return "blocking";
+    case OffloadMode::streamed:
+      return "streamed";
+    case OffloadMode::compare:
+      return "compare";
   }
   return "?";
 }
@@ -59,9 +63,12 @@ CLI::Validator bytes_in(offload::Range r) {
   const std::string shown = pow2_range_text(r) + " bytes, optionally with a suffix K, M or G";
   return CLI::Validator(
       [r, shown](std::string& text) -> std::string {
-        static constexpr std::array<std::pair<std::string_view, std::int64_t>, 6> suffixes{{
-            {"KiB", 1024}, {"MiB", 1024 * 1024}, {"GiB", 1024 * 1024 * 1024}, {"K", 1024}, {"M", 1024 * 1024},
-            {"G", 1024 * 1024 * 1024}}};
+        static constexpr std::array<std::pair<std::string_view, std::int64_t>, 6> suffixes{{{"KiB", 1024},
+                                                                                            {"MiB", 1024 * 1024},
+                                                                                            {"GiB", 1024 * 1024 * 1024},
+                                                                                            {"K", 1024},
+                                                                                            {"M", 1024 * 1024},
+                                                                                            {"G", 1024 * 1024 * 1024}}};
         std::string_view digits = text;
         std::int64_t scale = 1;
         for (const auto& [suffix, factor] : suffixes) {
@@ -138,8 +145,7 @@ CLI::Validator writable_file() {
         const fs::path parent = fs::absolute(fs::path(text)).parent_path();
         std::error_code ec;
         if (!fs::is_directory(parent, ec) || ::access(parent.c_str(), W_OK) != 0) {
-          return "cannot write '" + text + "': directory '" + parent.string() +
-                 "' does not exist or is not writable";
+          return "cannot write '" + text + "': directory '" + parent.string() + "' does not exist or is not writable";
         }
         if (fs::is_directory(fs::path(text), ec)) return "'" + text + "' is a directory, expected a file name";
         return {};
@@ -205,21 +211,28 @@ std::optional<Args> parse_args(int argc, char** argv) {
                               const std::string& help, const std::string& group, const std::string& shown = {},
                               const std::string& default_text = {}) {
     const std::string d = default_text.empty() ? std::to_string(target) : default_text;
-    return app.add_option(name, target, help + ", in " + (shown.empty() ? range_text(range) : shown) + " (default " +
-                                             d + ")")
-        ->transform(integer_in(range, shown))->type_name("N")->group(group);
+    return app
+        .add_option(name, target, help + ", in " + (shown.empty() ? range_text(range) : shown) + " (default " + d + ")")
+        ->transform(integer_in(range, shown))
+        ->type_name("N")
+        ->group(group);
   };
   const auto bytes = [&app](const std::string& name, std::int64_t& target, offload::Range range,
                             const std::string& help, const std::string& more = {}) {
-    return app.add_option(name, target, help + ", in " + pow2_range_text(range) + " (default " +
-                                             std::to_string(target) + ")" + more)
-        ->transform(bytes_in(range))->type_name("B")->group("Offloading");
+    return app
+        .add_option(name, target,
+                    help + ", in " + pow2_range_text(range) + " (default " + std::to_string(target) + ")" + more)
+        ->transform(bytes_in(range))
+        ->type_name("B")
+        ->group("Offloading");
   };
 
   constexpr offload::Range int63{0, std::numeric_limits<std::int64_t>::max()};
   const std::string g1 = "Model and training (integers unless noted)";
   app.add_option("--model", a.model, "the model (default gpt):" + model_help)
-      ->transform(one_of(model_names))->type_name("NAME")->group(g1);
+      ->transform(one_of(model_names))
+      ->type_name("NAME")
+      ->group(g1);
   auto* layers = integer("--layers", a.layers, {1, 64}, "transformer blocks or LSTM layers", g1, "", "the model's");
   integer("--width", a.width, {1, 4096}, "model width (gpt: a multiple of --heads)", g1);
   auto* heads = integer("--heads", a.heads, {1, 256}, "gpt: attention heads", g1);
@@ -227,23 +240,31 @@ std::optional<Args> parse_args(int argc, char** argv) {
   integer("--batch", a.batch, {1, 4096}, "sequences per step", g1);
   integer("--steps", a.steps, {1, 1'000'000}, "training steps per run", g1);
   app.add_option("--lr", a.lr, "AdamW learning rate, a number in (0, 10] (default 0.003)")
-      ->transform(positive_number_up_to(10))->type_name("X")->group(g1);
+      ->transform(positive_number_up_to(10))
+      ->type_name("X")
+      ->group(g1);
   integer("--seed", a.seed, int63, "seed of the weights and the batch order", g1, "[0, 2^63-1]");
   app.add_option("--data", a.data,
                  "UTF-8/ASCII text to train on, at least --seq + 1 bytes (default: every regular file in " +
                      std::string(default_data_dir) + "/, concatenated in sorted order)")
-      ->transform(non_empty("a file name"))->type_name("FILE")->group(g1);
+      ->transform(non_empty("a file name"))
+      ->type_name("FILE")
+      ->group(g1);
 
   const std::string g2 = "Offloading";
   std::string offload = "compare";
   app.add_option("--offload", offload,
                  "none | blocking | streamed | compare (default compare: the same steps without offloading, "
                  "then with streamed offloading)")
-      ->transform(one_of({"none", "blocking", "streamed", "compare"}))->type_name("MODE")->group(g2);
+      ->transform(one_of({"none", "blocking", "streamed", "compare"}))
+      ->type_name("MODE")
+      ->group(g2);
   app.add_option("--device", a.device,
                  "auto | sim | sim:N | cuda | cuda:N | the detected accelerator's name (default auto: the "
                  "detected accelerator, else the simulated `sim`)")
-      ->transform(non_empty("auto, sim or an accelerator name"))->type_name("DEV")->group(g2);
+      ->transform(non_empty("auto, sim or an accelerator name"))
+      ->type_name("DEV")
+      ->group(g2);
   bytes("--device-memory-cap", a.device_memory_cap, {0, max_bytes_flag}, "device memory limit in bytes",
         "; 0 = none; suffixes K, M, G (KiB, MiB, GiB) are accepted. On sim: the device's capacity; on CUDA: a "
         "memory fraction of the device's total memory. Example: --device-memory-cap " +
@@ -261,12 +282,16 @@ std::optional<Args> parse_args(int argc, char** argv) {
 
   const std::string g3 = "Output";
   app.add_option("--summary-json", a.summary_json, "write the results as JSON")
-      ->transform(writable_file())->type_name("PATH")->group(g3);
+      ->transform(writable_file())
+      ->type_name("PATH")
+      ->group(g3);
   app.add_option("--plot", a.plot,
                  "write a PNG of device memory over one training step, with and without offloading (and its "
                  "samples as PATH with .csv); needs python3 with matplotlib: $OFFLOAD_DEMO_PYTHON, else the "
                  "project's .venv, else python3")
-      ->transform(writable_file())->type_name("PATH")->group(g3);
+      ->transform(writable_file())
+      ->type_name("PATH")
+      ->group(g3);
   integer("--log-every", a.log_every, {0, 1'000'000},
           "progress line every N steps when stdout is not a terminal (0: about ten per run)", g3);
 

@@ -33,7 +33,7 @@ struct Args {
   std::string model = "gpt";  ///< a name of demo::model_kinds()
   std::int64_t layers = 0;    ///< after parsing: --layers, else the model's default
   std::int64_t width = 128;
-  std::int64_t heads = 4;     ///< gpt only
+  std::int64_t heads = 4;  ///< gpt only
   std::int64_t seq = 128;
   std::int64_t batch = 8;
   std::int64_t steps = 50;

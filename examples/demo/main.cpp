@@ -69,8 +69,8 @@ int run(const Args& args) {
   std::cout << program << " " << OFFLOAD_VERSION << ": " << kind.title << ", layers " << args.layers << ", width "
             << args.width;
   if (kind.uses_heads) std::cout << ", heads " << args.heads;
-  std::cout << ", seq " << args.seq << ", batch " << args.batch << ", " << args.steps << " steps, AdamW lr "
-            << args.lr << ", seed " << args.seed << "\n";
+  std::cout << ", seq " << args.seq << ", batch " << args.batch << ", " << args.steps << " steps, AdamW lr " << args.lr
+            << ", seed " << args.seed << "\n";
   std::cout << "data: " << corpus.bytes << " bytes from " << corpus.files.size() << " file(s):";
   for (const auto& f : corpus.files) std::cout << " " << f;
   std::cout << "\nvocabulary: the " << corpus.vocab.size() << " distinct bytes of the text (one token per byte)\n";

@@ -17,9 +17,8 @@ class Lstm final : public CharModel {
  public:
   explicit Lstm(const ModelShape& s)
       : embed_(register_module("embed", torch::nn::Embedding(s.vocab, s.width))),
-        lstm_(register_module("lstm", torch::nn::LSTM(torch::nn::LSTMOptions(s.width, s.width)
-                                                          .num_layers(s.layers)
-                                                          .batch_first(true)))),
+        lstm_(register_module(
+            "lstm", torch::nn::LSTM(torch::nn::LSTMOptions(s.width, s.width).num_layers(s.layers).batch_first(true)))),
         head_(register_module("head", torch::nn::Linear(s.width, s.vocab))) {}
 
   /// tokens, targets: [batch, seq]; the LSTM starts from a zero state each step.

@@ -24,11 +24,11 @@ struct ModelShape {
 
 /// One --model choice.
 struct ModelKind {
-  std::string_view name;         ///< the value of --model
-  std::string_view title;        ///< e.g. "GPT character LM": the report's and the plot's first words
-  std::string_view help;         ///< one line for --help
-  std::int64_t default_layers;   ///< --layers when not given
-  bool uses_heads;               ///< reads --heads (and needs width % heads == 0)
+  std::string_view name;        ///< the value of --model
+  std::string_view title;       ///< e.g. "GPT character LM": the report's and the plot's first words
+  std::string_view help;        ///< one line for --help
+  std::int64_t default_layers;  ///< --layers when not given
+  bool uses_heads;              ///< reads --heads (and needs width % heads == 0)
   /// The model on the CPU, initialised from LibTorch's current seed.
   std::shared_ptr<CharModel> (*make)(const ModelShape& shape);
 };

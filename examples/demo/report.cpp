@@ -60,10 +60,10 @@ void print_table(const Args& args, const RunResult* none, const RunResult* off) 
     std::snprintf(buf, sizeof buf, "%.6f", static_cast<double>(r.losses.back()));
     return std::string(buf);
   });
-  row("peak device memory", [](const RunResult& r) { return mib(r.peak_bytes); },
-      ratio && !none->oom_step
-          ? ratio_text(static_cast<double>(none->peak_bytes), static_cast<double>(off->peak_bytes))
-          : "");
+  row(
+      "peak device memory", [](const RunResult& r) { return mib(r.peak_bytes); },
+      ratio && !none->oom_step ? ratio_text(static_cast<double>(none->peak_bytes), static_cast<double>(off->peak_bytes))
+                               : "");
   row("bytes offloaded",
       [](const RunResult& r) { return r.name == "none" ? std::string("-") : mib(r.stats.bytes_offloaded); });
   row("bytes brought back",

@@ -52,8 +52,8 @@ std::pair<torch::Tensor, torch::Tensor> batch(const Args& args, const torch::Ten
   return {torch::stack(xs).to(device), torch::stack(ys).to(device)};
 }
 
-void progress(const Args& args, const RunResult& r, const DeviceMemory& memory, std::int64_t step,
-              double step_seconds, bool last, bool tty) {
+void progress(const Args& args, const RunResult& r, const DeviceMemory& memory, std::int64_t step, double step_seconds,
+              bool last, bool tty) {
   const std::int64_t every = args.log_every > 0 ? args.log_every : std::max<std::int64_t>(1, args.steps / 10);
   if (!tty && !last && step != 1 && step % every != 0) return;
   char line[256];
@@ -75,8 +75,10 @@ std::string mib(std::int64_t bytes) {
   if (bytes < 0) return "n/a";
   char buf[64];
   const double m = static_cast<double>(bytes) / (1024.0 * 1024.0);
-  if (m >= 1024) std::snprintf(buf, sizeof buf, "%.2f GiB", m / 1024.0);
-  else std::snprintf(buf, sizeof buf, "%.1f MiB", m);
+  if (m >= 1024)
+    std::snprintf(buf, sizeof buf, "%.2f GiB", m / 1024.0);
+  else
+    std::snprintf(buf, sizeof buf, "%.1f MiB", m);
   return buf;
 }
 
@@ -92,11 +94,12 @@ RunResult train(const Args& args, const Corpus& corpus, const DeviceChoice& devi
   memory.reset_peak();
   std::int64_t step = 0;
   try {
-    const auto model = model_kind(args.model).make(ModelShape{.vocab = static_cast<std::int64_t>(corpus.vocab.size()),
-                                                              .layers = args.layers,
-                                                              .width = args.width,
-                                                              .heads = args.heads,
-                                                              .seq = args.seq});
+    const auto model = model_kind(args.model)
+                           .make(ModelShape{.vocab = static_cast<std::int64_t>(corpus.vocab.size()),
+                                            .layers = args.layers,
+                                            .width = args.width,
+                                            .heads = args.heads,
+                                            .seq = args.seq});
     std::optional<offload::AnyManager> manager;
     if (mode != OffloadMode::none) manager.emplace(make_manager(mode, device, options));
     model->to(device.device);

@@ -25,16 +25,14 @@ struct RunResult {
   std::optional<std::int64_t> oom_step;  ///< 1-based step that ran out of device memory
   std::string oom_message;
   std::int64_t peak_bytes = -1;
-  double seconds = 0;                    ///< wall time of the completed steps
-  offload::Stats stats;                  ///< the manager's counters (offloaded runs)
-  std::string manager;                   ///< manager.describe()
-  std::vector<Sample> trace;             ///< device memory over the traced step
+  double seconds = 0;         ///< wall time of the completed steps
+  offload::Stats stats;       ///< the manager's counters (offloaded runs)
+  std::string manager;        ///< manager.describe()
+  std::vector<Sample> trace;  ///< device memory over the traced step
   double forward_end_ms = -1, backward_end_ms = -1, step_end_ms = -1, oom_ms = -1;  ///< marks on the trace
-  std::int64_t traced_step = 0;          ///< 1-based
+  std::int64_t traced_step = 0;                                                     ///< 1-based
 
-  double seconds_per_step() const {
-    return losses.empty() ? 0.0 : seconds / static_cast<double>(losses.size());
-  }
+  double seconds_per_step() const { return losses.empty() ? 0.0 : seconds / static_cast<double>(losses.size()); }
 };
 
 /// Trains --model for --steps steps from the initial weights of --seed on

@@ -62,9 +62,7 @@ class AnyManager {
   std::shared_ptr<detail::HookSource> source_;
 };
 
-inline AnyManager detail::make_any_manager(std::shared_ptr<HookSource> source) {
-  return AnyManager(std::move(source));
-}
+inline AnyManager detail::make_any_manager(std::shared_ptr<HookSource> source) { return AnyManager(std::move(source)); }
 
 inline const std::shared_ptr<detail::HookSource>& detail::source_of(const AnyManager& manager) noexcept {
   return manager.source_;

@@ -43,13 +43,12 @@ concept device_policy = requires {
 /// asynchronous sync policies (sync::Streamed) call. Events themselves are
 /// c10::Event of P::device_type.
 template <class P>
-concept stream_device_policy =
-    device_policy<P> && P::has_streams && P::has_events &&
+concept stream_device_policy = device_policy<P> && P::has_streams && P::has_events &&
     requires(c10::DeviceIndex index, c10::Stream stream, const at::Tensor& t) {
-      { P::current_stream(index) } -> std::same_as<c10::Stream>;
-      { P::side_stream(index) } -> std::same_as<c10::Stream>;
-      { P::record_stream(t, stream) } -> std::same_as<void>;
-    };
+  { P::current_stream(index) } -> std::same_as<c10::Stream>;
+  { P::side_stream(index) } -> std::same_as<c10::Stream>;
+  { P::record_stream(t, stream) } -> std::same_as<void>;
+};
 
 /// A device policy that reports device-memory statistics (used by tests,
 /// the demo and the benchmarks; the library itself never calls these).
@@ -61,13 +60,12 @@ concept memory_stats_device_policy = device_policy<P> && requires(c10::DeviceInd
 
 /// A storage policy allocates the host buffers offloaded tensors live in.
 template <class P>
-concept storage_policy =
-    std::default_initializable<P> &&
+concept storage_policy = std::default_initializable<P> &&
     requires(P& p, std::int64_t nbytes, c10::DeviceType type, const Options& options) {
-      { P::name } -> std::convertible_to<std::string_view>;
-      typename detail::constant_bool<P::prefers_pinned>;
-      { p.allocate(nbytes, type, options) } -> std::same_as<HostBuffer>;
-    };
+  { P::name } -> std::convertible_to<std::string_view>;
+  typename detail::constant_bool<P::prefers_pinned>;
+  { p.allocate(nbytes, type, options) } -> std::same_as<HostBuffer>;
+};
 
 /// The per-manager state of a sync policy, instantiated for one device
 /// policy: constructed from the manager's Options, it copies one entry's
@@ -75,36 +73,35 @@ concept storage_policy =
 /// Every member is required (a no-op where a policy has nothing to do), so
 /// a misspelt one fails to compile instead of being skipped.
 template <class S>
-concept sync_state =
-    std::constructible_from<S, const Options&> && std::default_initializable<typename S::EntryState> &&
+concept sync_state = std::constructible_from<S, const Options&> && std::default_initializable<typename S::EntryState> &&
     requires(S& state, const S& cstate, const std::shared_ptr<Entry<typename S::EntryState>>& entry,
              const at::Tensor& device_bytes, Stats& stats) {
-      { state.offload(entry, device_bytes) } -> std::same_as<void>;
-      { state.reload(entry) } -> std::same_as<Reloaded>;
-      { state.on_unpack(entry) } -> std::same_as<void>;
-      { state.settle() } -> std::same_as<void>;
-      { state.end_backward() } -> std::same_as<void>;
-      { state.resume(entry) } -> std::same_as<void>;
-      { cstate.add_stats(stats) } -> std::same_as<void>;
-      { state.release(*entry) } noexcept -> std::same_as<void>;
-    };
+  { state.offload(entry, device_bytes) } -> std::same_as<void>;
+  { state.reload(entry) } -> std::same_as<Reloaded>;
+  { state.on_unpack(entry) } -> std::same_as<void>;
+  { state.settle() } -> std::same_as<void>;
+  { state.end_backward() } -> std::same_as<void>;
+  { state.resume(entry) } -> std::same_as<void>;
+  { cstate.add_stats(stats) } -> std::same_as<void>;
+  { state.release(*entry) }
+  noexcept->std::same_as<void>;
+};
 
 /// A sync policy decides when copies run and who waits for what. It is a
 /// tag naming itself, saying whether it needs streams and events, with a
 /// per-manager `State<Device>` satisfying sync_state.
 template <class P, class Device>
-concept sync_policy_for =
-    device_policy<Device> && requires {
-      { P::name } -> std::convertible_to<std::string_view>;
-      typename detail::constant_bool<P::needs_events>;
-      typename P::template State<Device>;
-    } && sync_state<typename P::template State<Device>>;
+concept sync_policy_for = device_policy<Device> && requires {
+  { P::name } -> std::convertible_to<std::string_view>;
+  typename detail::constant_bool<P::needs_events>;
+  typename P::template State<Device>;
+} && sync_state<typename P::template State<Device>>;
 
 /// Device, storage and sync policies that can be composed into a Manager:
 /// each satisfies its concept and the sync policy's needs are met (a sync
 /// policy that needs events gets a stream_device_policy).
 template <class Device, class Storage, class Sync>
 concept composable = storage_policy<Storage> && sync_policy_for<Sync, Device> &&
-                     (!Sync::needs_events || stream_device_policy<Device>);
+    (!Sync::needs_events || stream_device_policy<Device>);
 
 }  // namespace offload

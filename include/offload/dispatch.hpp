@@ -79,7 +79,7 @@ inline DetectedAccelerator detect_accelerator() {
     return out;
   }
   out.name = *type == c10::DeviceType::PrivateUse1 ? c10::get_privateuse1_backend(/*lower_case=*/true)
-                                                    : c10::DeviceTypeName(*type, /*lower_case=*/true);
+                                                   : c10::DeviceTypeName(*type, /*lower_case=*/true);
   const c10::DeviceIndex count =
       c10::impl::hasDeviceGuardImpl(*type) ? c10::impl::getDeviceGuardImpl(*type)->deviceCount() : 0;
   if (count <= 0) {
@@ -97,7 +97,9 @@ namespace detail {
 /// else true.
 template <class P>
 bool linked() {
-  if constexpr (requires { { P::linked() } -> std::convertible_to<bool>; }) {
+  if constexpr (requires {
+                  { P::linked() } -> std::convertible_to<bool>;
+                }) {
     return P::linked();
   } else {
     return true;
@@ -124,7 +126,9 @@ std::string absent_hints(Devices devices) {
   std::string out;
   boost::hana::for_each(devices, [&](auto t) {
     using P = typename decltype(t)::type;
-    if constexpr (requires { { P::when_absent } -> std::convertible_to<std::string_view>; }) {
+    if constexpr (requires {
+                    { P::when_absent } -> std::convertible_to<std::string_view>;
+                  }) {
       if (linked<P>()) out += (out.empty() ? "" : "; ") + std::string(P::when_absent);
     }
   });
@@ -151,16 +155,17 @@ constexpr bool check_device_list() {
                 "(e.g. boost::hana::prepend(offload::builtin_devices, boost::hana::type_c<MyDevice>))");
   static_assert(decltype(boost::hana::length(Devices{}))::value > 0,
                 "offload::make_manager: the device list is empty; start from offload::builtin_devices");
-  return boost::hana::unpack(Devices{}, [](auto... t) {
-    return (DeviceListEntry<typename decltype(t)::type>::ok && ...);
-  });
+  return boost::hana::unpack(Devices{},
+                             [](auto... t) { return (DeviceListEntry<typename decltype(t)::type>::ok && ...); });
 }
 
 /// Whether P says, at run time, that its backend has streams and events:
 /// P::runtime_has_events() when P has it, else its compile-time facts.
 template <class P>
 bool runtime_has_events() {
-  if constexpr (requires { { P::runtime_has_events() } -> std::convertible_to<bool>; }) {
+  if constexpr (requires {
+                  { P::runtime_has_events() } -> std::convertible_to<bool>;
+                }) {
     return P::runtime_has_events();
   } else {
     return P::has_streams && P::has_events;
@@ -239,8 +244,8 @@ AnyManager build(const Options& options, const DetectedAccelerator& detected) {
            detected.name + "'";
   }
   auto fallback_note = [&note](std::string why) {
-    return note + (note.empty() ? "" : "; ") + std::string(Sync::name) + " needs events: " + why +
-           ", so copies are " + std::string(FallbackSync::name);
+    return note + (note.empty() ? "" : "; ") + std::string(Sync::name) + " needs events: " + why + ", so copies are " +
+           std::string(FallbackSync::name);
   };
   if constexpr (!check_sync_members<Sync, Device>()) {
     return make_any_manager(nullptr);  // not reached: the check stopped the build
@@ -285,8 +290,7 @@ std::vector<std::string> device_policy_names(Devices devices) {
 /// and describe() reads "PassThrough<offloads nothing: WHY>".
 /// Validates `options` (c10::ValueError naming the field) first.
 /// Thread-safe.
-inline AnyManager make_pass_through_manager(const Options& options = {},
-                                            std::string why = "pass-through requested") {
+inline AnyManager make_pass_through_manager(const Options& options = {}, std::string why = "pass-through requested") {
   options.validate();
   return detail::make_any_manager(std::make_shared<detail::PassThroughSource>(options, std::move(why)));
 }
@@ -371,6 +375,5 @@ AnyManager make_manager(const Options& options, Devices devices, Fallback fallba
     return detail::dispatch_manager<Storage, Sync, FallbackSync>(options, devices, fallback);
   }
 }
-
 
 }  // namespace offload

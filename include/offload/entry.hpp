@@ -20,8 +20,8 @@ namespace offload {
 /// Host memory for one offloaded storage: a 1-D CPU tensor of dtype uint8
 /// with exactly `nbytes` elements, and whether it is page-locked.
 struct HostBuffer {
-  at::Tensor bytes;    ///< CPU, uint8, shape [nbytes], contiguous
-  bool pinned = false; ///< page-locked (eligible for asynchronous copies)
+  at::Tensor bytes;     ///< CPU, uint8, shape [nbytes], contiguous
+  bool pinned = false;  ///< page-locked (eligible for asynchronous copies)
 };
 
 /// The bytes of a storage that saved views cover, as a strided uint8
@@ -85,9 +85,9 @@ struct Entry {
     HostBuffer host;
   };
   std::vector<Extra> extra;
-  std::uint64_t seq = 0;                     ///< pack order within the manager (0, 1, 2, ...)
-  std::int64_t version = 0;                  ///< version counter of the saved tensor at pack
-  HostBuffer host;                           ///< allocated by the storage policy; filled by the sync policy
+  std::uint64_t seq = 0;     ///< pack order within the manager (0, 1, 2, ...)
+  std::int64_t version = 0;  ///< version counter of the saved tensor at pack
+  HostBuffer host;           ///< allocated by the storage policy; filled by the sync policy
   /// The storage that was copied (alias detection); weak, so it does not
   /// keep device memory alive, yet its address cannot be reused while held.
   std::optional<c10::weak_intrusive_ptr<c10::StorageImpl>> source;

@@ -9,9 +9,9 @@
 /// <offload/sim.hpp>, which ships with liboffload_sim. docs/headers.md
 /// lists the narrower headers and what each costs to include.
 
-#include <offload/config.hpp>
 #include <offload/any_manager.hpp>
 #include <offload/concepts.hpp>
+#include <offload/config.hpp>
 #include <offload/dispatch.hpp>
 #include <offload/entry.hpp>
 #include <offload/manager.hpp>

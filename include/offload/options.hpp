@@ -25,7 +25,7 @@ inline constexpr Range min_offload_bytes{0, std::int64_t{1} << 50};  ///< bytes
 inline constexpr Range max_fwd_stash{1, 1024};                       ///< offloaded storages
 inline constexpr Range prefetch_depth{0, 1024};                      ///< largest offloaded storages
 inline constexpr Range host_budget_bytes{0, std::int64_t{1} << 50};  ///< bytes; 0 = unlimited
-inline constexpr Range prefetch_bytes{0, std::int64_t{1} << 50};    ///< bytes; 0 = prefetch_depth x the largest storage
+inline constexpr Range prefetch_bytes{0, std::int64_t{1} << 50};  ///< bytes; 0 = prefetch_depth x the largest storage
 }  // namespace ranges
 
 /// Settings of one offload manager. Plain data: copy freely. A manager

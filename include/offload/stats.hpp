@@ -42,8 +42,7 @@ struct Stats {
 
   /// Saved tensors that stayed on their device or host, all reasons.
   std::int64_t passed_through() const noexcept {
-    return passed_other_device + passed_small + passed_excluded + passed_leaf + passed_layout +
-           passed_budget;
+    return passed_other_device + passed_small + passed_excluded + passed_leaf + passed_layout + passed_budget;
   }
 };
 
@@ -83,7 +82,8 @@ inline constexpr std::array stat_fields{
     StatField{"prefetches", &Stats::prefetches,
               "host -> device copies started ahead of (or on) demand by sync::Streamed"},
     StatField{"prefetch_peak", &Stats::prefetch_peak,
-              "most prefetched buffers outstanding at once (tensors; their bytes stay within the prefetch window, +1 on demand)"},
+              "most prefetched buffers outstanding at once (tensors; their bytes stay within the prefetch window, +1 "
+              "on demand)"},
 };
 static_assert(sizeof(Stats) == stat_fields.size() * sizeof(std::int64_t),
               "offload::stat_fields must list every field of offload::Stats");

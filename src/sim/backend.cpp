@@ -49,8 +49,7 @@ using c10::StreamId;
 constexpr auto kSimType = c10::DeviceType::PrivateUse1;
 
 std::int64_t now_ns() {
-  return std::chrono::duration_cast<std::chrono::nanoseconds>(
-             std::chrono::steady_clock::now().time_since_epoch())
+  return std::chrono::duration_cast<std::chrono::nanoseconds>(std::chrono::steady_clock::now().time_since_epoch())
       .count();
 }
 
@@ -217,14 +216,14 @@ DeviceIndex resolve(DeviceIndex index) { return index < 0 ? t_device : index; }
 
 SimStream& stream_ref(DeviceIndex index, StreamId id) {
   check_device(index);
-  TORCH_CHECK(id >= 0 && id < kStreamsPerDevice, "offload::sim: stream id ", id,
-              " is not a sim stream (ids are 0 to ", kStreamsPerDevice - 1, ")");
+  TORCH_CHECK(id >= 0 && id < kStreamsPerDevice, "offload::sim: stream id ", id, " is not a sim stream (ids are 0 to ",
+              kStreamsPerDevice - 1, ")");
   return *runtime().streams[static_cast<std::size_t>(index)][static_cast<std::size_t>(id)];
 }
 
 SimStream& stream_ref(const c10::Stream& stream) {
-  TORCH_CHECK(stream.device_type() == kSimType, "offload::sim: ", stream, " is not a ",
-              c10::get_privateuse1_backend(), " stream");
+  TORCH_CHECK(stream.device_type() == kSimType, "offload::sim: ", stream, " is not a ", c10::get_privateuse1_backend(),
+              " stream");
   return stream_ref(resolve(stream.device_index()), stream.id());
 }
 
@@ -384,10 +383,9 @@ class SimDeviceAllocator final : public c10::DeviceAllocator {
       if (!fits()) {
         ++c.num_ooms;
         const auto cap = capacity_.load();
-        TORCH_CHECK_WITH(OutOfMemoryError, false, "offload::sim: out of memory on ",
-                         device_name(d), ": tried to allocate ", bytes, " bytes; capacity ", cap,
-                         " bytes, ", c.current, " bytes in use, ", std::max<std::int64_t>(cap - c.current, 0),
-                         " bytes free");
+        TORCH_CHECK_WITH(OutOfMemoryError, false, "offload::sim: out of memory on ", device_name(d),
+                         ": tried to allocate ", bytes, " bytes; capacity ", cap, " bytes, ", c.current,
+                         " bytes in use, ", std::max<std::int64_t>(cap - c.current, 0), " bytes free");
       }
       c.add(bytes);
       trace_locked(d);
@@ -422,9 +420,7 @@ class SimDeviceAllocator final : public c10::DeviceAllocator {
     return {ptr, block, &delete_block, device};
   }
 
-  void copy_data(void* dest, const void* src, std::size_t count) const override {
-    default_copy_data(dest, src, count);
-  }
+  void copy_data(void* dest, const void* src, std::size_t count) const override { default_copy_data(dest, src, count); }
 
   bool initialized() override { return g_runtime.load() != nullptr; }
 
@@ -447,8 +443,8 @@ class SimDeviceAllocator final : public c10::DeviceAllocator {
     if (ptr.get_deleter() != &delete_block || ptr.get_context() == nullptr) {
       return;
     }
-    TORCH_CHECK(stream.device_type() == kSimType, "offload::sim: recordStream needs a ",
-                c10::get_privateuse1_backend(), " stream, got ", stream);
+    TORCH_CHECK(stream.device_type() == kSimType, "offload::sim: recordStream needs a ", c10::get_privateuse1_backend(),
+                " stream, got ", stream);
     auto* block = static_cast<Block*>(ptr.get_context());
     const std::pair<DeviceIndex, StreamId> key{resolve(stream.device_index()), stream.id()};
     std::lock_guard<std::mutex> lock(mutex_);
@@ -514,8 +510,7 @@ class SimDeviceAllocator final : public c10::DeviceAllocator {
     const auto c = counters(index);
     auto total = capacity_.load();
     if (total == 0) {
-      total = static_cast<std::int64_t>(sysconf(_SC_PHYS_PAGES)) *
-              static_cast<std::int64_t>(sysconf(_SC_PAGE_SIZE));
+      total = static_cast<std::int64_t>(sysconf(_SC_PHYS_PAGES)) * static_cast<std::int64_t>(sysconf(_SC_PAGE_SIZE));
     }
     const auto free_bytes = std::max<std::int64_t>(total - c.current, 0);
     return {static_cast<std::size_t>(free_bytes), static_cast<std::size_t>(total)};
@@ -718,9 +713,7 @@ class SimHostAllocator final : public c10::Allocator {
 
   c10::DeleterFnPtr raw_deleter() const override { return &delete_host; }
 
-  void copy_data(void* dest, const void* src, std::size_t count) const override {
-    default_copy_data(dest, src, count);
-  }
+  void copy_data(void* dest, const void* src, std::size_t count) const override { default_copy_data(dest, src, count); }
 
   void free(void* ptr) {
     std::size_t size = 0;
@@ -851,8 +844,7 @@ struct SimGuardImpl final : public c10::impl::DeviceGuardImplInterface {
     const auto index = resolve(device.index());
     check_device(index);
     const auto n = runtime().next_pool[static_cast<std::size_t>(index)].fetch_add(1);
-    return c10::Stream(c10::Stream::UNSAFE, c10::Device(kSimType, index),
-                       static_cast<StreamId>(1 + n % kPoolStreams));
+    return c10::Stream(c10::Stream::UNSAFE, c10::Device(kSimType, index), static_cast<StreamId>(1 + n % kPoolStreams));
   }
 
   // The pool is small and fixed (like CUDA's): a "new" stream is the next
@@ -937,9 +929,7 @@ struct SimGuardImpl final : public c10::impl::DeviceGuardImplInterface {
 
   void synchronizeStream(const c10::Stream& stream) const override { stream_ref(stream).synchronize(); }
 
-  void synchronizeDevice(const DeviceIndex device_index) const override {
-    offload::sim::synchronize(device_index);
-  }
+  void synchronizeDevice(const DeviceIndex device_index) const override { offload::sim::synchronize(device_index); }
 
   void recordDataPtrOnStream(const c10::DataPtr& data_ptr, const c10::Stream& stream) const override {
     device_allocator().recordStream(data_ptr, stream);
@@ -1033,9 +1023,8 @@ SimHooks& hooks() {
 
 bool valid_backend_name(const std::string& name) {
   static const std::array<const char*, 24> in_tree = {
-      "cpu",   "cuda",  "ipu", "xpu",  "mkldnn", "opengl", "opencl", "ideep",
-      "hip",   "ve",    "fpga", "maia", "xla",   "lazy",   "vulkan", "mps",
-      "meta",  "hpu",   "mtia", "privateuseone", "msnpu", "ort", "metal", "mkl"};
+      "cpu", "cuda", "ipu",    "xpu", "mkldnn", "opengl", "opencl", "ideep",         "hip",   "ve",  "fpga",  "maia",
+      "xla", "lazy", "vulkan", "mps", "meta",   "hpu",    "mtia",   "privateuseone", "msnpu", "ort", "metal", "mkl"};
   if (name.empty() || name.size() > 32 || name[0] < 'a' || name[0] > 'z') {
     return false;
   }
@@ -1051,8 +1040,8 @@ bool valid_backend_name(const std::string& name) {
 constexpr std::int64_t kMaxCopyDelayUs = 10'000'000;
 
 void check_delay(std::int64_t us, const char* where) {
-  TORCH_CHECK_VALUE(us >= 0 && us <= kMaxCopyDelayUs, where, ": copy_delay_us must be in [0, ",
-                    kMaxCopyDelayUs, "], got ", us);
+  TORCH_CHECK_VALUE(us >= 0 && us <= kMaxCopyDelayUs, where, ": copy_delay_us must be in [0, ", kMaxCopyDelayUs,
+                    "], got ", us);
 }
 
 void check_capacity(std::int64_t bytes, const char* where) {
@@ -1065,8 +1054,8 @@ void validate(const Config& c) {
                     ": backend_name must be 1 to 32 characters from [a-z0-9_], start with a letter "
                     "and not name an in-tree device type, got '",
                     c.backend_name, "'");
-  TORCH_CHECK_VALUE(c.num_devices >= 1 && c.num_devices <= kMaxDevices, where,
-                    ": num_devices must be in [1, ", kMaxDevices, "], got ", c.num_devices);
+  TORCH_CHECK_VALUE(c.num_devices >= 1 && c.num_devices <= kMaxDevices, where, ": num_devices must be in [1, ",
+                    kMaxDevices, "], got ", c.num_devices);
   check_capacity(c.capacity_bytes, where);
   check_delay(c.copy_delay_us, where);
 }
@@ -1107,9 +1096,8 @@ void drain_everything_at_exit() {
 
 void check_device(DeviceIndex index) {
   auto& rt = runtime();
-  TORCH_CHECK(index >= 0 && index < rt.installed.num_devices, "offload::sim: device index ",
-              static_cast<int>(index), " is out of range: ", rt.installed.backend_name, " has ",
-              rt.installed.num_devices, " device(s)");
+  TORCH_CHECK(index >= 0 && index < rt.installed.num_devices, "offload::sim: device index ", static_cast<int>(index),
+              " is out of range: ", rt.installed.backend_name, " has ", rt.installed.num_devices, " device(s)");
 }
 
 StreamId current_stream_id(DeviceIndex index) {
@@ -1139,8 +1127,7 @@ void install(const Config& config) {
                 detail::differences(have, config), ")");
     return;
   }
-  TORCH_CHECK(!c10::is_privateuse1_backend_registered() ||
-                  c10::get_privateuse1_backend() == config.backend_name,
+  TORCH_CHECK(!c10::is_privateuse1_backend_registered() || c10::get_privateuse1_backend() == config.backend_name,
               "offload::sim::install: the PrivateUse1 backend is already registered as '",
               c10::get_privateuse1_backend(), "', cannot register '", config.backend_name, "'");
 
@@ -1151,8 +1138,7 @@ void install(const Config& config) {
   for (int d = 0; d < config.num_devices; ++d) {
     for (int id = 0; id < detail::kStreamsPerDevice; ++id) {
       rt->streams[static_cast<std::size_t>(d)][static_cast<std::size_t>(id)] =
-          std::make_unique<detail::SimStream>(static_cast<c10::DeviceIndex>(d),
-                                              static_cast<c10::StreamId>(id));
+          std::make_unique<detail::SimStream>(static_cast<c10::DeviceIndex>(d), static_cast<c10::StreamId>(id));
     }
   }
   detail::device_allocator().set_capacity(config.capacity_bytes);

@@ -17,8 +17,8 @@
 #include <ATen/ops/_local_scalar_dense.h>
 #include <ATen/ops/_reshape_alias_native.h>
 #include <ATen/ops/as_strided_native.h>
-#include <ATen/ops/native_batch_norm.h>
 #include <ATen/ops/from_blob.h>
+#include <ATen/ops/native_batch_norm.h>
 #include <ATen/ops/resize_native.h>
 #include <ATen/ops/set_native.h>
 #include <ATen/ops/view_native.h>
@@ -58,8 +58,8 @@ at::Tensor host_view(const at::Tensor& t) {
 
 // Copies between CPU tensors (some of which alias sim memory).
 void copy_host(const at::Tensor& dst, const at::Tensor& src) {
-  if (dst.dtype() == src.dtype() && dst.sizes().equals(src.sizes()) && dst.is_contiguous() &&
-      src.is_contiguous() && !dst.is_neg() && !src.is_neg() && !dst.is_conj() && !src.is_conj()) {
+  if (dst.dtype() == src.dtype() && dst.sizes().equals(src.sizes()) && dst.is_contiguous() && src.is_contiguous() &&
+      !dst.is_neg() && !src.is_neg() && !dst.is_conj() && !src.is_conj()) {
     std::memcpy(dst.data_ptr(), src.data_ptr(), dst.nbytes());
     return;
   }
@@ -71,29 +71,28 @@ void copy_host(const at::Tensor& dst, const at::Tensor& src) {
 
 at::Tensor empty_memory_format(c10::IntArrayRef size, std::optional<c10::ScalarType> dtype,
                                std::optional<c10::Layout> layout, std::optional<c10::Device> device,
-                               std::optional<bool> pin_memory,
-                               std::optional<c10::MemoryFormat> memory_format) {
+                               std::optional<bool> pin_memory, std::optional<c10::MemoryFormat> memory_format) {
   const auto dev = c10::device_or_default(device);
   TORCH_CHECK(dev.type() == kSimType, "offload::sim: empty on ", dev);
   TORCH_CHECK(c10::layout_or_default(layout) == c10::Layout::Strided,
               "offload::sim: only strided tensors are supported");
   TORCH_CHECK(!c10::pinned_memory_or_default(pin_memory), "offload::sim: only CPU tensors can be pinned");
   const c10::DeviceGuard guard(dev);
-  return at::Tensor(at::detail::empty_generic(size, sim_allocator(), kSimKeys,
-                                              c10::dtype_or_default(dtype), memory_format));
+  return at::Tensor(
+      at::detail::empty_generic(size, sim_allocator(), kSimKeys, c10::dtype_or_default(dtype), memory_format));
 }
 
-at::Tensor empty_strided(c10::IntArrayRef size, c10::IntArrayRef stride,
-                         std::optional<c10::ScalarType> dtype, std::optional<c10::Layout> layout,
-                         std::optional<c10::Device> device, std::optional<bool> pin_memory) {
+at::Tensor empty_strided(c10::IntArrayRef size, c10::IntArrayRef stride, std::optional<c10::ScalarType> dtype,
+                         std::optional<c10::Layout> layout, std::optional<c10::Device> device,
+                         std::optional<bool> pin_memory) {
   const auto dev = c10::device_or_default(device);
   TORCH_CHECK(dev.type() == kSimType, "offload::sim: empty_strided on ", dev);
   TORCH_CHECK(c10::layout_or_default(layout) == c10::Layout::Strided,
               "offload::sim: only strided tensors are supported");
   TORCH_CHECK(!c10::pinned_memory_or_default(pin_memory), "offload::sim: only CPU tensors can be pinned");
   const c10::DeviceGuard guard(dev);
-  return at::Tensor(at::detail::empty_strided_generic(size, stride, sim_allocator(), kSimKeys,
-                                                      c10::dtype_or_default(dtype)));
+  return at::Tensor(
+      at::detail::empty_strided_generic(size, stride, sim_allocator(), kSimKeys, c10::dtype_or_default(dtype)));
 }
 
 // ------------------------------------------------------------------ views and metadata
@@ -118,15 +117,13 @@ const at::Tensor& resize_(const at::Tensor& self, c10::IntArrayRef size,
 
 at::Tensor& set_storage(at::Tensor& self, c10::Storage source) { return at::native::set_(self, source); }
 
-at::Tensor& set_storage_offset(at::Tensor& self, c10::Storage source, int64_t storage_offset,
-                               c10::IntArrayRef size, c10::IntArrayRef stride) {
+at::Tensor& set_storage_offset(at::Tensor& self, c10::Storage source, int64_t storage_offset, c10::IntArrayRef size,
+                               c10::IntArrayRef stride) {
   const c10::DeviceGuard guard(self.device());
   return at::native::set_storage_cpu_(self, source, storage_offset, size, stride);
 }
 
-at::Tensor& set_tensor(at::Tensor& self, const at::Tensor& source) {
-  return at::native::set_tensor_(self, source);
-}
+at::Tensor& set_tensor(at::Tensor& self, const at::Tensor& source) { return at::native::set_tensor_(self, source); }
 
 at::Tensor& set_empty(at::Tensor& self) {
   const c10::DeviceGuard guard(self.device());
@@ -135,9 +132,7 @@ at::Tensor& set_empty(at::Tensor& self) {
 }
 
 bool has_compatible_shallow_copy_type(const at::Tensor& self, const at::Tensor& from) {
-  const auto dense = [](const at::Tensor& t) {
-    return t.layout() == c10::kStrided && (t.is_cpu() || is_sim(t));
-  };
+  const auto dense = [](const at::Tensor& t) { return t.layout() == c10::kStrided && (t.is_cpu() || is_sim(t)); };
   return self.key_set() == from.key_set() || (dense(self) && dense(from));
 }
 
@@ -156,9 +151,8 @@ at::Tensor copy_from(const at::Tensor& self, const at::Tensor& dst, bool non_blo
   TORCH_CHECK(self.defined() && dst.defined(), "offload::sim: copy of an undefined tensor");
   const bool src_sim = is_sim(self);
   const bool dst_sim = is_sim(dst);
-  TORCH_CHECK((src_sim || self.is_cpu()) && (dst_sim || dst.is_cpu()),
-              "offload::sim: copies are supported between ", c10::get_privateuse1_backend(),
-              " devices and the CPU only, got ", self.device(), " -> ", dst.device());
+  TORCH_CHECK((src_sim || self.is_cpu()) && (dst_sim || dst.is_cpu()), "offload::sim: copies are supported between ",
+              c10::get_privateuse1_backend(), " devices and the CPU only, got ", self.device(), " -> ", dst.device());
   if (dst.numel() == 0) {
     return dst;
   }
@@ -203,10 +197,12 @@ at::Tensor copy_from_and_resize(const at::Tensor& self, const at::Tensor& dst) {
 // back only arguments marked so) would leave sim's running statistics
 // untouched. Run on CPU views of the sim memory instead: the CPU kernel
 // updates the statistics where they live.
-std::tuple<at::Tensor, at::Tensor, at::Tensor> native_batch_norm(
-    const at::Tensor& input, const std::optional<at::Tensor>& weight, const std::optional<at::Tensor>& bias,
-    const std::optional<at::Tensor>& running_mean, const std::optional<at::Tensor>& running_var, bool training,
-    double momentum, double eps) {
+std::tuple<at::Tensor, at::Tensor, at::Tensor> native_batch_norm(const at::Tensor& input,
+                                                                 const std::optional<at::Tensor>& weight,
+                                                                 const std::optional<at::Tensor>& bias,
+                                                                 const std::optional<at::Tensor>& running_mean,
+                                                                 const std::optional<at::Tensor>& running_var,
+                                                                 bool training, double momentum, double eps) {
   const auto host = [&](const std::optional<at::Tensor>& t) -> std::optional<at::Tensor> {
     if (!t.has_value() || !t->defined()) {
       return t;
@@ -218,8 +214,8 @@ std::tuple<at::Tensor, at::Tensor, at::Tensor> native_batch_norm(
   };
   const c10::DeviceGuard guard(input.device());
   drain_current(input.device().index());
-  const auto [out, mean, invstd] = at::native_batch_norm(host_view(input), host(weight), host(bias),
-                                                         host(running_mean), host(running_var), training, momentum, eps);
+  const auto [out, mean, invstd] = at::native_batch_norm(host_view(input), host(weight), host(bias), host(running_mean),
+                                                         host(running_var), training, momentum, eps);
   return {out.to(input.device()), mean.to(input.device()), invstd.to(input.device())};
 }
 
@@ -246,8 +242,8 @@ void sim_fallback(const c10::OperatorHandle& op, torch::jit::Stack* stack) {
     }
     if (is_sim(t)) {
       TORCH_CHECK(!sim_device || *sim_device == t.device(),
-                  "Expected all tensors to be on the same device, but found at least two devices, ",
-                  *sim_device, " and ", t.device(), "! (when checking arguments for ", schema.name(), ")");
+                  "Expected all tensors to be on the same device, but found at least two devices, ", *sim_device,
+                  " and ", t.device(), "! (when checking arguments for ", schema.name(), ")");
       sim_device = t.device();
     } else if (t.dim() > 0) {
       other_device = t.device();  // 0-dim CPU tensors are scalars, as on CUDA
@@ -264,8 +260,8 @@ void sim_fallback(const c10::OperatorHandle& op, torch::jit::Stack* stack) {
   }
   if (sim_device) {
     TORCH_CHECK(!other_device || mixing_allowed(schema.name()),
-                "Expected all tensors to be on the same device, but found at least two devices, ",
-                *sim_device, " and ", *other_device, "! (when checking arguments for ", schema.name(), ")");
+                "Expected all tensors to be on the same device, but found at least two devices, ", *sim_device, " and ",
+                *other_device, "! (when checking arguments for ", schema.name(), ")");
     drain_current(sim_device->index());
   }
   // The CPU fallback runs the operator on the CPU: without a CPU kernel it
@@ -294,8 +290,8 @@ bool is_view(const c10::FunctionSchema& schema) {
 
 bool needs_cpu_view_kernel(const c10::OperatorHandle& op) {
   const auto& schema = op.schema();
-  return schema.name().rfind("aten::", 0) == 0 && schema.name().rfind("aten::_nested", 0) != 0 &&
-         is_view(schema) && op.hasKernelForDispatchKey(c10::DispatchKey::CPU) &&
+  return schema.name().rfind("aten::", 0) == 0 && schema.name().rfind("aten::_nested", 0) != 0 && is_view(schema) &&
+         op.hasKernelForDispatchKey(c10::DispatchKey::CPU) &&
          !op.hasKernelForDispatchKey(c10::DispatchKey::PrivateUse1) &&
          !op.hasKernelForDispatchKey(c10::DispatchKey::CompositeExplicitAutograd) &&
          !op.hasKernelForDispatchKey(c10::DispatchKey::CompositeExplicitAutogradNonFunctional) &&
@@ -305,8 +301,8 @@ bool needs_cpu_view_kernel(const c10::OperatorHandle& op) {
 void view_via_cpu_kernel(const c10::OperatorHandle& op, torch::jit::Stack* stack) {
   op.redispatchBoxed(c10::DispatchKeySet(c10::DispatchKey::CPU), stack);
   for (const auto& ret : torch::jit::last(*stack, op.schema().returns().size())) {
-    TORCH_INTERNAL_ASSERT(!ret.isTensor() || is_sim(ret.toTensor()), "offload::sim: view ",
-                          op.schema().name(), " did not stay on the device");
+    TORCH_INTERNAL_ASSERT(!ret.isTensor() || is_sim(ret.toTensor()), "offload::sim: view ", op.schema().name(),
+                          " did not stay on the device");
   }
 }
 
@@ -327,9 +323,10 @@ bool needs_cpu_kernel(const c10::OperatorHandle& op) {
     return false;
   }
   static constexpr std::string_view keep_composite[] = {
-      "aten::copy_", "aten::copy", "aten::_to_copy", "aten::to", "aten::_copy_from", "aten::_copy_from_and_resize",
-      "aten::lift", "aten::lift_fresh", "aten::lift_fresh_copy", "aten::clone", "aten::_pin_memory",
-      "aten::is_pinned"};
+      "aten::copy_", "aten::copy",        "aten::_to_copy",
+      "aten::to",    "aten::_copy_from",  "aten::_copy_from_and_resize",
+      "aten::lift",  "aten::lift_fresh",  "aten::lift_fresh_copy",
+      "aten::clone", "aten::_pin_memory", "aten::is_pinned"};
   for (const auto name : keep_composite) {
     if (schema.name() == name) {
       return false;
@@ -354,8 +351,7 @@ bool needs_cpu_kernel(const c10::OperatorHandle& op) {
 
 void register_kernels() {
   // Leaked: registrations stay for the life of the process.
-  auto* aten = new torch::Library(torch::Library::IMPL, "aten", c10::DispatchKey::PrivateUse1, __FILE__,
-                                  __LINE__);
+  auto* aten = new torch::Library(torch::Library::IMPL, "aten", c10::DispatchKey::PrivateUse1, __FILE__, __LINE__);
   aten->impl("empty.memory_format", TORCH_FN(empty_memory_format));
   aten->impl("empty_strided", TORCH_FN(empty_strided));
   aten->impl("as_strided", TORCH_FN(as_strided));

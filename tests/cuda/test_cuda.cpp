@@ -61,12 +61,13 @@ TEST_CASE_TEMPLATE("cuda: parity of MLP, block and GPT, 3 AdamW steps" * doctest
 
 TEST_CASE_TEMPLATE("cuda: tensors come back on the device index they came from" * doctest::skip(!have_gpu()), Sync,
                    offload::sync::Blocking, offload::sync::Streamed) {
-  const auto last = static_cast<c10::DeviceIndex>(c10::impl::getDeviceGuardImpl(c10::DeviceType::CUDA)->deviceCount() - 1);
+  const auto last =
+      static_cast<c10::DeviceIndex>(c10::impl::getDeviceGuardImpl(c10::DeviceType::CUDA)->deviceCount() - 1);
   const c10::Device device(c10::DeviceType::CUDA, last);
   CudaManager<Sync> manager(offload::Options{.min_offload_bytes = 0});
   auto w = at::randn({64, 64}).to(device).requires_grad_();
-  const auto grads = harness::grads_plain_and_wrapped(w, [](const at::Tensor& t) { return (t * 2).exp().sum(); },
-                                                      harness::with_scope(manager));
+  const auto grads = harness::grads_plain_and_wrapped(
+      w, [](const at::Tensor& t) { return (t * 2).exp().sum(); }, harness::with_scope(manager));
   CHECK(grads.wrapped.device() == device);
   CHECK(at::equal(grads.wrapped, grads.plain));
   CHECK(manager.stats().storages_offloaded == 1);

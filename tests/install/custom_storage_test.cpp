@@ -77,7 +77,8 @@ void run(const char* label, M manager, const harness::RunResult& baseline, const
   const Totals after = totals();
   std::cout << label << ": " << stats << "\n";
   std::string why;
-  expect(harness::bitwise_equal(baseline, result, &why), std::string(label) + ": losses, gradients, parameters bitwise equal to no offloading " + why);
+  expect(harness::bitwise_equal(baseline, result, &why),
+         std::string(label) + ": losses, gradients, parameters bitwise equal to no offloading " + why);
   expect(stats.storages_offloaded > 0 && stats.bytes_offloaded > 0, std::string(label) + ": offloaded something");
   expect(after.bytes - before.bytes == stats.bytes_offloaded,
          std::string(label) + ": CountingHost counted " + std::to_string(after.bytes - before.bytes) +

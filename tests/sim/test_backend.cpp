@@ -293,7 +293,7 @@ TEST_CASE("sim: model pieces match the CPU bit for bit, forward and backward") {
   });
   check_piece("views, slices, transposes, expand", [](const c10::Device& d) {
     const auto x = leaf(torch::randn({4, 6}), d);
-    const auto y = x.t().slice(0, 1, 5).narrow(1, 1, 2);  // [4, 2], offset and strides
+    const auto y = x.t().slice(0, 1, 5).narrow(1, 1, 2);        // [4, 2], offset and strides
     const auto z = x.select(0, 2).unsqueeze(0).expand({3, 6});  // stride 0
     const auto w = x.view({2, 12}).permute({1, 0}).reshape({6, 4});
     const auto parts = x.chunk(2, 1);
@@ -339,9 +339,9 @@ Piece module_piece(Make make, Shapes shapes, Call call, bool channels_last = fal
 
 template <class Make>
 Piece unary(Make make, std::vector<int64_t> shape, bool channels_last = false) {
-  return module_piece(make, {std::move(shape)},
-                      [](auto& m, std::vector<torch::Tensor>& x) { return std::vector<torch::Tensor>{m(x[0])}; },
-                      channels_last);
+  return module_piece(
+      make, {std::move(shape)},
+      [](auto& m, std::vector<torch::Tensor>& x) { return std::vector<torch::Tensor>{m(x[0])}; }, channels_last);
 }
 
 // A loss module on `inputs` leaf inputs of `shape` and a target made by
@@ -368,8 +368,7 @@ Piece loss_piece(Make make, std::vector<int64_t> shape, std::function<torch::Ten
 
 template <class Make>
 Piece triple_piece(Make make, std::vector<int64_t> shape) {
-  return module_piece(make, {shape, shape, shape},
-                      [](auto& m, std::vector<torch::Tensor>& x) {
+  return module_piece(make, {shape, shape, shape}, [](auto& m, std::vector<torch::Tensor>& x) {
     auto out = m(x[0], x[1], x[2]);
     if constexpr (std::is_same_v<decltype(out), torch::Tensor>) {
       return std::vector<torch::Tensor>{out};
@@ -405,15 +404,26 @@ TEST_CASE("sim: every trainable torch::nn module matches the CPU, forward and ba
 
   // convolutions
   check("Conv1d", unary([] { return nn::Conv1d(nn::Conv1dOptions(3, 4, 3).stride(2).padding(1)); }, {2, 3, 9}));
-  check("Conv2d groups dilation", unary([] { return nn::Conv2d(nn::Conv2dOptions(4, 6, 3).groups(2).dilation(2).padding(2)); }, {2, 4, 7, 7}));
-  check("Conv2d padding same, channels_last", unary([] { return nn::Conv2d(nn::Conv2dOptions(3, 4, 3).padding(torch::kSame).bias(false)); }, {2, 3, 6, 6}, true));
+  check("Conv2d groups dilation",
+        unary([] { return nn::Conv2d(nn::Conv2dOptions(4, 6, 3).groups(2).dilation(2).padding(2)); }, {2, 4, 7, 7}));
+  check("Conv2d padding same, channels_last",
+        unary([] { return nn::Conv2d(nn::Conv2dOptions(3, 4, 3).padding(torch::kSame).bias(false)); }, {2, 3, 6, 6},
+              true));
   check("Conv2d depthwise", unary([] { return nn::Conv2d(nn::Conv2dOptions(4, 4, 3).groups(4)); }, {1, 4, 6, 6}));
   check("Conv3d", unary([] { return nn::Conv3d(nn::Conv3dOptions(2, 3, 2).stride(1)); }, {1, 2, 4, 4, 4}));
-  check("Conv3d channels_last", unary([] { return nn::Conv3d(nn::Conv3dOptions(2, 3, 3).padding(1)); }, {1, 2, 4, 4, 4}, true));
-  check("ConvTranspose1d", unary([] { return nn::ConvTranspose1d(nn::ConvTranspose1dOptions(3, 2, 3).stride(2).output_padding(1)); }, {2, 3, 5}));
-  check("ConvTranspose2d groups", unary([] { return nn::ConvTranspose2d(nn::ConvTranspose2dOptions(4, 2, 2).stride(2).groups(2)); }, {1, 4, 3, 3}));
-  check("ConvTranspose2d channels_last", unary([] { return nn::ConvTranspose2d(nn::ConvTranspose2dOptions(3, 3, 3).padding(1).dilation(2)); }, {2, 3, 4, 4}, true));
-  check("ConvTranspose3d", unary([] { return nn::ConvTranspose3d(nn::ConvTranspose3dOptions(2, 2, 2).stride(2)); }, {1, 2, 2, 3, 3}));
+  check("Conv3d channels_last",
+        unary([] { return nn::Conv3d(nn::Conv3dOptions(2, 3, 3).padding(1)); }, {1, 2, 4, 4, 4}, true));
+  check("ConvTranspose1d",
+        unary([] { return nn::ConvTranspose1d(nn::ConvTranspose1dOptions(3, 2, 3).stride(2).output_padding(1)); },
+              {2, 3, 5}));
+  check(
+      "ConvTranspose2d groups",
+      unary([] { return nn::ConvTranspose2d(nn::ConvTranspose2dOptions(4, 2, 2).stride(2).groups(2)); }, {1, 4, 3, 3}));
+  check("ConvTranspose2d channels_last",
+        unary([] { return nn::ConvTranspose2d(nn::ConvTranspose2dOptions(3, 3, 3).padding(1).dilation(2)); },
+              {2, 3, 4, 4}, true));
+  check("ConvTranspose3d",
+        unary([] { return nn::ConvTranspose3d(nn::ConvTranspose3dOptions(2, 2, 2).stride(2)); }, {1, 2, 2, 3, 3}));
 
   // pooling
   check("MaxPool1d", unary([] { return nn::MaxPool1d(nn::MaxPool1dOptions(2)); }, {2, 3, 8}));
@@ -424,16 +434,29 @@ TEST_CASE("sim: every trainable torch::nn module matches the CPU, forward and ba
   check("AvgPool2d", unary([] { return nn::AvgPool2d(nn::AvgPool2dOptions(2).ceil_mode(true)); }, {2, 3, 5, 5}));
   check("AvgPool3d", unary([] { return nn::AvgPool3d(nn::AvgPool3dOptions(2)); }, {1, 2, 4, 4, 4}));
   check("AdaptiveAvgPool1d", unary([] { return nn::AdaptiveAvgPool1d(nn::AdaptiveAvgPool1dOptions(3)); }, {2, 3, 7}));
-  check("AdaptiveAvgPool2d", unary([] { return nn::AdaptiveAvgPool2d(nn::AdaptiveAvgPool2dOptions({1, 1})); }, {2, 3, 5, 5}));
-  check("AdaptiveAvgPool3d", unary([] { return nn::AdaptiveAvgPool3d(nn::AdaptiveAvgPool3dOptions(2)); }, {1, 2, 5, 5, 5}));
+  check("AdaptiveAvgPool2d", unary(
+                                 [] {
+                                   return nn::AdaptiveAvgPool2d(nn::AdaptiveAvgPool2dOptions({1, 1}));
+                                 },
+                                 {2, 3, 5, 5}));
+  check("AdaptiveAvgPool3d",
+        unary([] { return nn::AdaptiveAvgPool3d(nn::AdaptiveAvgPool3dOptions(2)); }, {1, 2, 5, 5, 5}));
   check("AdaptiveMaxPool1d", unary([] { return nn::AdaptiveMaxPool1d(nn::AdaptiveMaxPool1dOptions(3)); }, {2, 3, 7}));
-  check("AdaptiveMaxPool2d", unary([] { return nn::AdaptiveMaxPool2d(nn::AdaptiveMaxPool2dOptions({2, 3})); }, {2, 3, 5, 7}));
-  check("AdaptiveMaxPool3d", unary([] { return nn::AdaptiveMaxPool3d(nn::AdaptiveMaxPool3dOptions(2)); }, {1, 2, 5, 5, 5}));
+  check("AdaptiveMaxPool2d", unary(
+                                 [] {
+                                   return nn::AdaptiveMaxPool2d(nn::AdaptiveMaxPool2dOptions({2, 3}));
+                                 },
+                                 {2, 3, 5, 7}));
+  check("AdaptiveMaxPool3d",
+        unary([] { return nn::AdaptiveMaxPool3d(nn::AdaptiveMaxPool3dOptions(2)); }, {1, 2, 5, 5, 5}));
   check("LPPool1d", unary([] { return nn::LPPool1d(nn::LPPool1dOptions(2, 2)); }, {2, 3, 8}));
   check("LPPool2d", unary([] { return nn::LPPool2d(nn::LPPool2dOptions(2, 2)); }, {2, 3, 6, 6}));
   check("LPPool3d", unary([] { return nn::LPPool3d(nn::LPPool3dOptions(2, 2)); }, {1, 2, 4, 4, 4}));
-  check("FractionalMaxPool2d", unary([] { return nn::FractionalMaxPool2d(nn::FractionalMaxPool2dOptions(2).output_size(3)); }, {2, 3, 7, 7}));
-  check("FractionalMaxPool3d", unary([] { return nn::FractionalMaxPool3d(nn::FractionalMaxPool3dOptions(2).output_size(2)); }, {1, 2, 5, 5, 5}));
+  check("FractionalMaxPool2d",
+        unary([] { return nn::FractionalMaxPool2d(nn::FractionalMaxPool2dOptions(2).output_size(3)); }, {2, 3, 7, 7}));
+  check(
+      "FractionalMaxPool3d",
+      unary([] { return nn::FractionalMaxPool3d(nn::FractionalMaxPool3dOptions(2).output_size(2)); }, {1, 2, 5, 5, 5}));
   check("MaxUnpool2d", module_piece([] { return nn::MaxPool2d(nn::MaxPool2dOptions(2).stride(2)); }, {{1, 2, 4, 4}},
                                     [](auto& m, std::vector<torch::Tensor>& x) {
                                       auto [y, idx] = m->forward_with_indices(x[0]);
@@ -441,25 +464,31 @@ TEST_CASE("sim: every trainable torch::nn module matches the CPU, forward and ba
                                       unpool->to(x[0].device());
                                       return std::vector<torch::Tensor>{unpool(y, idx)};
                                     }));
-  check("MaxUnpool1d", module_piece([] { return nn::MaxPool1d(nn::MaxPool1dOptions(2)); }, {{1, 2, 8}},
-                                    [](auto& m, std::vector<torch::Tensor>& x) {
-                                      auto [y, idx] = m->forward_with_indices(x[0]);
-                                      return std::vector<torch::Tensor>{nn::MaxUnpool1d(nn::MaxUnpool1dOptions(2))(y, idx)};
-                                    }));
-  check("MaxUnpool3d", module_piece([] { return nn::MaxPool3d(nn::MaxPool3dOptions(2)); }, {{1, 1, 4, 4, 4}},
-                                    [](auto& m, std::vector<torch::Tensor>& x) {
-                                      auto [y, idx] = m->forward_with_indices(x[0]);
-                                      return std::vector<torch::Tensor>{nn::MaxUnpool3d(nn::MaxUnpool3dOptions(2))(y, idx)};
-                                    }));
+  check("MaxUnpool1d",
+        module_piece([] { return nn::MaxPool1d(nn::MaxPool1dOptions(2)); }, {{1, 2, 8}},
+                     [](auto& m, std::vector<torch::Tensor>& x) {
+                       auto [y, idx] = m->forward_with_indices(x[0]);
+                       return std::vector<torch::Tensor>{nn::MaxUnpool1d(nn::MaxUnpool1dOptions(2))(y, idx)};
+                     }));
+  check("MaxUnpool3d",
+        module_piece([] { return nn::MaxPool3d(nn::MaxPool3dOptions(2)); }, {{1, 1, 4, 4, 4}},
+                     [](auto& m, std::vector<torch::Tensor>& x) {
+                       auto [y, idx] = m->forward_with_indices(x[0]);
+                       return std::vector<torch::Tensor>{nn::MaxUnpool3d(nn::MaxUnpool3dOptions(2))(y, idx)};
+                     }));
 
   // normalizations (training mode: batch statistics, running statistics updated)
   check("BatchNorm1d", unary([] { return nn::BatchNorm1d(4); }, {5, 4}));
   check("BatchNorm2d", unary([] { return nn::BatchNorm2d(3); }, {4, 3, 5, 5}));
   check("BatchNorm2d channels_last", unary([] { return nn::BatchNorm2d(3); }, {4, 3, 5, 5}, true));
   check("BatchNorm3d", unary([] { return nn::BatchNorm3d(2); }, {2, 2, 3, 3, 3}));
-  check("InstanceNorm1d", unary([] { return nn::InstanceNorm1d(nn::InstanceNorm1dOptions(3).affine(true).track_running_stats(true)); }, {2, 3, 8}));
-  check("InstanceNorm2d", unary([] { return nn::InstanceNorm2d(nn::InstanceNorm2dOptions(3).affine(true)); }, {2, 3, 5, 5}));
-  check("InstanceNorm3d", unary([] { return nn::InstanceNorm3d(nn::InstanceNorm3dOptions(2).affine(true)); }, {2, 2, 3, 3, 3}));
+  check("InstanceNorm1d",
+        unary([] { return nn::InstanceNorm1d(nn::InstanceNorm1dOptions(3).affine(true).track_running_stats(true)); },
+              {2, 3, 8}));
+  check("InstanceNorm2d",
+        unary([] { return nn::InstanceNorm2d(nn::InstanceNorm2dOptions(3).affine(true)); }, {2, 3, 5, 5}));
+  check("InstanceNorm3d",
+        unary([] { return nn::InstanceNorm3d(nn::InstanceNorm3dOptions(2).affine(true)); }, {2, 2, 3, 3, 3}));
   check("LayerNorm", unary([] { return nn::LayerNorm(nn::LayerNormOptions({5, 6})); }, {3, 5, 6}));
   check("GroupNorm", unary([] { return nn::GroupNorm(nn::GroupNormOptions(2, 4)); }, {3, 4, 5, 5}));
   // GroupNorm's backward formula keeps channels_last on the CPU only and
@@ -467,7 +496,8 @@ TEST_CASE("sim: every trainable torch::nn module matches the CPU, forward and ba
   // kernel path on sim (docs/support-matrix.md).
   check("GroupNorm channels_last", unary([] { return nn::GroupNorm(nn::GroupNormOptions(2, 4)); }, {3, 4, 5, 5}, true),
         Compare::close);
-  check("LocalResponseNorm", unary([] { return nn::LocalResponseNorm(nn::LocalResponseNormOptions(3)); }, {2, 5, 4, 4}));
+  check("LocalResponseNorm",
+        unary([] { return nn::LocalResponseNorm(nn::LocalResponseNormOptions(3)); }, {2, 5, 4, 4}));
   check("CrossMapLRN2d", unary([] { return nn::CrossMapLRN2d(nn::CrossMapLRN2dOptions(3)); }, {2, 5, 4, 4}));
 
   // activations
@@ -498,17 +528,21 @@ TEST_CASE("sim: every trainable torch::nn module matches the CPU, forward and ba
   check("Softmin", unary([] { return nn::Softmin(1); }, {4, 7}));
   check("LogSoftmax", unary([] { return nn::LogSoftmax(1); }, {4, 7}));
   check("Softmax2d", unary([] { return nn::Softmax2d(); }, {2, 3, 4, 4}));
-  check("MultiheadAttention", triple_piece([] { return nn::MultiheadAttention(nn::MultiheadAttentionOptions(8, 2)); }, {5, 2, 8}));
+  check("MultiheadAttention",
+        triple_piece([] { return nn::MultiheadAttention(nn::MultiheadAttentionOptions(8, 2)); }, {5, 2, 8}));
 
   // linear, embedding, dropout, shape
   check("Linear", unary([] { return nn::Linear(6, 4); }, {3, 6}));
-  check("Bilinear", module_piece([] { return nn::Bilinear(3, 4, 5); }, {{2, 3}, {2, 4}},
-                                 [](auto& m, std::vector<torch::Tensor>& x) { return std::vector<torch::Tensor>{m(x[0], x[1])}; }));
-  check("Identity, Flatten, Unflatten", module_piece([] { return nn::Flatten(); }, {{2, 3, 4}},
-                                                     [](auto& m, std::vector<torch::Tensor>& x) {
-                                                       return std::vector<torch::Tensor>{
-                                                           nn::Unflatten(nn::UnflattenOptions(1, {4, 3}))(m(nn::Identity()(x[0])))};
-                                                     }));
+  check("Bilinear",
+        module_piece([] { return nn::Bilinear(3, 4, 5); }, {{2, 3}, {2, 4}},
+                     [](auto& m, std::vector<torch::Tensor>& x) { return std::vector<torch::Tensor>{m(x[0], x[1])}; }));
+  check(
+      "Identity, Flatten, Unflatten",
+      module_piece(
+          [] { return nn::Flatten(); }, {{2, 3, 4}},
+          [](auto& m, std::vector<torch::Tensor>& x) {
+            return std::vector<torch::Tensor>{nn::Unflatten(nn::UnflattenOptions(1, {4, 3}))(m(nn::Identity()(x[0])))};
+          }));
   check("Embedding", [](const c10::Device& d) {
     nn::Embedding m(nn::EmbeddingOptions(10, 4).padding_idx(0).max_norm(2.0));
     m->to(d);
@@ -532,37 +566,66 @@ TEST_CASE("sim: every trainable torch::nn module matches the CPU, forward and ba
   check("Dropout3d", unary([] { return nn::Dropout3d(0.3); }, {2, 4, 2, 3, 3}));
   check("AlphaDropout", unary([] { return nn::AlphaDropout(0.3); }, {8, 8}));
   check("FeatureAlphaDropout", unary([] { return nn::FeatureAlphaDropout(0.3); }, {2, 4, 3, 3}));
-  check("CosineSimilarity", module_piece([] { return nn::CosineSimilarity(); }, {{4, 6}, {4, 6}},
-                                         [](auto& m, std::vector<torch::Tensor>& x) { return std::vector<torch::Tensor>{m(x[0], x[1])}; }));
-  check("PairwiseDistance", module_piece([] { return nn::PairwiseDistance(); }, {{4, 6}, {4, 6}},
-                                         [](auto& m, std::vector<torch::Tensor>& x) { return std::vector<torch::Tensor>{m(x[0], x[1])}; }));
+  check("CosineSimilarity",
+        module_piece([] { return nn::CosineSimilarity(); }, {{4, 6}, {4, 6}},
+                     [](auto& m, std::vector<torch::Tensor>& x) { return std::vector<torch::Tensor>{m(x[0], x[1])}; }));
+  check("PairwiseDistance",
+        module_piece([] { return nn::PairwiseDistance(); }, {{4, 6}, {4, 6}},
+                     [](auto& m, std::vector<torch::Tensor>& x) { return std::vector<torch::Tensor>{m(x[0], x[1])}; }));
 
   // recurrent: sim takes the accelerator's path (fused cells, per-step
   // products), the CPU its own (oneDNN LSTM; input products of all steps at
   // once), so values agree to rounding only (docs/support-matrix.md).
-  check("RNN tanh 2 layers", recurrent([] { return nn::RNN(nn::RNNOptions(4, 5).num_layers(2)); }, {3, 2, 4}), Compare::close);
-  check("RNN relu bidirectional batch_first", recurrent([] { return nn::RNN(nn::RNNOptions(4, 5).nonlinearity(torch::kReLU).bidirectional(true).batch_first(true)); }, {2, 3, 4}), Compare::close);
-  check("LSTM 2 layers batch_first", recurrent([] { return nn::LSTM(nn::LSTMOptions(4, 5).num_layers(2).batch_first(true)); }, {2, 3, 4}), Compare::close);
-  check("LSTM bidirectional, projections", recurrent([] { return nn::LSTM(nn::LSTMOptions(4, 5).bidirectional(true).proj_size(3)); }, {3, 2, 4}), Compare::close);
-  check("GRU 2 layers batch_first", recurrent([] { return nn::GRU(nn::GRUOptions(4, 5).num_layers(2).batch_first(true)); }, {2, 3, 4}), Compare::close);
-  check("GRU bidirectional", recurrent([] { return nn::GRU(nn::GRUOptions(4, 5).bidirectional(true)); }, {3, 2, 4}), Compare::close);
+  check("RNN tanh 2 layers", recurrent([] { return nn::RNN(nn::RNNOptions(4, 5).num_layers(2)); }, {3, 2, 4}),
+        Compare::close);
+  check(
+      "RNN relu bidirectional batch_first",
+      recurrent(
+          [] { return nn::RNN(nn::RNNOptions(4, 5).nonlinearity(torch::kReLU).bidirectional(true).batch_first(true)); },
+          {2, 3, 4}),
+      Compare::close);
+  check("LSTM 2 layers batch_first",
+        recurrent([] { return nn::LSTM(nn::LSTMOptions(4, 5).num_layers(2).batch_first(true)); }, {2, 3, 4}),
+        Compare::close);
+  check("LSTM bidirectional, projections",
+        recurrent([] { return nn::LSTM(nn::LSTMOptions(4, 5).bidirectional(true).proj_size(3)); }, {3, 2, 4}),
+        Compare::close);
+  check("GRU 2 layers batch_first",
+        recurrent([] { return nn::GRU(nn::GRUOptions(4, 5).num_layers(2).batch_first(true)); }, {2, 3, 4}),
+        Compare::close);
+  check("GRU bidirectional", recurrent([] { return nn::GRU(nn::GRUOptions(4, 5).bidirectional(true)); }, {3, 2, 4}),
+        Compare::close);
   check("RNNCell", unary([] { return nn::RNNCell(4, 5); }, {3, 4}), Compare::close);
-  check("LSTMCell", module_piece([] { return nn::LSTMCell(4, 5); }, {{3, 4}}, [](auto& m, std::vector<torch::Tensor>& x) {
-          auto [h, c] = m(x[0]);
-          return std::vector<torch::Tensor>{h, c};
-        }), Compare::close);
+  check("LSTMCell",
+        module_piece([] { return nn::LSTMCell(4, 5); }, {{3, 4}},
+                     [](auto& m, std::vector<torch::Tensor>& x) {
+                       auto [h, c] = m(x[0]);
+                       return std::vector<torch::Tensor>{h, c};
+                     }),
+        Compare::close);
   check("GRUCell", unary([] { return nn::GRUCell(4, 5); }, {3, 4}), Compare::close);
 
   // transformer
-  check("TransformerEncoderLayer", unary([] { return nn::TransformerEncoderLayer(nn::TransformerEncoderLayerOptions(8, 2).dim_feedforward(16)); }, {5, 2, 8}));
-  check("TransformerDecoderLayer", module_piece([] { return nn::TransformerDecoderLayer(nn::TransformerDecoderLayerOptions(8, 2).dim_feedforward(16)); }, {{4, 2, 8}, {5, 2, 8}},
-                                                [](auto& m, std::vector<torch::Tensor>& x) { return std::vector<torch::Tensor>{m(x[0], x[1])}; }));
-  check("Transformer", module_piece([] { return nn::Transformer(nn::TransformerOptions(8, 2, 1, 1).dim_feedforward(16)); }, {{5, 2, 8}, {4, 2, 8}},
-                                    [](auto& m, std::vector<torch::Tensor>& x) { return std::vector<torch::Tensor>{m(x[0], x[1])}; }));
+  check("TransformerEncoderLayer",
+        unary([] { return nn::TransformerEncoderLayer(nn::TransformerEncoderLayerOptions(8, 2).dim_feedforward(16)); },
+              {5, 2, 8}));
+  check("TransformerDecoderLayer",
+        module_piece(
+            [] { return nn::TransformerDecoderLayer(nn::TransformerDecoderLayerOptions(8, 2).dim_feedforward(16)); },
+            {{4, 2, 8}, {5, 2, 8}},
+            [](auto& m, std::vector<torch::Tensor>& x) { return std::vector<torch::Tensor>{m(x[0], x[1])}; }));
+  check("Transformer",
+        module_piece([] { return nn::Transformer(nn::TransformerOptions(8, 2, 1, 1).dim_feedforward(16)); },
+                     {{5, 2, 8}, {4, 2, 8}},
+                     [](auto& m, std::vector<torch::Tensor>& x) { return std::vector<torch::Tensor>{m(x[0], x[1])}; }));
 
   // padding, upsampling, pixel shuffle, fold/unfold
   check("ReflectionPad1d", unary([] { return nn::ReflectionPad1d(2); }, {2, 3, 6}));
-  check("ReflectionPad2d", unary([] { return nn::ReflectionPad2d(nn::ReflectionPad2dOptions({1, 2, 2, 1})); }, {2, 3, 5, 5}));
+  check("ReflectionPad2d", unary(
+                               [] {
+                                 return nn::ReflectionPad2d(nn::ReflectionPad2dOptions({1, 2, 2, 1}));
+                               },
+                               {2, 3, 5, 5}));
   check("ReflectionPad3d", unary([] { return nn::ReflectionPad3d(1); }, {1, 2, 3, 3, 3}));
   check("ReplicationPad1d", unary([] { return nn::ReplicationPad1d(2); }, {2, 3, 6}));
   check("ReplicationPad2d", unary([] { return nn::ReplicationPad2d(2); }, {2, 3, 5, 5}));
@@ -573,12 +636,48 @@ TEST_CASE("sim: every trainable torch::nn module matches the CPU, forward and ba
   check("ConstantPad1d", unary([] { return nn::ConstantPad1d(nn::ConstantPad1dOptions(2, 0.5)); }, {2, 3, 6}));
   check("ConstantPad2d", unary([] { return nn::ConstantPad2d(nn::ConstantPad2dOptions(1, -1.0)); }, {2, 3, 5, 5}));
   check("ConstantPad3d", unary([] { return nn::ConstantPad3d(nn::ConstantPad3dOptions(1, 2.0)); }, {1, 2, 3, 3, 3}));
-  check("Upsample nearest", unary([] { return nn::Upsample(nn::UpsampleOptions().scale_factor(std::vector<double>{2, 2}).mode(torch::kNearest)); }, {2, 3, 4, 4}));
-  check("Upsample nearest channels_last", unary([] { return nn::Upsample(nn::UpsampleOptions().scale_factor(std::vector<double>{2, 2}).mode(torch::kNearest)); }, {2, 3, 4, 4}, true));
-  check("Upsample linear", unary([] { return nn::Upsample(nn::UpsampleOptions().size(std::vector<int64_t>{9}).mode(torch::kLinear).align_corners(true)); }, {2, 3, 4}));
-  check("Upsample bilinear", unary([] { return nn::Upsample(nn::UpsampleOptions().scale_factor(std::vector<double>{2, 2}).mode(torch::kBilinear).align_corners(false)); }, {2, 3, 4, 4}));
-  check("Upsample bicubic", unary([] { return nn::Upsample(nn::UpsampleOptions().size(std::vector<int64_t>{7, 7}).mode(torch::kBicubic).align_corners(false)); }, {1, 2, 4, 4}));
-  check("Upsample trilinear", unary([] { return nn::Upsample(nn::UpsampleOptions().scale_factor(std::vector<double>{2, 2, 2}).mode(torch::kTrilinear).align_corners(false)); }, {1, 2, 3, 3, 3}));
+  check("Upsample nearest",
+        unary(
+            [] {
+              return nn::Upsample(nn::UpsampleOptions().scale_factor(std::vector<double>{2, 2}).mode(torch::kNearest));
+            },
+            {2, 3, 4, 4}));
+  check("Upsample nearest channels_last",
+        unary(
+            [] {
+              return nn::Upsample(nn::UpsampleOptions().scale_factor(std::vector<double>{2, 2}).mode(torch::kNearest));
+            },
+            {2, 3, 4, 4}, true));
+  check("Upsample linear",
+        unary(
+            [] {
+              return nn::Upsample(
+                  nn::UpsampleOptions().size(std::vector<int64_t>{9}).mode(torch::kLinear).align_corners(true));
+            },
+            {2, 3, 4}));
+  check("Upsample bilinear", unary(
+                                 [] {
+                                   return nn::Upsample(nn::UpsampleOptions()
+                                                           .scale_factor(std::vector<double>{2, 2})
+                                                           .mode(torch::kBilinear)
+                                                           .align_corners(false));
+                                 },
+                                 {2, 3, 4, 4}));
+  check("Upsample bicubic",
+        unary(
+            [] {
+              return nn::Upsample(
+                  nn::UpsampleOptions().size(std::vector<int64_t>{7, 7}).mode(torch::kBicubic).align_corners(false));
+            },
+            {1, 2, 4, 4}));
+  check("Upsample trilinear", unary(
+                                  [] {
+                                    return nn::Upsample(nn::UpsampleOptions()
+                                                            .scale_factor(std::vector<double>{2, 2, 2})
+                                                            .mode(torch::kTrilinear)
+                                                            .align_corners(false));
+                                  },
+                                  {1, 2, 3, 3, 3}));
   check("PixelShuffle", unary([] { return nn::PixelShuffle(2); }, {2, 8, 3, 3}));
   check("PixelUnshuffle", unary([] { return nn::PixelUnshuffle(2); }, {2, 2, 4, 4}));
   check("Fold", unary([] { return nn::Fold(nn::FoldOptions({4, 5}, {2, 2})); }, {2, 12, 12}));
@@ -590,8 +689,13 @@ TEST_CASE("sim: every trainable torch::nn module matches the CPU, forward and ba
   check("MSELoss", loss_piece([] { return nn::MSELoss(); }, {4, 5}, same({4, 5})));
   check("HuberLoss", loss_piece([] { return nn::HuberLoss(nn::HuberLossOptions().delta(0.5)); }, {4, 5}, same({4, 5})));
   check("SmoothL1Loss", loss_piece([] { return nn::SmoothL1Loss(); }, {4, 5}, same({4, 5})));
-  check("CrossEntropyLoss label smoothing", loss_piece([] { return nn::CrossEntropyLoss(nn::CrossEntropyLossOptions().label_smoothing(0.1)); }, {6, 5}, [] { return classes({6}, 5); }));
-  check("CrossEntropyLoss probabilities", loss_piece([] { return nn::CrossEntropyLoss(); }, {6, 5}, [] { return torch::softmax(torch::randn({6, 5}), 1); }));
+  check("CrossEntropyLoss label smoothing",
+        loss_piece([] { return nn::CrossEntropyLoss(nn::CrossEntropyLossOptions().label_smoothing(0.1)); }, {6, 5},
+                   [] { return classes({6}, 5); }));
+  check("CrossEntropyLoss probabilities", loss_piece([] { return nn::CrossEntropyLoss(); }, {6, 5},
+                                                     [] {
+                                                       return torch::softmax(torch::randn({6, 5}), 1);
+                                                     }));
   check("NLLLoss weighted", [](const c10::Device& d) {
     nn::NLLLoss m(nn::NLLLossOptions().weight(torch::rand({5})).ignore_index(2));
     m->to(d);
@@ -603,15 +707,36 @@ TEST_CASE("sim: every trainable torch::nn module matches the CPU, forward and ba
     const auto x = leaf(torch::randn({4, 5}), d);
     return PieceRun{{m(torch::sigmoid(x), rand01({4, 5}).to(d))}, {x}};
   });
-  check("BCEWithLogitsLoss", loss_piece([] { return nn::BCEWithLogitsLoss(nn::BCEWithLogitsLossOptions().pos_weight(torch::full({5}, 2.0))); }, {4, 5}, [] { return rand01({4, 5}); }));
-  check("KLDivLoss", loss_piece([] { return nn::KLDivLoss(nn::KLDivLossOptions().reduction(torch::kBatchMean)); }, {4, 5}, [] { return torch::softmax(torch::randn({4, 5}), 1); }));
+  check(
+      "BCEWithLogitsLoss",
+      loss_piece([] { return nn::BCEWithLogitsLoss(nn::BCEWithLogitsLossOptions().pos_weight(torch::full({5}, 2.0))); },
+                 {4, 5},
+                 [] {
+                   return rand01({4, 5});
+                 }));
+  check("KLDivLoss",
+        loss_piece([] { return nn::KLDivLoss(nn::KLDivLossOptions().reduction(torch::kBatchMean)); }, {4, 5},
+                   [] {
+                     return torch::softmax(torch::randn({4, 5}), 1);
+                   }));
   check("PoissonNLLLoss", loss_piece([] { return nn::PoissonNLLLoss(); }, {4, 5}, [] { return rand01({4, 5}) * 3; }));
   check("SoftMarginLoss", loss_piece([] { return nn::SoftMarginLoss(); }, {4, 5}, [] { return signs({4, 5}); }));
-  check("HingeEmbeddingLoss", loss_piece([] { return nn::HingeEmbeddingLoss(); }, {4, 5}, [] { return signs({4, 5}); }));
-  check("MultiLabelSoftMarginLoss", loss_piece([] { return nn::MultiLabelSoftMarginLoss(); }, {4, 5}, [] { return torch::randint(2, {4, 5}, torch::kFloat); }));
-  check("MultiLabelMarginLoss", loss_piece([] { return nn::MultiLabelMarginLoss(); }, {3, 4}, [] { return torch::tensor({{3, 0, -1, 1}, {1, 2, 3, -1}, {0, -1, 0, 0}}, torch::kLong); }));
+  check("HingeEmbeddingLoss", loss_piece([] { return nn::HingeEmbeddingLoss(); }, {4, 5},
+                                         [] {
+                                           return signs({4, 5});
+                                         }));
+  check("MultiLabelSoftMarginLoss", loss_piece([] { return nn::MultiLabelSoftMarginLoss(); }, {4, 5},
+                                               [] {
+                                                 return torch::randint(2, {4, 5}, torch::kFloat);
+                                               }));
+  check("MultiLabelMarginLoss",
+        loss_piece([] { return nn::MultiLabelMarginLoss(); }, {3, 4},
+                   [] {
+                     return torch::tensor({{3, 0, -1, 1}, {1, 2, 3, -1}, {0, -1, 0, 0}}, torch::kLong);
+                   }));
   check("MultiMarginLoss", loss_piece([] { return nn::MultiMarginLoss(); }, {6, 5}, [] { return classes({6}, 5); }));
-  check("CosineEmbeddingLoss", loss_piece<2>([] { return nn::CosineEmbeddingLoss(); }, {4, 6}, [] { return signs({4}); }));
+  check("CosineEmbeddingLoss",
+        loss_piece<2>([] { return nn::CosineEmbeddingLoss(); }, {4, 6}, [] { return signs({4}); }));
   check("MarginRankingLoss", loss_piece<2>([] { return nn::MarginRankingLoss(); }, {6}, [] { return signs({6}); }));
   check("TripletMarginLoss", triple_piece([] { return nn::TripletMarginLoss(); }, {4, 6}));
   check("TripletMarginWithDistanceLoss", triple_piece([] { return nn::TripletMarginWithDistanceLoss(); }, {4, 6}));

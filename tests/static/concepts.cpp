@@ -114,7 +114,8 @@ static_assert(sync_policy_for<SyncTwin, DeviceTwin>);
 static_assert(sync_state<SyncTwin::State<DeviceTwin>>);
 static_assert(!sync_policy_for<static_tests::SyncModel<static_tests::Miss::release>, DeviceTwin>);
 static_assert(!sync_policy_for<static_tests::SyncModel<static_tests::Miss::release_noexcept>, DeviceTwin>);
-static_assert(!sync_policy_for<static_tests::SyncModel<static_tests::Miss::settle>, DeviceTwin>);  // misspelt: not skipped
+static_assert(
+    !sync_policy_for<static_tests::SyncModel<static_tests::Miss::settle>, DeviceTwin>);  // misspelt: not skipped
 static_assert(!sync_policy_for<static_tests::SyncModel<static_tests::Miss::resume>, DeviceTwin>);
 static_assert(!sync_policy_for<static_tests::SyncModel<static_tests::Miss::reload_tensor>, DeviceTwin>);
 static_assert(!sync_policy_for<static_tests::SyncModel<static_tests::Miss::entry_state>, DeviceTwin>);

@@ -39,8 +39,7 @@ static_assert(memory_stats_device_policy<device::Xpu>);
 static_assert(memory_stats_device_policy<device::Generic>);
 static_assert(device::Xpu::device_type == c10::DeviceType::XPU);
 static_assert(device::Npu::device_type == c10::DeviceType::PrivateUse1 && device::Npu::backend_name == "npu");
-static_assert(device::Neuron::device_type == c10::DeviceType::PrivateUse1 &&
-              device::Neuron::backend_name == "neuron");
+static_assert(device::Neuron::device_type == c10::DeviceType::PrivateUse1 && device::Neuron::backend_name == "neuron");
 static_assert(device::Generic::device_type == c10::DeviceType::PrivateUse1);
 static_assert(composable<device::Xpu, storage::PinnedHost, sync::Blocking>);
 static_assert(composable<device::Npu, storage::PinnedHost, sync::Blocking>);
@@ -103,13 +102,12 @@ static_assert(composable<GenericWithoutEvents, storage::PinnedHost, sync::Blocki
 
 // ---- what the dispatcher instantiates for each: Blocking where the sync
 // policy's needs are not met at compile time, the sync policy otherwise
-static_assert(std::is_same_v<dispatched_sync_t<GenericWithoutEvents, storage::PinnedHost, SyncNeedsEvents,
-                                               sync::Blocking>,
-                             sync::Blocking>);
+static_assert(
+    std::is_same_v<dispatched_sync_t<GenericWithoutEvents, storage::PinnedHost, SyncNeedsEvents, sync::Blocking>,
+                   sync::Blocking>);
 static_assert(std::is_same_v<dispatched_sync_t<GenericTwin, storage::PinnedHost, SyncNeedsEvents, sync::Blocking>,
                              SyncNeedsEvents>);
-static_assert(std::is_same_v<dispatched_sync_t<device::Generic, storage::PinnedHost, sync::Blocking,
-                                               sync::Blocking>,
+static_assert(std::is_same_v<dispatched_sync_t<device::Generic, storage::PinnedHost, sync::Blocking, sync::Blocking>,
                              sync::Blocking>);
 
 // ---- a user list: prepend takes priority, and the list type-checks

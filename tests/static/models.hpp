@@ -42,16 +42,12 @@ struct SyncModel {
     void offload(const std::shared_ptr<E>&, const at::Tensor&);
     std::conditional_t<M == Miss::reload_tensor, at::Tensor, offload::Reloaded> reload(const std::shared_ptr<E>&);
     void on_unpack(const std::shared_ptr<E>&);
-    void settle()
-      requires(M != Miss::settle);
-    void settel()
-      requires(M == Miss::settle);
+    void settle() requires(M != Miss::settle);
+    void settel() requires(M == Miss::settle);
     void end_backward();
-    void resume(const std::shared_ptr<E>&)
-      requires(M != Miss::resume);
+    void resume(const std::shared_ptr<E>&) requires(M != Miss::resume);
     void add_stats(offload::Stats&) const;
-    void release(E&) noexcept(M != Miss::release_noexcept)
-      requires(M != Miss::release);
+    void release(E&) noexcept(M != Miss::release_noexcept) requires(M != Miss::release);
   };
 };
 

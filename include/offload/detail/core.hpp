@@ -62,9 +62,8 @@ using WeakNode = typename weak_of<NodeRef>::type;
 /// Throws the c10::Error autograd raises when a saved tensor was modified
 /// in place after it was saved (autograd skips that check when hooks are
 /// installed, so the manager makes it). `unpacked` is the tensor rebuilt.
-[[noreturn]] void throw_modified_inplace(const at::Tensor& unpacked, std::uint32_t current,
-                                         std::uint32_t saved, const WeakNode& grad_fn,
-                                         std::int64_t output_nr);
+[[noreturn]] void throw_modified_inplace(const at::Tensor& unpacked, std::uint32_t current, std::uint32_t saved,
+                                         const WeakNode& grad_fn, std::int64_t output_nr);
 
 /// A tensor of `dtype` on `device` viewing `storage` with the given
 /// storage offset, sizes and strides (no copy).
@@ -93,11 +92,11 @@ struct OffloadedView {
 /// pass-through costs one small allocation (the hooks object) and no more.
 template <class E>
 struct Packed {
-  at::Tensor passthrough;                      ///< the tensor, when it was not offloaded
-  std::unique_ptr<OffloadedView<E>> offloaded; ///< set when it was
-  std::uint32_t saved_version = 0;             ///< its version at pack
-  bool versioned = false;                      ///< whether its version counter is enabled
-  WeakNode grad_fn;                            ///< for the error message only
+  at::Tensor passthrough;                       ///< the tensor, when it was not offloaded
+  std::unique_ptr<OffloadedView<E>> offloaded;  ///< set when it was
+  std::uint32_t saved_version = 0;              ///< its version at pack
+  bool versioned = false;                       ///< whether its version counter is enabled
+  WeakNode grad_fn;                             ///< for the error message only
   std::int64_t output_nr = 0;
 };
 
@@ -229,15 +228,14 @@ class Core final : public HookSource, public std::enable_shared_from_this<Core<D
   using Entry = offload::Entry<typename SyncState::EntryState>;
   using Packed = detail::Packed<Entry>;
 
-  Core(const Options& options, Storage storage)
-      : options_(options), storage_(std::move(storage)), sync_(options_) {}
+  Core(const Options& options, Storage storage) : options_(options), storage_(std::move(storage)), sync_(options_) {}
 
   std::unique_ptr<torch::autograd::SavedVariableHooks> make_hooks() override {
     return std::make_unique<Hooks<Core>>(this->shared_from_this());
   }
   std::string describe() const override {
-    return "Manager<" + std::string(Device::name) + ", " + std::string(Storage::name) + ", " +
-           std::string(Sync::name) + ">";
+    return "Manager<" + std::string(Device::name) + ", " + std::string(Storage::name) + ", " + std::string(Sync::name) +
+           ">";
   }
 
   Packed pack(const at::Tensor& t) {
@@ -303,8 +301,7 @@ class Core final : public HookSource, public std::enable_shared_from_this<Core<D
       }
     }
     const auto piece_bytes = piece.nbytes();
-    if (options_.host_budget_bytes != 0 &&
-        stats_.host_bytes_in_use + piece_bytes > options_.host_budget_bytes) {
+    if (options_.host_budget_bytes != 0 && stats_.host_bytes_in_use + piece_bytes > options_.host_budget_bytes) {
       return pass(pass_.budget);
     }
 
@@ -386,8 +383,8 @@ class Core final : public HookSource, public std::enable_shared_from_this<Core<D
       watch_backward_end();
     }
     const c10::DeviceGuard guard(entry->device);
-    auto out = view_of(device_bytes.storage(), entry->device, view.dtype, view.storage_offset, view.sizes,
-                       view.strides);
+    auto out =
+        view_of(device_bytes.storage(), entry->device, view.dtype, view.storage_offset, view.sizes, view.strides);
     if (view.conj) out._set_conj(true);
     if (view.neg) out._set_neg(true);
     if (packed.versioned) check_version(packed, out, view.version_counter.current_version());

@@ -114,8 +114,7 @@ struct Generic : GenericOps<c10::DeviceType::PrivateUse1> {
   /// True when a PrivateUse1 backend name is registered and its device
   /// guard is loaded. Never throws.
   static bool available() {
-    return c10::is_privateuse1_backend_registered() &&
-           c10::impl::hasDeviceGuardImpl(c10::DeviceType::PrivateUse1);
+    return c10::is_privateuse1_backend_registered() && c10::impl::hasDeviceGuardImpl(c10::DeviceType::PrivateUse1);
   }
   /// Whether the backend has streams and events at run time (probe_runtime,
   /// cached). Never throws.

@@ -42,9 +42,7 @@ struct GenericOps {
     return *c10::impl::getDeviceGuardImpl(Type);
   }
   /// The current (compute) stream of device `index` on this thread.
-  static c10::Stream current_stream(c10::DeviceIndex index) {
-    return guard().getStream(c10::Device(Type, index));
-  }
+  static c10::Stream current_stream(c10::DeviceIndex index) { return guard().getStream(c10::Device(Type, index)); }
   /// A stream from the backend's pool for side copies (not the current one
   /// when the backend has more than one stream).
   static c10::Stream side_stream(c10::DeviceIndex index) {
@@ -61,8 +59,7 @@ struct GenericOps {
     auto* allocator = dynamic_cast<c10::DeviceAllocator*>(c10::GetAllocator(Type));
     if (allocator == nullptr) return -1;
     const auto stats = allocator->getDeviceStats(index);
-    return stats.allocated_bytes[static_cast<std::size_t>(c10::CachingAllocator::StatType::AGGREGATE)]
-        .current;
+    return stats.allocated_bytes[static_cast<std::size_t>(c10::CachingAllocator::StatType::AGGREGATE)].current;
   }
   /// Returns cached, unused device memory to the system (no-op when the
   /// allocator does not cache).

@@ -30,8 +30,7 @@ struct Xpu : GenericOps<c10::DeviceType::XPU> {
   /// True when LibTorch's XPU guard is loaded and sees at least one device.
   /// Never throws.
   static bool available() {
-    return c10::impl::hasDeviceGuardImpl(device_type) &&
-           c10::impl::getDeviceGuardImpl(device_type)->deviceCount() > 0;
+    return c10::impl::hasDeviceGuardImpl(device_type) && c10::impl::getDeviceGuardImpl(device_type)->deviceCount() > 0;
   }
   /// Whether the XPU runtime has streams and events (probe_runtime,
   /// cached). Never throws.

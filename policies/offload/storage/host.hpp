@@ -50,8 +50,8 @@ struct PinnedHost {
     try {
       return detail::host_bytes(nbytes, at::globalContext().getPinnedMemoryAllocator(device), true);
     } catch (const c10::Error& e) {
-      TORCH_WARN_ONCE("offload::storage::PinnedHost: pinned host memory is not available (",
-                      e.what_without_backtrace(), "); using pageable memory (Stats::pinned_fallbacks counts it)");
+      TORCH_WARN_ONCE("offload::storage::PinnedHost: pinned host memory is not available (", e.what_without_backtrace(),
+                      "); using pageable memory (Stats::pinned_fallbacks counts it)");
       return PageableHost{}.allocate(nbytes, device, options);
     }
   }
