@@ -38,8 +38,12 @@ struct Options {
   /// Accepted: ranges::min_offload_bytes, [0, 2^50]. Default 1024 bytes.
   std::int64_t min_offload_bytes = 1024;
 
-  /// sync::Streamed: how many saved tensors may be in flight to the host at
-  /// once in forward (each keeps its device memory until its copy is done).
+  /// sync::Streamed: the forward stash. The last this many offloaded
+  /// storages keep their device memory after their copy to the host
+  /// started, whether or not it has finished (when a new one comes the
+  /// oldest is let go, and the compute stream waits for its copy before
+  /// reusing the memory); one still stashed when backward needs it is
+  /// reused without a copy back.
   /// Accepted: ranges::max_fwd_stash, [1, 1024]. Default 5 tensors.
   std::int64_t max_fwd_stash = 5;
 

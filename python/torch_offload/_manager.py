@@ -66,24 +66,31 @@ class Manager(_HookRegion):
         device: ``"auto"`` (the accelerator LibTorch detects; see
             ``fallback``), ``"cuda"``, ``"xpu"``, ``"npu"``, ``"neuron"``,
             ``"sim"`` (after ``torch_offload.sim.install()``), or the name of
-            any registered PrivateUse1 backend (generic c10 policy).
+            any registered PrivateUse1 backend (generic c10 policy); a
+            ``torch.device`` or ``"type:index"`` names its type (one manager
+            serves every index of a device type, and each tensor comes back
+            to the index it left).
         storage: ``"pinned_host"`` (page-locked host memory) or
             ``"pageable_host"``.
         sync: ``"streamed"`` (side copy stream, forward stash, backward
             prefetch; falls back to blocking copies, visibly, on a device
             without streams/events) or ``"blocking"``.
         min_offload_bytes: storages smaller than this stay put, [0, 2**50].
-        max_fwd_stash: streamed: tensors in flight to the host, [1, 1024].
+        max_fwd_stash: streamed: how many of the last offloaded tensors
+            stay on the device after forward copied them (their copies
+            overlap compute; one still stashed when backward needs it is
+            reused without a copy back), [1, 1024].
         prefetch_depth: streamed: how far ahead backward brings tensors
             back, in units of the largest offloaded storage (small saved
             tensors fill the window without a slot each), [0, 1024].
         prefetch_bytes: streamed: a fixed prefetch window in bytes instead,
             0 = follow prefetch_depth, [0, 2**50].
-        pin_memory: whether pinned_host may page-lock.
+        pin_memory: whether pinned_host may page-lock (a bool).
         host_budget_bytes: most host bytes held, 0 = unlimited, [0, 2**50].
-        fallback: with ``device="auto"`` and no usable accelerator,
-            ``"error"`` raises RuntimeError, ``"pass_through"`` returns a
-            manager that offloads nothing (its repr says why).
+        fallback: when the device is not there (``"auto"`` finding no
+            usable accelerator, or a named device this build or machine
+            lacks), ``"error"`` raises RuntimeError, ``"pass_through"``
+            returns a manager that offloads nothing (its repr says why).
 
     Raises ValueError for an option out of range (same text as the C++
     ``offload::Options``) or an unknown name (listing the accepted ones),
@@ -100,6 +107,12 @@ class Manager(_HookRegion):
     def __init__(self, device="auto", storage="pinned_host", sync="streamed", *, min_offload_bytes=1024,
                  max_fwd_stash=5, prefetch_depth=2, prefetch_bytes=0, pin_memory=True, host_budget_bytes=0,
                  fallback="error"):
+        if isinstance(device, torch.device):
+            device = device.type
+        elif isinstance(device, str) and device.partition(":")[2].isdigit():
+            device = device.partition(":")[0]  # "cuda:1": the manager serves every index
+        if pin_memory not in (True, False):
+            raise TypeError(f"torch_offload.Manager: pin_memory must be a bool, got {type(pin_memory).__name__}")
         for name, value in (("device", device), ("storage", storage), ("sync", sync), ("fallback", fallback)):
             if not isinstance(value, str):
                 raise TypeError(f"torch_offload.Manager: {name} must be a str, got {type(value).__name__}")

@@ -286,6 +286,16 @@ def test_integer_options_accept_numpy_and_torch_integers_and_name_huge_values():
         torch_offload.Manager("sim", prefetch_bytes=2**64)
 
 
+def test_device_may_be_a_torch_device_or_type_index_and_pin_memory_a_bool():
+    for device in (torch.device("sim", 0), "sim:0", torch.device("sim")):
+        assert torch_offload.Manager(device).describe() == "Manager<sim, pinned_host, streamed>"
+    with pytest.raises(TypeError, match="pin_memory must be a bool, got str"):
+        torch_offload.Manager("sim", pin_memory="no")
+    with pytest.raises(TypeError, match="pin_memory must be a bool, got NoneType"):
+        torch_offload.Manager("sim", pin_memory=None)
+    assert torch_offload.Manager("sim", pin_memory=False).options["pin_memory"] is False
+
+
 def test_options_are_checked_before_names():
     with pytest.raises(ValueError, match="max_fwd_stash"):
         torch_offload.Manager("tpu", max_fwd_stash=0)
