@@ -183,14 +183,12 @@ PYBIND11_MODULE(_C, m) {
           py::init([](const std::string& device, const std::string& storage, const std::string& sync,
                       const std::map<std::string, std::int64_t>& values, bool pin_memory, const std::string& fallback) {
             offload::Options options;
-            for (const auto& field : offload::option_fields) {
-              const auto found = values.find(std::string(field.name));
-              if (found != values.end()) options.*field.member = found->second;
-            }
             for (const auto& [key, value] : values) {
-              const bool known = std::any_of(offload::option_fields.begin(), offload::option_fields.end(),
-                                             [&](const auto& field) { return field.name == key; });
-              TORCH_CHECK_VALUE(known, "torch_offload.Manager: unknown option '", key, "'");
+              const auto field = std::find_if(offload::option_fields.begin(), offload::option_fields.end(),
+                                              [&](const auto& f) { return f.name == key; });
+              TORCH_CHECK_VALUE(field != offload::option_fields.end(), "torch_offload.Manager: unknown option '", key,
+                                "'");
+              options.*field->member = value;
             }
             options.pin_memory = pin_memory;
             return make(device, storage, sync, options, fallback);

@@ -31,6 +31,31 @@ struct Chain {
   }
 };
 
+// sim installed, each copy delayed 1 ms and freed memory poisoned, for
+// one test case (the knobs are restored at its end).
+struct SlowPoisonedSim {
+  SlowPoisonedSim() {
+    offload::sim::set_copy_delay_us(1000);
+    offload::sim::set_poison_freed(true);
+  }
+  bool installed = (offload::sim::install(), true);
+  offload::sim::ScopedKnobs restore;
+};
+
+// x's gradient (on the CPU) of the loss `forward` computes, its saved
+// tensors routed through `manager` (nullptr: none); backward after the
+// Scope closed.
+template <class F>
+at::Tensor grad_through(const at::Tensor& x, const Streamed* manager, F&& forward) {
+  std::optional<offload::Scope> scope;
+  if (manager != nullptr) scope.emplace(*manager);
+  auto loss = forward();
+  scope.reset();
+  x.mutable_grad() = at::Tensor();
+  loss.backward();
+  return x.grad().to(at::kCPU);
+}
+
 struct Peaks {
   std::int64_t forward = 0;
   std::int64_t backward = 0;
@@ -59,10 +84,7 @@ Peaks measure(const Chain& chain, const Streamed* manager) {
 }  // namespace
 
 TEST_CASE("Streamed: forward memory stays within the stash window; backward prefetch is bounded") {
-  offload::sim::install();
-  offload::sim::ScopedKnobs restore;
-  offload::sim::set_copy_delay_us(1000);
-  offload::sim::set_poison_freed(true);
+  const SlowPoisonedSim sim;
   Chain chain;
   const auto plain = measure(chain, nullptr);
   CHECK(plain.forward >= 16 * kAct);
@@ -86,10 +108,7 @@ TEST_CASE("Streamed: forward memory stays within the stash window; backward pref
 }
 
 TEST_CASE("Streamed: the prefetch window counts bytes, not tensors, when prefetch_bytes is set") {
-  offload::sim::install();
-  offload::sim::ScopedKnobs restore;
-  offload::sim::set_copy_delay_us(1000);
-  offload::sim::set_poison_freed(true);
+  const SlowPoisonedSim sim;
   Chain chain;
   const auto plain = measure(chain, nullptr);
   // depth 1 is ignored: the window holds as many 256 KiB activations as fit
@@ -111,27 +130,20 @@ TEST_CASE("Streamed: the prefetch window counts bytes, not tensors, when prefetc
 }
 
 TEST_CASE("Streamed: with prefetch_bytes 0 small saved tensors do not take a prefetch slot each") {
-  offload::sim::install();
-  offload::sim::ScopedKnobs restore;
-  offload::sim::set_copy_delay_us(1000);
-  offload::sim::set_poison_freed(true);
+  const SlowPoisonedSim sim;
   // 8 layers, each saving its 256 KiB output and four 4 KiB tensors (the
   // shape of LayerNorm's saved mean and rstd next to a large activation)
   const auto x = at::randn({kSide, kSide}).to(sim0).requires_grad_();
   const auto run = [&](const Streamed* manager) {
-    std::optional<offload::Scope> scope;
-    if (manager != nullptr) scope.emplace(*manager);
-    auto h = x * 1;
-    auto loss = at::zeros({}, x.options());
-    for (int i = 0; i < 8; ++i) {
-      h = h.tanh();
-      for (int j = 0; j < 4; ++j) loss = loss + h.narrow(0, j, 4).tanh().sum();
-    }
-    loss = loss + h.sum();
-    scope.reset();
-    x.mutable_grad() = at::Tensor();
-    loss.backward();
-    return x.grad().to(at::kCPU);
+    return grad_through(x, manager, [&] {
+      auto h = x * 1;
+      auto loss = at::zeros({}, x.options());
+      for (int i = 0; i < 8; ++i) {
+        h = h.tanh();
+        for (int j = 0; j < 4; ++j) loss = loss + h.narrow(0, j, 4).tanh().sum();
+      }
+      return loss + h.sum();
+    });
   };
   const auto plain = run(nullptr);
   for (std::int64_t depth : {1, 2}) {
@@ -148,23 +160,16 @@ TEST_CASE("Streamed: with prefetch_bytes 0 small saved tensors do not take a pre
 }
 
 TEST_CASE("Streamed: the window shrinks once the largest saved tensor came back") {
-  offload::sim::install();
-  offload::sim::ScopedKnobs restore;
-  offload::sim::set_copy_delay_us(1000);
-  offload::sim::set_poison_freed(true);
+  const SlowPoisonedSim sim;
   // 8 chained 256 KiB activations, then one 4 MiB tensor saved last (as
   // the logits are) and so needed first in backward.
   Chain chain;
   const auto run = [&](const Streamed* manager) {
-    std::optional<offload::Scope> scope;
-    if (manager != nullptr) scope.emplace(*manager);
-    auto h = chain.x * 1;
-    for (int i = 0; i < 8; ++i) h = h.tanh();
-    auto loss = h.repeat({4, 4}).tanh().sum();
-    scope.reset();
-    chain.x.mutable_grad() = at::Tensor();
-    loss.backward();
-    return chain.x.grad().to(at::kCPU);
+    return grad_through(chain.x, manager, [&] {
+      auto h = chain.x * 1;
+      for (int i = 0; i < 8; ++i) h = h.tanh();
+      return h.repeat({4, 4}).tanh().sum();
+    });
   };
   const auto plain = run(nullptr);
   Streamed manager(offload::Options{.min_offload_bytes = 0, .max_fwd_stash = 1, .prefetch_depth = 1});
