@@ -19,6 +19,10 @@
 
 namespace py = pybind11;
 
+namespace offload::python {
+void bind_sim_collectives(py::module_& m);  // sim_collectives_python.cpp
+}  // namespace offload::python
+
 namespace {
 
 constexpr auto kSim = c10::DeviceType::PrivateUse1;
@@ -42,6 +46,7 @@ const c10::impl::DeviceGuardImplInterface& guard() {
 PYBIND11_MODULE(_sim, m) {
   m.doc() = "offload::sim for Python (use torch_offload.sim, not this module)";
   offload::python::register_error_translator();
+  offload::python::bind_sim_collectives(m);
 
   m.def(
       "install",

@@ -41,6 +41,7 @@ from . import _sim  # noqa: E402
 __all__ = [
     "install", "installed", "config", "set_copy_delay_us", "set_poison_freed", "set_capacity_bytes",
     "device_memory", "reset_peak", "host_memory", "reset_host_peak", "synchronize", "device_module",
+    "collective_backend",
 ]
 
 
@@ -71,9 +72,23 @@ def install(name="sim", num_devices=2, capacity_bytes=0, copy_delay_us=0, poison
         torch.utils.generate_methods_for_privateuse1_backend(for_tensor=True, for_module=True,
                                                              for_storage=True)
         torch._register_device_module(name, device_module)
+    _register_collectives(name)
 
 
 installed = _sim.installed
+
+#: The torch.distributed backend that install() registers for the sim device
+#: (see docs/distributed.md): init_process_group("cpu:gloo,sim:offload_sim"),
+#: or init_process_group() with no backend.
+collective_backend = _sim.collective_backend_name
+
+
+def _register_collectives(device_name):
+    import torch.distributed as dist
+    if not dist.is_available() or collective_backend in dist.Backend.backend_list:
+        return
+    dist.Backend.register_backend(collective_backend, _sim.make_collective_backend, extended_api=False,
+                                  devices=[device_name])
 
 
 def config():
