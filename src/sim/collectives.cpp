@@ -114,6 +114,23 @@ at::Tensor combine(const std::vector<at::Tensor>& parts, c10d::ReduceOp op) {
   return acc;
 }
 
+std::string reduce_op_name(c10d::ReduceOp op) {
+  switch (op) {
+    case c10d::ReduceOp::PRODUCT:
+      return "PRODUCT";
+    case c10d::ReduceOp::BAND:
+      return "BAND";
+    case c10d::ReduceOp::BOR:
+      return "BOR";
+    case c10d::ReduceOp::BXOR:
+      return "BXOR";
+    case c10d::ReduceOp::PREMUL_SUM:
+      return "PREMUL_SUM";
+    default:
+      return std::to_string(static_cast<int>(op.op_));
+  }
+}
+
 void check_op(const std::string& what, c10d::ReduceOp op, const std::vector<at::Tensor>& tensors) {
   switch (op) {
     case c10d::ReduceOp::SUM:
@@ -128,7 +145,7 @@ void check_op(const std::string& what, c10d::ReduceOp op, const std::vector<at::
       }
       return;
     default:
-      not_supported(what + " with ReduceOp " + std::to_string(static_cast<int>(op.op_)));
+      not_supported(what + " with ReduceOp." + reduce_op_name(op));
   }
 }
 
