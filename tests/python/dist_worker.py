@@ -1,6 +1,9 @@
 # SPDX-License-Identifier: MIT
 """One rank of the 2-rank suites of test_distributed.py (not collected by
-pytest: run as ``python dist_worker.py FAMILY RANK WORLD PORT OUT_JSON``).
+pytest: run as ``python dist_worker.py FAMILY RANK WORLD PORT LISTEN_FD
+OUT_JSON``; rank 0 serves the store on LISTEN_FD, a socket its parent bound
+to 127.0.0.1:PORT, so nothing listens beyond 127.0.0.1; the collectives
+use the store alone).
 
 For each model configuration of FAMILY ("ddp" or "fsdp2") the rank trains
 the same model once without offloading (the reference) and once per
@@ -285,14 +288,15 @@ def unsupported_collectives(device):
     return out
 
 
-def main(family, rank, world, port, out_path):
+def main(family, rank, world, port, listen_fd, out_path):
     torch.set_num_threads(1)
     torch_offload.sim.install(copy_delay_us=DELAY_US, poison_freed=True)
     device = torch.device("sim", rank % torch_offload.sim.config()["num_devices"])
     torch.get_device_module("sim").set_device(device.index)
-    store = dist.TCPStore("127.0.0.1", port, world, rank == 0, timeout=datetime.timedelta(seconds=60))
-    dist.init_process_group(f"cpu:gloo,sim:{torch_offload.sim.collective_backend}", store=store, rank=rank,
-                            world_size=world, timeout=datetime.timedelta(seconds=60))
+    store = dist.TCPStore("127.0.0.1", port, world, rank == 0, timeout=datetime.timedelta(seconds=60),
+                          master_listen_fd=listen_fd if rank == 0 else None)
+    dist.init_process_group(torch_offload.sim.collective_backend, store=store, rank=rank, world_size=world,
+                            timeout=datetime.timedelta(seconds=60))
     keys_before = store.num_keys()
     results = {"positive_control": positive_control(device)}
     results.update(run_family(family, rank, device))
@@ -306,4 +310,4 @@ def main(family, rank, world, port, out_path):
 
 
 if __name__ == "__main__":
-    main(sys.argv[1], int(sys.argv[2]), int(sys.argv[3]), int(sys.argv[4]), sys.argv[5])
+    main(sys.argv[1], int(sys.argv[2]), int(sys.argv[3]), int(sys.argv[4]), int(sys.argv[5]), sys.argv[6])

@@ -26,10 +26,12 @@ WORLD = 2
 TIMEOUT_S = 240
 
 
-def free_port():
-    with socket.socket() as s:
-        s.bind(("127.0.0.1", 0))
-        return s.getsockname()[1]
+def listening_socket():
+    """A socket bound to 127.0.0.1 on a free port, listening: rank 0's store serves on it."""
+    s = socket.socket()
+    s.bind(("127.0.0.1", 0))
+    s.listen()
+    return s
 
 
 @functools.cache
@@ -37,11 +39,13 @@ def all_verdicts(tmp):
     """Runs the rank pairs of every family at once; returns {family: each rank's results}."""
     runs = {}
     for family in dist_worker.CONFIGS:
-        port = free_port()
-        outs = [os.path.join(tmp, f"{family}-{rank}.json") for rank in range(WORLD)]
-        procs = [subprocess.Popen([sys.executable, dist_worker.__file__, family, str(rank), str(WORLD), str(port),
-                                   outs[rank]], stdout=subprocess.PIPE, stderr=subprocess.STDOUT, text=True)
-                 for rank in range(WORLD)]
+        with listening_socket() as sock:
+            port, fd = sock.getsockname()[1], sock.fileno()
+            outs = [os.path.join(tmp, f"{family}-{rank}.json") for rank in range(WORLD)]
+            procs = [subprocess.Popen([sys.executable, dist_worker.__file__, family, str(rank), str(WORLD), str(port),
+                                       str(fd if rank == 0 else -1), outs[rank]], pass_fds=[fd] if rank == 0 else [],
+                                      stdout=subprocess.PIPE, stderr=subprocess.STDOUT, text=True)
+                     for rank in range(WORLD)]
         runs[family] = (outs, procs)
     verdicts = {}
     try:
