@@ -1,7 +1,7 @@
 # SPDX-License-Identifier: MIT
 """Checks of offload-demo, run by Meson (examples/meson.build).
 
-usage: check_demo.py tiny|lstm|cap-oom|bad-input PATH/TO/offload-demo
+usage: check_demo.py tiny|lstm|cap-oom|ranks|bad-input PATH/TO/offload-demo
 
 tiny       3 steps of a tiny model on sim, without and with offloading:
            losses bitwise equal (max_abs_loss_diff == 0), a lower peak of
@@ -11,6 +11,10 @@ lstm       the same with --model lstm (2 layers), without the plot.
 cap-oom    the same model under a device-memory cap half way between the
            two peaks: the run without offloading runs out of device memory,
            the offloaded run trains every step.
+ranks      the tiny model trained data-parallel by 2 processes (--ranks 2):
+           rank 0 reports losses bitwise equal with and without offloading
+           on every rank and the same final parameters on every rank, and
+           offloaded something; no rank is left running.
 bad-input  an unavailable --device exits with status 2, prints exactly one
            line on stderr naming the flag, and trains nothing (inputs with
            a fixed message are rows of docs/bad-input.md, checked verbatim
@@ -114,6 +118,23 @@ def check_cap_oom(demo):
           % (cap, c["oom_step_without_offload"]))
 
 
+def check_ranks(demo):
+    with tempfile.TemporaryDirectory() as tmp:
+        s, proc = summary(demo, ["--ranks", "2"], tmp, "ranks")
+    line = ("data parallel (2 ranks, gradients averaged through c10d, offload_sim): losses bitwise equal with and "
+            "without offloading on every rank; final parameters identical on every rank")
+    if line not in proc.stdout.splitlines():
+        fail("rank 0 did not print %r" % line)
+    if s["losses_none"] != s["losses_offload"] or len(s["losses_offload"]) != 3:
+        fail("rank 0's losses: %r vs %r" % (s["losses_none"], s["losses_offload"]))
+    if not s["bytes_offloaded"] > 0:
+        fail("nothing was offloaded")
+    if proc.stdout.count("offload-demo ") != 1:
+        fail("only rank 0 prints: %r" % proc.stdout)
+    print("ok: 2 ranks, losses bitwise equal on every rank, same parameters, %d bytes offloaded on rank 0"
+          % s["bytes_offloaded"])
+
+
 def check_bad_input(demo):
     # Every input with a fixed message is a row of docs/bad-input.md, checked
     # verbatim by tests/bad_input.py. Here: the ones whose line depends on
@@ -140,7 +161,7 @@ def check_bad_input(demo):
 
 def main():
     checks = {"tiny": check_tiny, "lstm": lambda demo: check_tiny(demo, "lstm"), "cap-oom": check_cap_oom,
-              "bad-input": check_bad_input}
+              "bad-input": check_bad_input, "ranks": check_ranks}
     if len(sys.argv) != 3 or sys.argv[1] not in checks:
         print(__doc__)
         sys.exit(2)

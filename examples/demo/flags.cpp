@@ -295,6 +295,20 @@ std::optional<Args> parse_args(int argc, char** argv) {
   integer("--log-every", a.log_every, {0, 1'000'000},
           "progress line every N steps when stdout is not a terminal (0: about ten per run)", g3);
 
+  const std::string g4 = "Data parallel";
+  integer("--ranks", a.ranks, {1, 8},
+          "processes training data-parallel, each on its shard of the text, gradients averaged through c10d "
+          "after every backward (sim: the offload_sim backend; cuda: NCCL, one GPU per rank)",
+          g4);
+  auto* rank = integer("--rank", a.rank, {0, 7}, "this process's rank (set by rank 0 for the ranks it starts)", g4);
+  app.add_option("--rendezvous", a.rendezvous,
+                 "HOST:PORT of rank 0's store (set by rank 0, which serves it on 127.0.0.1, for the ranks it "
+                 "starts)")
+      ->transform(non_empty("HOST:PORT"))
+      ->type_name("ADDR")
+      ->group(g4);
+  integer("--rendezvous-timeout", a.rendezvous_timeout, {1, 3600}, "seconds the ranks wait for each other", g4);
+
   for (auto* option : app.get_options()) option->description(wrap(option->get_description()));
 
   try {
@@ -315,6 +329,12 @@ std::optional<Args> parse_args(int argc, char** argv) {
   if (kind.uses_heads && a.width % a.heads != 0) {
     throw UsageError("--width " + std::to_string(a.width) + " must be a multiple of --heads " +
                      std::to_string(a.heads));
+  }
+  if (a.rank >= a.ranks) {
+    throw UsageError("--rank: " + std::to_string(a.rank) + " must be less than --ranks " + std::to_string(a.ranks));
+  }
+  if ((rank->count() > 0 && a.rank > 0) != a.rendezvous.has_value()) {
+    throw UsageError("--rendezvous: given with --rank 1..N-1 only (rank 0 serves the store and starts the others)");
   }
   if (!kind.uses_heads && heads->count() > 0) {
     throw UsageError("--heads: --model " + a.model + " has no attention heads");

@@ -8,6 +8,7 @@
 #include <cmath>
 #include <cstdio>
 #include <cstring>
+#include <functional>
 #include <iostream>
 #include <random>
 
@@ -19,6 +20,7 @@
 
 #include "char_model.hpp"
 #include "models.hpp"
+#include "parallel.hpp"
 
 namespace demo {
 namespace {
@@ -83,10 +85,11 @@ std::string mib(std::int64_t bytes) {
 }
 
 RunResult train(const Args& args, const Corpus& corpus, const DeviceChoice& device, const DeviceMemory& memory,
-                OffloadMode mode, const offload::Options& options, bool trace, bool tty) {
+                OffloadMode mode, const offload::Options& options, bool trace, bool tty, const DataParallel* dp) {
   RunResult r;
   r.name = std::string(mode_name(mode));
-  const auto tokens = torch::tensor(corpus.ids, torch::kLong);
+  auto tokens = torch::tensor(corpus.ids, torch::kLong);
+  if (dp) tokens = dp->shard(tokens);
   torch::manual_seed(static_cast<std::uint64_t>(args.seed));
   std::mt19937_64 rng(static_cast<std::uint64_t>(args.seed));
   const std::int64_t traced = std::min<std::int64_t>(2, args.steps);
@@ -103,6 +106,7 @@ RunResult train(const Args& args, const Corpus& corpus, const DeviceChoice& devi
     std::optional<offload::AnyManager> manager;
     if (mode != OffloadMode::none) manager.emplace(make_manager(mode, device, options));
     model->to(device.device);
+    if (dp) dp->broadcast_parameters(model->parameters());
     if (manager) {
       manager->exclude(model->parameters());
       r.manager = manager->describe();
@@ -128,6 +132,7 @@ RunResult train(const Args& args, const Corpus& corpus, const DeviceChoice& devi
         }
         if (tracing) r.forward_end_ms = tracer.ms_since_start();
         loss.backward();
+        if (dp) dp->average_gradients(model->parameters());
         if (tracing) r.backward_end_ms = tracer.ms_since_start();
         optimizer.step();
         r.losses.push_back(loss.item<float>());
@@ -149,6 +154,14 @@ RunResult train(const Args& args, const Corpus& corpus, const DeviceChoice& devi
       progress(args, r, memory, step, seconds, step == args.steps, tty);
     }
     if (manager) r.stats = manager->stats();
+    if (dp) {
+      std::string bytes;
+      for (const auto& p : model->parameters()) {
+        const auto host = p.detach().cpu().contiguous();
+        bytes.append(static_cast<const char*>(host.data_ptr()), host.nbytes());
+      }
+      r.parameters_hash = std::hash<std::string>{}(bytes);
+    }
   } catch (const c10::OutOfMemoryError& e) {
     if (tty) std::cout << '\n';
     r.oom_step = step;
