@@ -20,6 +20,8 @@ import contextlib
 import datetime
 import functools
 import json
+import os
+import re
 import sys
 import traceback
 
@@ -270,21 +272,28 @@ def run_family(family, rank, device):
     return results
 
 
+def collective_rows():
+    """The rows of docs/bad-input.md's collectives section: (call, message)."""
+    root = os.path.dirname(os.path.dirname(os.path.dirname(os.path.abspath(__file__))))
+    text = open(os.path.join(root, "docs", "bad-input.md"), encoding="utf-8").read()
+    section = text[text.index("## Collectives on sim"):]
+    section = section[:section.index("\n## ")]
+    return [tuple(re.findall(r"`([^`]*)`", line)) for line in section.splitlines() if line.startswith("| `")]
+
+
 def unsupported_collectives(device):
-    """An unsupported collective and an unsupported ReduceOp raise NotImplementedError naming them."""
+    """Runs each row of collective_rows(); returns {call: the first line of
+    its NotImplementedError, or what happened instead}."""
     out = {}
-    for key, call in {
-        "all_to_all_single": lambda: dist.all_to_all_single(torch.empty(4, device=device),
-                                                            torch.ones(4, device=device)),
-        "product": lambda: dist.all_reduce(torch.ones(4, device=device), op=dist.ReduceOp.PRODUCT),
-    }.items():
+    for call, _ in collective_rows():
+        scope = {"dist": dist, "x": torch.ones(4, device=device), "out": torch.empty(4, device=device)}
         try:
-            call()
-            out[key] = "did not raise"
+            eval(call, scope)
+            out[call] = "did not raise"
         except NotImplementedError as e:
-            out[key] = str(e).splitlines()[0]
+            out[call] = str(e).splitlines()[0]
         except Exception as e:  # noqa: BLE001
-            out[key] = f"{type(e).__name__}: {e}"
+            out[call] = f"{type(e).__name__}: {e}"
     return out
 
 
