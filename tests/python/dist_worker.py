@@ -79,8 +79,8 @@ class Watch:
 
 def positive_control(device):
     """The watch sees an offloaded storage that its model lists among its
-    parameters: a plain tensor (which the manager offloads) posing as one."""
-    w = torch.randn(64, 64, device=device)
+    parameters: an activation (which the manager offloads) posing as one."""
+    w = torch.randn(64, 64, device=device, requires_grad=True) * 2.0  # not a leaf
     x = torch.randn(8, 64, device=device, requires_grad=True)
     manager = torch_offload.Manager("sim", sync="blocking")
     watch = Watch(manager, type("Holder", (), {"parameters": lambda self: [w]})())
