@@ -51,6 +51,9 @@
 //   counters drop at release; the reserved counters only when a block goes
 //   back to malloc.
 //
+// A c10d collective backend for sim (DDP, FSDP2 and c10d process groups
+// across processes) is declared in <offload/sim_collectives.hpp>.
+//
 // Users on real hardware never link this library; it is a test substrate and
 // a CPU demo device. It is modelled on how PyTorch tests its own out-of-tree
 // device support (test/cpp_extensions/open_registration_extension).
