@@ -44,7 +44,10 @@ class PeerOffload(Manager):
 
 
 class ModelParams:
-    """TRL's ``OffloadActivations.update_model_params``, as a mixin of a Manager."""
+    """TRL's ``OffloadActivations.update_model_params``, as a mixin of a
+    Manager; ``public_name`` is the class's name in its error messages."""
+
+    public_name = "OffloadActivations"
 
     def update_model_params(self, model):
         """Never offload ``model``'s parameters and buffers (by storage, so
@@ -53,7 +56,7 @@ class ModelParams:
         its set of parameter storages, a call adds to what was excluded
         before (an excluded storage is forgotten when it is freed).
         TypeError when ``model`` is not an ``nn.Module``."""
-        check_module(f"{type(self).__module__}.OffloadActivations.update_model_params", model)
+        check_module(f"{self.public_name}.update_model_params", model)
         self.exclude(model.parameters())
         self.exclude(model.buffers())
 
@@ -152,9 +155,6 @@ def trl_ctx_manager(where, model, *, use_pin_memory, use_streams, min_offload_si
     return manager
 
 
-# ---------------------------------------------------------------- top level
-
-
 class OffloadActivations(ModelParams, PeerOffload):
     """``OffloadActivations`` as TRL 1.16 has it (``torch_offload.trl``),
     with the arguments where TRL and torchtune disagree by name only.
@@ -167,6 +167,8 @@ class OffloadActivations(ModelParams, PeerOffload):
     ``torch_offload.torchtune``. Arguments as ``PeerOffload``;
     ``use_streams=None`` is True. Has TRL's ``update_model_params(model)``.
     """
+
+    public_name = "torch_offload.OffloadActivations"
 
     def __init__(self, use_pin_memory=True, use_streams=True, *positional, min_offload_size=1024,
                  max_fwd_stash_size=5):

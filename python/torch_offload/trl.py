@@ -33,6 +33,8 @@ class OffloadActivations(ModelParams, PeerOffload):
     the model's parameters and buffers.
     """
 
+    public_name = "torch_offload.trl.OffloadActivations"
+
     def __init__(self, use_pin_memory=True, use_streams=True, min_offload_size=1024, max_fwd_stash_size=5):
         super().__init__(use_pin_memory=use_pin_memory, use_streams=use_streams, min_offload_size=min_offload_size,
                          max_fwd_stash_size=max_fwd_stash_size)
