@@ -180,18 +180,23 @@ class OffloadActivations(ModelParams, PeerOffload):
                          max_fwd_stash_size=max_fwd_stash_size)
 
 
-def get_act_offloading_ctx_manager(model, *positional, enable_activation_offloading=True, use_pin_memory=True,
+def get_act_offloading_ctx_manager(model, enable_activation_offloading=True, *, use_pin_memory=True,
                                    use_streams=True, min_offload_size=1024, max_fwd_stash_size=5,
                                    warn_if_no_head=True):
     """TRL 1.16's ``get_act_offloading_ctx_manager`` (as
-    ``torch_offload.trl``) plus torchtune's switch, every argument after
-    ``model`` by name.
+    ``torch_offload.trl``) with torchtune's switch as its second positional
+    argument, every other argument by name.
 
     The second positional argument is ``use_pin_memory`` in TRL and
     ``enable_activation_offloading`` in torchtune (both bools that mean
-    different things), so here a second positional argument is a TypeError
-    that says so; ``torch_offload.trl`` and ``torch_offload.torchtune``
-    take each peer's positional order.
+    different things). Here it is torchtune's, as torchtune's recipes pass
+    it (``get_act_offloading_ctx_manager(model, enable)``) and as this name
+    always took it; TRL calls it with ``model`` alone (or by keyword), and
+    TRL's other arguments are keyword-only here, so no call means something
+    else than in the peer it was written for, except a positional
+    ``use_pin_memory``, which ``torch_offload.trl`` takes.
+    ``torch_offload.trl`` and ``torch_offload.torchtune`` take each peer's
+    positional order.
 
     Returns an ``OffloadActivations`` with the model's parameters and
     buffers excluded, whose output head (found as TRL finds it:
@@ -204,10 +209,6 @@ def get_act_offloading_ctx_manager(model, *positional, enable_activation_offload
     not an ``nn.Module``; ValueError for an option out of range.
     """
     where = "torch_offload.get_act_offloading_ctx_manager"
-    if positional:
-        raise TypeError(f"{where}: pass every argument after model by name (the second positional argument is "
-                        "use_pin_memory in TRL and enable_activation_offloading in torchtune); torch_offload.trl "
-                        "and torch_offload.torchtune take each peer's positional order")
     check_module(where, model)
     if not enable_activation_offloading:
         return contextlib.nullcontext()

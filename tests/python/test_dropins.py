@@ -57,6 +57,10 @@ def test_positional_orders_mean_what_each_peer_means():
     assert torch_offload.trl.NoOpManager is torch_offload.torchtune.NoOpManager is torch_offload.NoOpManager
     model = nn.Linear(2, 2)
     assert isinstance(torch_offload.torchtune.get_act_offloading_ctx_manager(model, False), contextlib.nullcontext)
+    # The top-level name takes torchtune's switch second, as torchtune's recipes pass it.
+    assert isinstance(torch_offload.get_act_offloading_ctx_manager(model, False), contextlib.nullcontext)
+    assert positional(torch_offload.get_act_offloading_ctx_manager) == [("model", inspect.Parameter.empty),
+                                                                       ("enable_activation_offloading", True)]
     assert isinstance(torch_offload.trl.get_act_offloading_ctx_manager(model, False, warn_if_no_head=False),
                       torch_offload.trl.OffloadActivations)  # TRL: the second argument is use_pin_memory
     assert "pageable_host" in repr(torch_offload.trl.get_act_offloading_ctx_manager(model, False,
