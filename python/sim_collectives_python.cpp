@@ -24,8 +24,8 @@ void bind_sim_collectives(py::module_& m) {
       "make_collective_backend",
       [](const c10::intrusive_ptr<c10d::Store>& store, int rank, int size,
          const std::chrono::duration<double>& timeout) {
-        return offload::sim::make_collective_backend(
-            store, rank, size, std::chrono::duration_cast<std::chrono::milliseconds>(timeout));
+        return offload::sim::make_collective_backend(store, rank, size,
+                                                     std::chrono::duration_cast<std::chrono::milliseconds>(timeout));
       },
       py::arg("store"), py::arg("rank"), py::arg("size"), py::arg("timeout"));
 }

@@ -260,8 +260,8 @@ class SimCollectives final : public c10d::Backend {
                                          const c10d::ScatterOptions&) override {
     not_supported("scatter");
   }
-  c10::intrusive_ptr<c10d::Work> alltoall_base(at::Tensor&, at::Tensor&, std::vector<int64_t>&,
-                                               std::vector<int64_t>&, const c10d::AllToAllOptions&) override {
+  c10::intrusive_ptr<c10d::Work> alltoall_base(at::Tensor&, at::Tensor&, std::vector<int64_t>&, std::vector<int64_t>&,
+                                               const c10d::AllToAllOptions&) override {
     not_supported("alltoall_base");
   }
   c10::intrusive_ptr<c10d::Work> alltoall(std::vector<at::Tensor>&, std::vector<at::Tensor>&,
@@ -350,8 +350,8 @@ class SimCollectives final : public c10d::Backend {
                       " needs one output per input, got ", outputs.size(), " for ", inputs.size());
     for (std::size_t i = 0; i < outputs.size(); ++i) {
       TORCH_CHECK_VALUE(outputs[i].numel() == inputs[i].numel() * getSize() && outputs[i].is_contiguous(),
-                        "offload::sim collectives: ", what, " output ", i, " must be contiguous with ",
-                        getSize(), " x ", inputs[i].numel(), " elements, got ", outputs[i].numel());
+                        "offload::sim collectives: ", what, " output ", i, " must be contiguous with ", getSize(),
+                        " x ", inputs[i].numel(), " elements, got ", outputs[i].numel());
     }
     auto blobs = exchange(what, pack(inputs), std::nullopt, total_bytes(inputs));
     for (int r = 0; r < getSize(); ++r) {
@@ -379,7 +379,8 @@ class SimCollectives final : public c10d::Backend {
     for (std::size_t i = 0; i < outputs.size(); ++i) {
       const auto n = outputs[i].numel();
       std::vector<at::Tensor> parts;
-      for (const auto& p : peers) parts.push_back(p[i].reshape({-1}).narrow(0, getRank() * n, n).view(outputs[i].sizes()));
+      for (const auto& p : peers)
+        parts.push_back(p[i].reshape({-1}).narrow(0, getRank() * n, n).view(outputs[i].sizes()));
       outputs[i].copy_(combine(parts, op));
     }
   }

@@ -103,9 +103,9 @@ TEST_CASE("sim collectives: other operations throw NotImplementedError naming th
     std::vector<at::Tensor> t{at::ones({4}, at::TensorOptions().device(sim0))};
     CHECK(thrown<c10::NotImplementedError>([&] { backend.reduce(t); }) ==
           "offload::sim collectives: reduce is not supported by the offload_sim backend");
-    CHECK(thrown<c10::NotImplementedError>([&] {
-            backend.allreduce(t, c10d::AllreduceOptions{.reduceOp = c10d::ReduceOp::PRODUCT});
-          }) == "offload::sim collectives: allreduce with ReduceOp.PRODUCT is not supported by the offload_sim backend");
+    CHECK(thrown<c10::NotImplementedError>(
+              [&] { backend.allreduce(t, c10d::AllreduceOptions{.reduceOp = c10d::ReduceOp::PRODUCT}); }) ==
+          "offload::sim collectives: allreduce with ReduceOp.PRODUCT is not supported by the offload_sim backend");
     CHECK(backend.getBackendName() == "offload_sim");
   });
 }
