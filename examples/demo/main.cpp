@@ -47,7 +47,8 @@ int run(const Args& args) {
   const offload::Options options{.min_offload_bytes = args.min_offload_bytes,
                                  .max_fwd_stash = args.max_fwd_stash,
                                  .prefetch_depth = args.prefetch_depth,
-                                 .prefetch_bytes = args.prefetch_bytes};
+                                 .prefetch_bytes = args.prefetch_bytes,
+                                 .host_budget_bytes = args.host_budget_bytes};
   try {
     options.validate();
   } catch (const c10::ValueError& e) {
@@ -83,25 +84,41 @@ int run(const Args& args) {
   if (args.offload == OffloadMode::none || args.offload == OffloadMode::compare) {
     none = train(args, corpus, device, memory, OffloadMode::none, options, trace, tty);
   }
+
+  // --checkpoint: the same steps with each block checkpointed, alone and
+  // with its inputs offloaded (before the offloaded run: a run through a
+  // manager that ran out of device memory can leave device memory held).
+  const auto mode = args.offload == OffloadMode::blocking ? OffloadMode::blocking : OffloadMode::streamed;
+  std::vector<RunResult> checkpointed;
+  if (args.checkpoint) {
+    checkpointed.push_back(train(args, corpus, device, memory, OffloadMode::none, options, trace, tty, true));
+    if (args.offload != OffloadMode::none) {
+      checkpointed.push_back(train(args, corpus, device, memory, mode, options, trace, tty, true));
+    }
+  }
   if (args.offload != OffloadMode::none) {
-    const auto mode = args.offload == OffloadMode::blocking ? OffloadMode::blocking : OffloadMode::streamed;
     off = train(args, corpus, device, memory, mode, options, trace, tty);
     std::cout << "manager: " << off->manager << "\n";
   }
+  std::vector<const RunResult*> pc;
+  for (const auto& r : checkpointed) pc.push_back(&r);
 
   const RunResult* pn = none ? &*none : nullptr;
   const RunResult* po = off ? &*off : nullptr;
-  print_report(args, pn, po);
+  print_report(args, pn, po, pc);
   if (args.plot) {
     std::vector<const RunResult*> traced;
     for (const auto* r : {pn, po}) {
       if (r && !r->trace.empty()) traced.push_back(r);
     }
+    for (const auto* r : pc) {
+      if (!r->trace.empty()) traced.push_back(r);
+    }
     const auto csv = write_plot(*args.plot, args, device, traced);
     std::cout << "plot: " << *args.plot << " (samples: " << csv << ")\n";
   }
   if (args.summary_json) {
-    write_summary(*args.summary_json, args, corpus, device, pn, po);
+    write_summary(*args.summary_json, args, corpus, device, pn, po, pc);
     std::cout << "summary: " << *args.summary_json << "\n";
   }
   remove_cap(args, device);

@@ -14,7 +14,7 @@ class Gpt final : public CharModel {
   explicit Gpt(const ModelShape& s)
       : model_(register_module(
             "gpt", gpt::Model(gpt::Config{
-                       .vocab = s.vocab, .layers = s.layers, .width = s.width, .heads = s.heads, .seq = s.seq}))) {}
+                       .vocab = s.vocab, .layers = s.layers, .width = s.width, .heads = s.heads, .seq = s.seq, .checkpoint = s.checkpoint}))) {}
 
   torch::Tensor loss(const torch::Tensor& tokens, const torch::Tensor& targets) override {
     return model_->loss(tokens, targets);

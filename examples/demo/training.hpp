@@ -20,7 +20,7 @@ namespace demo {
 
 /// What one training run produced.
 struct RunResult {
-  std::string name;                      ///< "none" or the offload mode
+  std::string name;                      ///< "none" or the offload mode, after "checkpoint+" when checkpointed
   std::vector<float> losses;             ///< one per completed step
   std::optional<std::int64_t> oom_step;  ///< 1-based step that ran out of device memory
   std::string oom_message;
@@ -42,8 +42,9 @@ struct RunResult {
 /// is recorded. With `trace`, device memory is traced over step
 /// min(2, --steps) (or over the step that ran out of memory, when that
 /// comes first). Shows progress on stdout (`tty`: one updated line).
+/// With `checkpoint` each block of the model runs through offload::checkpoint.
 RunResult train(const Args& args, const Corpus& corpus, const DeviceChoice& device, const DeviceMemory& memory,
-                OffloadMode mode, const offload::Options& options, bool trace, bool tty);
+                OffloadMode mode, const offload::Options& options, bool trace, bool tty, bool checkpoint = false);
 
 /// Bitwise comparison of the losses both runs completed.
 struct Comparison {

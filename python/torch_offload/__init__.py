@@ -16,7 +16,9 @@ Python only carries an opaque handle per saved tensor.
     loss.backward()
 
 Drop-in names for TRL / torchtune: ``OffloadActivations``, ``NoOpManager``,
-``get_act_offloading_ctx_manager``. The simulated accelerator:
+``get_act_offloading_ctx_manager``. Checkpointing with offloaded inputs,
+as a Hugging Face ``gradient_checkpointing_func``: ``CheckpointOffload``,
+``enable_gradient_checkpointing``. The simulated accelerator:
 ``torch_offload.sim``. See docs/python.md.
 """
 
@@ -31,12 +33,16 @@ if torch.__version__ != _BUILT_WITH:
     )
 
 from ._manager import Manager, Stats, no_offload  # noqa: E402
+from ._checkpoint import CheckpointOffload, enable_gradient_checkpointing, plain_checkpoint  # noqa: E402
 from ._peers import NoOpManager, OffloadActivations, get_act_offloading_ctx_manager  # noqa: E402
 
 __all__ = [
     "Manager",
     "Stats",
     "no_offload",
+    "CheckpointOffload",
+    "enable_gradient_checkpointing",
+    "plain_checkpoint",
     "OffloadActivations",
     "NoOpManager",
     "get_act_offloading_ctx_manager",

@@ -1,0 +1,148 @@
+# SPDX-License-Identifier: MIT
+"""torch_offload.CheckpointOffload as a Hugging Face gradient_checkpointing_func:
+a tiny model built from torch.nn modules that calls its layers the way
+transformers' GradientCheckpointingLayer does, on the slow, poisoned sim
+(conftest.py). Bitwise parity with torch.utils.checkpoint without
+offloading (dropout on), only the layers' inputs reach the manager, and a
+lower peak of device memory."""
+
+import functools
+
+import pytest
+import torch
+from torch import nn
+from torch.nn import functional as F
+
+import torch_offload
+import torch_offload.sim
+
+DEV = "sim:0"
+
+
+class Layer(nn.Module):
+    """One decoder-like layer: called as layer(hidden_states, attention_mask=...)."""
+
+    def __init__(self, width):
+        super().__init__()
+        self.gradient_checkpointing = False  # what _set_gradient_checkpointing looks for
+        self.norm = nn.LayerNorm(width)
+        self.up = nn.Linear(width, 4 * width)
+        self.down = nn.Linear(4 * width, width)
+        self.drop = nn.Dropout(0.2)
+
+    def __call__(self, *args, **kwargs):
+        # transformers.modeling_layers.GradientCheckpointingLayer.__call__
+        if self.gradient_checkpointing and self.training:
+            return self._gradient_checkpointing_func(functools.partial(super().__call__, **kwargs), *args)
+        return super().__call__(*args, **kwargs)
+
+    def forward(self, hidden_states, attention_mask=None):
+        h = self.drop(self.down(F.gelu(self.up(self.norm(hidden_states)))))
+        if attention_mask is not None:
+            h = h * attention_mask
+        return hidden_states + h
+
+
+class TinyLM(nn.Module):
+    def __init__(self, vocab=64, width=64, layers=6):
+        super().__init__()
+        self.embed = nn.Embedding(vocab, width)
+        self.layers = nn.ModuleList(Layer(width) for _ in range(layers))
+        self.head = nn.Linear(width, vocab)
+
+    def forward(self, input_ids, labels):
+        h = self.embed(input_ids)
+        mask = torch.ones(h.shape[:2] + (1,), device=h.device)
+        for layer in self.layers:
+            h = layer(h, attention_mask=mask)
+        logits = self.head(h)
+        return F.cross_entropy(logits.reshape(-1, logits.size(-1)), labels.reshape(-1))
+
+
+def train(func, steps=3, layers=6):
+    """Losses, last gradients and the device peak of `steps` AdamW steps,
+    each layer checkpointed by `func` (None: no checkpoint)."""
+    torch.manual_seed(0)
+    model = TinyLM(layers=layers).to(DEV).train()
+    if func == "offload":
+        torch_offload.enable_gradient_checkpointing(model, torch_offload.Manager(DEV, sync="streamed", max_fwd_stash=1))
+    elif func is not None:
+        for module in model.modules():
+            if isinstance(module, Layer):
+                module._gradient_checkpointing_func = func
+                module.gradient_checkpointing = True
+    g = torch.Generator().manual_seed(1)
+    data = torch.randint(0, 64, (8, 33), generator=g)
+    ids, labels = data[:, :-1].to(DEV), data[:, 1:].to(DEV)
+    optimizer = torch.optim.AdamW(model.parameters(), lr=1e-2)
+    losses = []
+    torch_offload.sim.synchronize(0)
+    torch_offload.sim.reset_peak(0)
+    for _ in range(steps):
+        optimizer.zero_grad()
+        loss = model(ids, labels)
+        loss.backward()
+        optimizer.step()
+        losses.append(loss.item())
+    torch_offload.sim.synchronize(0)
+    peak = torch_offload.sim.device_memory(0)["peak_bytes"]
+    grads = [p.grad.cpu() for p in model.parameters()]
+    return losses, grads, peak, model
+
+
+def assert_same(a, b):
+    assert a[0] == b[0]
+    assert all(torch.equal(x, y) for x, y in zip(a[1], b[1], strict=True))
+
+
+@pytest.mark.parametrize("sync", ["streamed", "blocking"])
+def test_bitwise_parity_with_torch_checkpoint_and_only_layer_inputs_offloaded(sync):
+    plain = train(torch_offload.plain_checkpoint)
+    manager = torch_offload.Manager(DEV, sync=sync, min_offload_bytes=0)
+    got = train(torch_offload.CheckpointOffload(manager))
+    assert_same(plain, got)
+    assert_same(train(None), got)  # and with no checkpoint at all
+    stats = manager.stats()
+    assert stats.tensors_seen == 3 * 6, stats  # each layer's hidden_states, nothing the layers save
+    assert stats.tensors_offloaded == 3 * 6, stats
+    assert stats.bytes_offloaded == 3 * 6 * 8 * 32 * 64 * 4, stats
+    assert stats.tensors_reloaded + stats.stash_reuses == 3 * 6, stats
+
+
+def test_enable_gradient_checkpointing_offloads_through_streamed_and_lowers_the_peak():
+    plain = train(torch_offload.plain_checkpoint, steps=2, layers=12)
+    got = train("offload", steps=2, layers=12)
+    assert_same(plain, got)
+    func = got[3].layers[0]._gradient_checkpointing_func
+    assert isinstance(func, torch_offload.CheckpointOffload)
+    assert "streamed" in repr(func)
+    assert func.manager.stats().tensors_offloaded == 2 * 12
+    assert got[2] < plain[2], (got[2], plain[2])
+
+
+def test_bad_input():
+    with pytest.raises(ValueError, match="use_reentrant must be False"):
+        torch_offload.CheckpointOffload(use_reentrant=True)
+    with pytest.raises(TypeError, match="manager must be a torch_offload.Manager, got str"):
+        torch_offload.CheckpointOffload("sim")
+
+
+def test_transformers_when_installed():
+    transformers = pytest.importorskip("transformers")
+    config = transformers.LlamaConfig(vocab_size=64, hidden_size=32, intermediate_size=64, num_hidden_layers=3,
+                                      num_attention_heads=4, num_key_value_heads=2, max_position_embeddings=64)
+    data = torch.randint(0, 64, (2, 16), generator=torch.Generator().manual_seed(1)).to(DEV)
+
+    def run(enable):
+        torch.manual_seed(0)
+        model = transformers.LlamaForCausalLM(config).to(DEV).train()
+        func = enable(model)
+        loss = model(input_ids=data, labels=data).loss
+        loss.backward()
+        return loss.item(), [p.grad.cpu() for p in model.parameters() if p.grad is not None], func
+
+    plain = run(lambda m: m.gradient_checkpointing_enable(gradient_checkpointing_kwargs={"use_reentrant": False}))
+    manager = torch_offload.Manager(DEV, sync="streamed", min_offload_bytes=0)
+    got = run(lambda m: torch_offload.enable_gradient_checkpointing(m, manager))
+    assert_same(plain[:2], got[:2])
+    assert manager.stats().tensors_offloaded >= 3
