@@ -387,12 +387,8 @@ int run_checkpoint(const Args& args) {
   std::vector<std::int64_t> layer_counts = {4, 8, 16};
   if (args.has("layers")) layer_counts = {args.get_int("layers", 16)};
   offload::sim::set_copy_delay_us(0);
-  const auto B = base.batch, T = base.seq, W = base.width, V = base.vocab;
   // Block inputs (the residual stream) are the storages checkpoint + offload moves.
-  const std::int64_t s_in = 4 * B * T * W;
-  const std::int64_t s_top = 4 * std::max(B * T * W, B * T * V);  // the largest it moves
-  const std::int64_t prefetch =
-      options.prefetch_bytes > 0 ? std::max(options.prefetch_bytes, s_top) : options.prefetch_depth * s_top;
+  const std::int64_t s_in = 4 * base.batch * base.seq * base.width;
 
   std::cout << "## Checkpoint + offload: peak sim device memory and bytes moved of the demo model\n\n"
             << "Model " << base.describe() << " (L = 4, 8, 16), fp32, AdamW; one training step measured after one "
@@ -402,13 +398,14 @@ int run_checkpoint(const Args& args) {
             << "s_in = 4BTW, one block input):\n"
             << "  none                 16P + L A_blk + A_top + W_blk\n"
             << "  offload              16P + W_blk + max_fwd_stash s_max + prefetch window   (the `memory` floor)\n"
-            << "  checkpoint           16P + L s_in + A_blk + W_blk   (all block inputs kept, one block recomputed)\n"
-            << "  checkpoint + offload 16P + A_blk + W_blk + prefetch window of block inputs "
-            << "(prefetch_depth x max(4BTW, 4BTV)): independent of L\n"
+            << "  checkpoint           16P + s_in + A_blk + W_blk   (end of backward: block 0 recomputed, the other "
+            << "inputs released; the forward's 12P + L s_in + A_top is lower here)\n"
+            << "  checkpoint + offload 16P + s_in + A_blk + W_blk   (the same point: the prefetch window is empty; "
+            << "earlier blocks hold 2 s_in of prefetched inputs, and fewer grads): independent of L\n"
             << "moved/step: bytes offloaded + bytes brought back in the measured step.\n\n";
 
-  Table table({"L", "mode", "peak MiB", "analytical MiB", "peak/analytical", "vs none", "moved MiB/step",
-               "tensors offloaded", "step s", "loss"});
+  Table table({"L", "mode", "peak MiB", "analytical MiB", "peak/analytical", "vs none", "fwd/bwd/opt peak MiB",
+               "moved MiB/step", "tensors offloaded", "step s", "loss"});
   std::vector<Json> rows;
   for (const auto layers : layer_counts) {
     Shapes s = base;
@@ -425,8 +422,8 @@ int run_checkpoint(const Args& args) {
     const Case cases[] = {
         {"none", Mode::none, false, a.state + a.activations + a.working},
         {"offload", Mode::streamed, false, floor_bytes(a, Mode::streamed)},
-        {"checkpoint", Mode::none, true, a.state + layers * s_in + a.act_block + a.working},
-        {"checkpoint + offload", Mode::streamed, true, a.state + a.act_block + a.working + prefetch},
+        {"checkpoint", Mode::none, true, a.state + s_in + a.act_block + a.working},
+        {"checkpoint + offload", Mode::streamed, true, a.state + s_in + a.act_block + a.working},
     };
     for (const auto& c : cases) {
       s.checkpoint = c.checkpoint;
@@ -436,11 +433,22 @@ int run_checkpoint(const Args& args) {
       if (trainer.source) trainer.source->reset_stats();
       offload::sim::reset_peak(0);
       float loss = 0;
+      std::int64_t fwd = 0, bwd = 0;
       const double ns = time_ns([&] {
-        loss = trainer.step();
+        loss = trainer.step(
+            [&] {
+              fwd = offload::sim::device_memory(0).peak_bytes;
+              offload::sim::reset_peak(0);
+            },
+            [&] {
+              offload::sim::synchronize(0);
+              bwd = offload::sim::device_memory(0).peak_bytes;
+              offload::sim::reset_peak(0);
+            });
         offload::sim::synchronize(0);
       });
-      const auto peak = offload::sim::device_memory(0).peak_bytes;
+      const auto opt = offload::sim::device_memory(0).peak_bytes;
+      const auto peak = std::max({fwd, bwd, opt});
       const offload::Stats st = trainer.source ? trainer.source->stats() : offload::Stats{};
       if (c.mode == Mode::none && !c.checkpoint) {
         peak_none = peak;
@@ -451,13 +459,16 @@ int run_checkpoint(const Args& args) {
       table.row({std::to_string(layers), c.name, mib(peak), mib(c.analytical),
                  fixed(static_cast<double>(peak) / static_cast<double>(c.analytical), 3) + "x",
                  fixed(static_cast<double>(peak) / static_cast<double>(peak_none), 3) + "x",
-                 c.mode == Mode::none ? "-" : mib(moved),
+                 mib(fwd) + " / " + mib(bwd) + " / " + mib(opt), c.mode == Mode::none ? "-" : mib(moved),
                  c.mode == Mode::none ? "-" : std::to_string(st.tensors_offloaded), fixed(ns / 1e9, 2),
                  std::string(fixed(loss, 6)) + (same ? " (=)" : " (DIFFERS)")});
       rows.push_back(Json::object({
           {"layers", Json(layers)},
           {"mode", Json(c.name)},
           {"peak_bytes", Json(peak)},
+          {"peak_forward_bytes", Json(fwd)},
+          {"peak_backward_bytes", Json(bwd)},
+          {"peak_optimizer_bytes", Json(opt)},
           {"analytical_peak_bytes", Json(c.analytical)},
           {"peak_over_analytical", Json(static_cast<double>(peak) / static_cast<double>(c.analytical))},
           {"peak_over_none", Json(static_cast<double>(peak) / static_cast<double>(peak_none))},
@@ -480,8 +491,8 @@ int run_checkpoint(const Args& args) {
   fields.push_back({"shapes", Json(base.describe())});
   fields.push_back({"options", options_json(options)});
   fields.push_back({"analytical",
-                    Json("none: 16P + L A_blk + A_top + W_blk; offload: the memory floor; checkpoint: 16P + L 4BTW + "
-                         "A_blk + W_blk; checkpoint + offload: 16P + A_blk + W_blk + prefetch window")});
+                    Json("none: 16P + L A_blk + A_top + W_blk; offload: the memory floor; checkpoint and checkpoint + "
+                         "offload: 16P + 4BTW + A_blk + W_blk")});
   fields.push_back({"rows", Json(rows)});
   write_result(args, "checkpoint.json", fields);
   return 0;

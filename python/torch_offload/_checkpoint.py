@@ -58,25 +58,33 @@ class CheckpointOffload:
         return f"CheckpointOffload({self.manager!r})"
 
 
-def enable_gradient_checkpointing(model, manager=None, **checkpoint_kwargs):
+def enable_gradient_checkpointing(model, manager=None, every_n_layers=1, **checkpoint_kwargs):
     """Turns on gradient checkpointing of a Hugging Face model with each
     checkpointed layer's input offloaded through ``manager``; returns the
     CheckpointOffload (its ``.manager`` has the stats).
 
-    Calls ``model.gradient_checkpointing_enable(gradient_checkpointing_kwargs=
-    {"use_reentrant": False})`` (so the model's own bookkeeping, e.g. input
-    gradients for PEFT, is done), then hands the CheckpointOffload to every
-    submodule that has a ``gradient_checkpointing`` attribute, as
-    ``model._set_gradient_checkpointing(enable=True,
-    gradient_checkpointing_func=...)`` does (called when the model has it).
-    A model without ``gradient_checkpointing_enable`` (a plain torch.nn
-    model following the same convention) gets only the second part.
+    Calls ``model.activation_checkpointing_enable(...)`` (transformers 5;
+    ``gradient_checkpointing_enable`` before it) with ``use_reentrant=False``,
+    so the model's own bookkeeping (input gradients for PEFT, ...) is done,
+    then ``model._set_gradient_checkpointing(enable=True,
+    gradient_checkpointing_func=<the CheckpointOffload>)``, which hands it to
+    every module with a ``gradient_checkpointing`` attribute. A model without
+    these methods (plain torch.nn modules following the same convention)
+    gets the attributes set directly. ``every_n_layers`` is passed on where
+    the model takes it.
     """
     func = CheckpointOffload(manager, **checkpoint_kwargs)
-    if hasattr(model, "gradient_checkpointing_enable"):
-        model.gradient_checkpointing_enable(gradient_checkpointing_kwargs={"use_reentrant": False})
+    kwargs = {"use_reentrant": False}
+    if hasattr(model, "activation_checkpointing_enable"):
+        model.activation_checkpointing_enable(activation_checkpointing_kwargs=kwargs, every_n_layers=every_n_layers)
+    elif hasattr(model, "gradient_checkpointing_enable"):
+        model.gradient_checkpointing_enable(gradient_checkpointing_kwargs=kwargs)
     if hasattr(model, "_set_gradient_checkpointing"):
-        model._set_gradient_checkpointing(enable=True, gradient_checkpointing_func=func)
+        import inspect
+
+        more = {"every_n_layers": every_n_layers} if "every_n_layers" in inspect.signature(
+            model._set_gradient_checkpointing).parameters else {}
+        model._set_gradient_checkpointing(enable=True, gradient_checkpointing_func=func, **more)
     else:
         for module in model.modules():
             if hasattr(module, "gradient_checkpointing"):
