@@ -249,6 +249,42 @@ std::int64_t floor_bytes(const Analysis& a, Mode m) {
   return a.state + a.working + (m == Mode::streamed ? a.window : 0);
 }
 
+/// One measured training step on sim:0 after a warm-up step (AdamW state
+/// exists), with its peak device bytes per phase and the manager's counters
+/// of that step.
+struct MeasuredStep {
+  std::int64_t fwd = 0, bwd = 0, opt = 0, before = 0;
+  float loss = 0;
+  double ns = 0;
+  offload::Stats stats;
+  std::int64_t peak() const { return std::max({fwd, bwd, opt}); }
+};
+
+MeasuredStep measure_step(Trainer& trainer) {
+  trainer.step();  // warm-up: creates grads and AdamW state
+  offload::sim::synchronize(0);
+  if (trainer.source) trainer.source->reset_stats();
+  MeasuredStep m;
+  offload::sim::reset_peak(0);
+  m.before = offload::sim::device_memory(0).current_bytes;
+  m.ns = time_ns([&] {
+    m.loss = trainer.step(
+        [&] {
+          m.fwd = offload::sim::device_memory(0).peak_bytes;
+          offload::sim::reset_peak(0);
+        },
+        [&] {
+          offload::sim::synchronize(0);
+          m.bwd = offload::sim::device_memory(0).peak_bytes;
+          offload::sim::reset_peak(0);
+        });
+    offload::sim::synchronize(0);
+  });
+  m.opt = offload::sim::device_memory(0).peak_bytes;
+  if (trainer.source) m.stats = trainer.source->stats();
+  return m;
+}
+
 }  // namespace
 
 // ================================================================ memory
@@ -288,29 +324,11 @@ int run_memory(const Args& args) {
       Trainer trainer(s, kSim, make_source<offload::device::Sim>(mode, options));
       TORCH_CHECK(trainer.parameters() == a.params, "offload-bench memory: analytical P=", a.params,
                   " but the model has ", trainer.parameters(), " parameters");
-      trainer.step();  // warm-up: creates grads and AdamW state
-      offload::sim::synchronize(0);
-      if (trainer.source) trainer.source->reset_stats();
-      std::int64_t fwd = 0, bwd = 0;
-      offload::sim::reset_peak(0);
-      const auto before = offload::sim::device_memory(0).current_bytes;
-      float loss = 0;
-      const double ns = time_ns([&] {
-        loss = trainer.step(
-            [&] {
-              fwd = offload::sim::device_memory(0).peak_bytes;
-              offload::sim::reset_peak(0);
-            },
-            [&] {
-              offload::sim::synchronize(0);
-              bwd = offload::sim::device_memory(0).peak_bytes;
-              offload::sim::reset_peak(0);
-            });
-        offload::sim::synchronize(0);
-      });
-      const auto opt = offload::sim::device_memory(0).peak_bytes;
-      const auto peak = std::max({fwd, bwd, opt});
-      const offload::Stats st = trainer.source ? trainer.source->stats() : offload::Stats{};
+      const auto m = measure_step(trainer);
+      const auto fwd = m.fwd, bwd = m.bwd, opt = m.opt, before = m.before, peak = m.peak();
+      const float loss = m.loss;
+      const double ns = m.ns;
+      const offload::Stats& st = m.stats;
       if (mode == Mode::none) {
         peak_none = peak;
         loss_none = loss;
@@ -428,28 +446,11 @@ int run_checkpoint(const Args& args) {
     for (const auto& c : cases) {
       s.checkpoint = c.checkpoint;
       Trainer trainer(s, kSim, make_source<offload::device::Sim>(c.mode, options));
-      trainer.step();  // warm-up: creates grads and AdamW state
-      offload::sim::synchronize(0);
-      if (trainer.source) trainer.source->reset_stats();
-      offload::sim::reset_peak(0);
-      float loss = 0;
-      std::int64_t fwd = 0, bwd = 0;
-      const double ns = time_ns([&] {
-        loss = trainer.step(
-            [&] {
-              fwd = offload::sim::device_memory(0).peak_bytes;
-              offload::sim::reset_peak(0);
-            },
-            [&] {
-              offload::sim::synchronize(0);
-              bwd = offload::sim::device_memory(0).peak_bytes;
-              offload::sim::reset_peak(0);
-            });
-        offload::sim::synchronize(0);
-      });
-      const auto opt = offload::sim::device_memory(0).peak_bytes;
-      const auto peak = std::max({fwd, bwd, opt});
-      const offload::Stats st = trainer.source ? trainer.source->stats() : offload::Stats{};
+      const auto m = measure_step(trainer);
+      const auto fwd = m.fwd, bwd = m.bwd, opt = m.opt, peak = m.peak();
+      const float loss = m.loss;
+      const double ns = m.ns;
+      const offload::Stats& st = m.stats;
       if (c.mode == Mode::none && !c.checkpoint) {
         peak_none = peak;
         loss_none = loss;

@@ -19,6 +19,7 @@
 #include <offload/sim.hpp>
 
 #include "harness.hpp"
+#include "slow_sim.hpp"
 
 namespace {
 
@@ -26,15 +27,7 @@ const c10::Device sim0(c10::DeviceType::PrivateUse1, 0);
 constexpr int kLayers = 4;
 constexpr int kSteps = 3;
 
-// sim installed, copies delayed 1 ms and freed memory poisoned for one test case.
-struct SlowPoisonedSim {
-  SlowPoisonedSim() {
-    offload::sim::set_copy_delay_us(1000);
-    offload::sim::set_poison_freed(true);
-  }
-  bool installed = (offload::sim::install(), true);
-  offload::sim::ScopedKnobs restore;
-};
+using harness::SlowPoisonedSim;
 
 // A residual MLP stack with dropout, parameters as leaf tensors on sim:
 // block i is x + dropout(gelu(x W1_i)) W2_i.
