@@ -491,9 +491,9 @@ int run_checkpoint(const Args& args) {
   auto fields = header(args, torch_version());
   fields.push_back({"shapes", Json(base.describe())});
   fields.push_back({"options", options_json(options)});
-  fields.push_back({"analytical",
-                    Json("none: 16P + L A_blk + A_top + W_blk; offload: the memory floor; checkpoint and checkpoint + "
-                         "offload: 16P + 4BTW + A_blk + W_blk")});
+  fields.push_back(
+      {"analytical", Json("none: 16P + L A_blk + A_top + W_blk; offload: the memory floor; checkpoint and checkpoint + "
+                          "offload: 16P + 4BTW + A_blk + W_blk")});
   fields.push_back({"rows", Json(rows)});
   write_result(args, "checkpoint.json", fields);
   return 0;

@@ -108,9 +108,13 @@ TEST_CASE("checkpoint: without the generator state restored, dropout differs (th
   const SlowPoisonedSim sim;
   const auto plain = run(Stack::Mode::plain);
   std::string why;
-  CHECK_FALSE(harness::bitwise_equal(plain, run(Stack::Mode::flat, {}, {.preserve_rng_state = false}), &why));
+  CHECK_FALSE(
+      harness::bitwise_equal(plain, run(Stack::Mode::flat, {}, {.name = "block", .preserve_rng_state = false}), &why));
   // and early stop off changes nothing but the work done
-  CHECK_MESSAGE(harness::bitwise_equal(plain, run(Stack::Mode::flat, {}, {.early_stop = false}), &why), why);
+  CHECK_MESSAGE(
+      harness::bitwise_equal(
+          plain, run(Stack::Mode::flat, {}, {.name = "block", .preserve_rng_state = true, .early_stop = false}), &why),
+      why);
 }
 
 TEST_CASE("checkpoint: several outputs, an input without grad, torch::autograd::grad, retain_graph") {

@@ -15,11 +15,11 @@ class CharModel;  // char_model.hpp
 
 /// Shapes from the command line. Every integer field is >= 1.
 struct ModelShape {
-  std::int64_t vocab;   ///< distinct tokens (bytes of the text)
-  std::int64_t layers;  ///< transformer blocks or recurrent layers
-  std::int64_t width;   ///< embedding and hidden width
-  std::int64_t heads;   ///< attention heads (models with uses_heads only)
-  std::int64_t seq;     ///< context length in tokens
+  std::int64_t vocab;       ///< distinct tokens (bytes of the text)
+  std::int64_t layers;      ///< transformer blocks or recurrent layers
+  std::int64_t width;       ///< embedding and hidden width
+  std::int64_t heads;       ///< attention heads (models with uses_heads only)
+  std::int64_t seq;         ///< context length in tokens
   bool checkpoint = false;  ///< each block through offload::checkpoint (kinds with an empty no_checkpoint)
 };
 

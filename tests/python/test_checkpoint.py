@@ -4,7 +4,8 @@ a tiny model built from torch.nn modules that calls its layers the way
 transformers' GradientCheckpointingLayer does, on the slow, poisoned sim
 (conftest.py). Bitwise parity with torch.utils.checkpoint without
 offloading (dropout on), only the layers' inputs reach the manager, and a
-lower peak of device memory."""
+lower peak of device memory. transformers' own models: tests/thirdparty/
+test_checkpoint_hf.py."""
 
 import functools
 
@@ -134,29 +135,3 @@ def test_bad_input():
         torch_offload.CheckpointOffload(use_reentrant=True)
     with pytest.raises(TypeError, match="manager must be a torch_offload.Manager, got str"):
         torch_offload.CheckpointOffload("sim")
-
-
-def test_transformers_when_installed():
-    transformers = pytest.importorskip("transformers")
-    config = transformers.LlamaConfig(vocab_size=64, hidden_size=32, intermediate_size=64, num_hidden_layers=3,
-                                      num_attention_heads=4, num_key_value_heads=2, max_position_embeddings=64)
-    data = torch.randint(0, 64, (2, 16), generator=torch.Generator().manual_seed(1)).to(DEV)
-
-    def run(enable):
-        torch.manual_seed(0)
-        model = transformers.LlamaForCausalLM(config).to(DEV).train()
-        func = enable(model)
-        loss = model(input_ids=data, labels=data).loss
-        loss.backward()
-        return loss.item(), [p.grad.cpu() for p in model.parameters() if p.grad is not None], func
-
-    def hf_own(model):
-        if hasattr(model, "activation_checkpointing_enable"):
-            return model.activation_checkpointing_enable(activation_checkpointing_kwargs={"use_reentrant": False})
-        return model.gradient_checkpointing_enable(gradient_checkpointing_kwargs={"use_reentrant": False})
-
-    plain = run(hf_own)
-    manager = torch_offload.Manager(DEV, sync="streamed", min_offload_bytes=0)
-    got = run(lambda m: torch_offload.enable_gradient_checkpointing(m, manager))
-    assert_same(plain[:2], got[:2])
-    assert manager.stats().tensors_offloaded >= 3
