@@ -83,6 +83,10 @@ int main(int argc, char** argv) {
   auto* memory = add("memory", "peak sim device bytes of the GPT demo model: none / Blocking / Streamed vs the floor");
   add_ints(*memory, args, shape_flags);
   add_ints(*memory, args, option_flags);
+  auto* checkpoint =
+      add("checkpoint", "peak sim device bytes and bytes moved: none / offload / checkpoint / checkpoint + offload");
+  add_ints(*checkpoint, args, shape_flags);
+  add_ints(*checkpoint, args, option_flags);
   add("copy", "D2H / H2D GB/s of PinnedHost and PageableHost on sim vs memcpy");
   auto* overlap = add("overlap", "step time none / Blocking / Streamed on sim with a copy delay");
   add_ints(*overlap, args, shape_flags);
@@ -108,7 +112,7 @@ int main(int argc, char** argv) {
     return 2;
   }
   if (args.name.empty()) {
-    std::cerr << "offload-bench: name a benchmark: hook, memory, copy, overlap or gpu (see --help)\n";
+    std::cerr << "offload-bench: name a benchmark: hook, memory, checkpoint, copy, overlap or gpu (see --help)\n";
     return 2;
   }
   try {
@@ -121,6 +125,7 @@ int main(int argc, char** argv) {
     if (args.name == "hook") return bench::run_hook(args);
     if (args.name == "copy") return bench::run_copy(args);
     if (args.name == "memory") return bench::run_memory(args);
+    if (args.name == "checkpoint") return bench::run_checkpoint(args);
     return bench::run_overlap(args);
   } catch (const std::exception& e) {
     std::cerr << "offload-bench " << args.name << ": " << e.what() << "\n";

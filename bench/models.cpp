@@ -113,8 +113,10 @@ std::optional<offload::AnyManager> make_source(Mode mode, const offload::Options
 /// Shapes of one benchmark model, from the command line.
 struct Shapes {
   std::int64_t batch, seq, width, heads, vocab, layers;
+  bool checkpoint = false;  ///< each block through offload::checkpoint
   gpt::Config config() const {
-    return gpt::Config{.vocab = vocab, .layers = layers, .width = width, .heads = heads, .seq = seq};
+    return gpt::Config{
+        .vocab = vocab, .layers = layers, .width = width, .heads = heads, .seq = seq, .checkpoint = checkpoint};
   }
   std::string describe() const {
     return "B=" + std::to_string(batch) + " T=" + std::to_string(seq) + " W=" + std::to_string(width) +
@@ -247,6 +249,42 @@ std::int64_t floor_bytes(const Analysis& a, Mode m) {
   return a.state + a.working + (m == Mode::streamed ? a.window : 0);
 }
 
+/// One measured training step on sim:0 after a warm-up step (AdamW state
+/// exists), with its peak device bytes per phase and the manager's counters
+/// of that step.
+struct MeasuredStep {
+  std::int64_t fwd = 0, bwd = 0, opt = 0, before = 0;
+  float loss = 0;
+  double ns = 0;
+  offload::Stats stats;
+  std::int64_t peak() const { return std::max({fwd, bwd, opt}); }
+};
+
+MeasuredStep measure_step(Trainer& trainer) {
+  trainer.step();  // warm-up: creates grads and AdamW state
+  offload::sim::synchronize(0);
+  if (trainer.source) trainer.source->reset_stats();
+  MeasuredStep m;
+  offload::sim::reset_peak(0);
+  m.before = offload::sim::device_memory(0).current_bytes;
+  m.ns = time_ns([&] {
+    m.loss = trainer.step(
+        [&] {
+          m.fwd = offload::sim::device_memory(0).peak_bytes;
+          offload::sim::reset_peak(0);
+        },
+        [&] {
+          offload::sim::synchronize(0);
+          m.bwd = offload::sim::device_memory(0).peak_bytes;
+          offload::sim::reset_peak(0);
+        });
+    offload::sim::synchronize(0);
+  });
+  m.opt = offload::sim::device_memory(0).peak_bytes;
+  if (trainer.source) m.stats = trainer.source->stats();
+  return m;
+}
+
 }  // namespace
 
 // ================================================================ memory
@@ -286,29 +324,11 @@ int run_memory(const Args& args) {
       Trainer trainer(s, kSim, make_source<offload::device::Sim>(mode, options));
       TORCH_CHECK(trainer.parameters() == a.params, "offload-bench memory: analytical P=", a.params,
                   " but the model has ", trainer.parameters(), " parameters");
-      trainer.step();  // warm-up: creates grads and AdamW state
-      offload::sim::synchronize(0);
-      if (trainer.source) trainer.source->reset_stats();
-      std::int64_t fwd = 0, bwd = 0;
-      offload::sim::reset_peak(0);
-      const auto before = offload::sim::device_memory(0).current_bytes;
-      float loss = 0;
-      const double ns = time_ns([&] {
-        loss = trainer.step(
-            [&] {
-              fwd = offload::sim::device_memory(0).peak_bytes;
-              offload::sim::reset_peak(0);
-            },
-            [&] {
-              offload::sim::synchronize(0);
-              bwd = offload::sim::device_memory(0).peak_bytes;
-              offload::sim::reset_peak(0);
-            });
-        offload::sim::synchronize(0);
-      });
-      const auto opt = offload::sim::device_memory(0).peak_bytes;
-      const auto peak = std::max({fwd, bwd, opt});
-      const offload::Stats st = trainer.source ? trainer.source->stats() : offload::Stats{};
+      const auto m = measure_step(trainer);
+      const auto fwd = m.fwd, bwd = m.bwd, opt = m.opt, before = m.before, peak = m.peak();
+      const float loss = m.loss;
+      const double ns = m.ns;
+      const offload::Stats& st = m.stats;
       if (mode == Mode::none) {
         peak_none = peak;
         loss_none = loss;
@@ -373,6 +393,109 @@ int run_memory(const Args& args) {
   fields.push_back({"target_met", Json(target_met)});
   fields.push_back({"rows", Json(rows)});
   write_result(args, "memory.json", fields);
+  return 0;
+}
+
+// ================================================================ checkpoint
+
+int run_checkpoint(const Args& args) {
+  const Shapes base = shapes_from(
+      args, Shapes{.batch = args.quick ? 4 : 8, .seq = 128, .width = 256, .heads = 8, .vocab = 96, .layers = 0});
+  const offload::Options options = options_from(args);
+  std::vector<std::int64_t> layer_counts = {4, 8, 16};
+  if (args.has("layers")) layer_counts = {args.get_int("layers", 16)};
+  offload::sim::set_copy_delay_us(0);
+  // Block inputs (the residual stream) are the storages checkpoint + offload moves.
+  const std::int64_t s_in = 4 * base.batch * base.seq * base.width;
+
+  std::cout << "## Checkpoint + offload: peak sim device memory and bytes moved of the demo model\n\n"
+            << "Model " << base.describe() << " (L = 4, 8, 16), fp32, AdamW; one training step measured after one "
+            << "warm-up step. Options: " << describe(options) << ". Manager: Streamed. Checkpoint: each block "
+            << "through offload::checkpoint (examples/gpt.hpp, Config::checkpoint).\n\n"
+            << "analytical peak (16P: weights, grads, AdamW state; A_blk, A_top, W_blk as in `memory`; "
+            << "s_in = 4BTW, one block input):\n"
+            << "  none                 16P + L A_blk + A_top + W_blk\n"
+            << "  offload              16P + W_blk + max_fwd_stash s_max + prefetch window   (the `memory` floor)\n"
+            << "  checkpoint           16P + s_in + A_blk + W_blk   (end of backward: block 0 recomputed, the other "
+            << "inputs released; the forward's 12P + L s_in + A_top is lower here)\n"
+            << "  checkpoint + offload 16P + s_in + A_blk + W_blk   (the same point: the prefetch window is empty; "
+            << "earlier blocks hold 2 s_in of prefetched inputs, and fewer grads): independent of L\n"
+            << "moved/step: bytes offloaded + bytes brought back in the measured step.\n\n";
+
+  Table table({"L", "mode", "peak MiB", "analytical MiB", "peak/analytical", "vs none", "fwd/bwd/opt peak MiB",
+               "moved MiB/step", "tensors offloaded", "step s", "loss"});
+  std::vector<Json> rows;
+  for (const auto layers : layer_counts) {
+    Shapes s = base;
+    s.layers = layers;
+    const Analysis a = analyse(s, options);
+    std::int64_t peak_none = 0;
+    float loss_none = 0;
+    struct Case {
+      const char* name;
+      Mode mode;
+      bool checkpoint;
+      std::int64_t analytical;
+    };
+    const Case cases[] = {
+        {"none", Mode::none, false, a.state + a.activations + a.working},
+        {"offload", Mode::streamed, false, floor_bytes(a, Mode::streamed)},
+        {"checkpoint", Mode::none, true, a.state + s_in + a.act_block + a.working},
+        {"checkpoint + offload", Mode::streamed, true, a.state + s_in + a.act_block + a.working},
+    };
+    for (const auto& c : cases) {
+      s.checkpoint = c.checkpoint;
+      Trainer trainer(s, kSim, make_source<offload::device::Sim>(c.mode, options));
+      const auto m = measure_step(trainer);
+      const auto fwd = m.fwd, bwd = m.bwd, opt = m.opt, peak = m.peak();
+      const float loss = m.loss;
+      const double ns = m.ns;
+      const offload::Stats& st = m.stats;
+      if (c.mode == Mode::none && !c.checkpoint) {
+        peak_none = peak;
+        loss_none = loss;
+      }
+      const bool same = std::memcmp(&loss, &loss_none, sizeof loss) == 0;
+      const auto moved = st.bytes_offloaded + st.bytes_reloaded;
+      table.row({std::to_string(layers), c.name, mib(peak), mib(c.analytical),
+                 fixed(static_cast<double>(peak) / static_cast<double>(c.analytical), 3) + "x",
+                 fixed(static_cast<double>(peak) / static_cast<double>(peak_none), 3) + "x",
+                 mib(fwd) + " / " + mib(bwd) + " / " + mib(opt), c.mode == Mode::none ? "-" : mib(moved),
+                 c.mode == Mode::none ? "-" : std::to_string(st.tensors_offloaded), fixed(ns / 1e9, 2),
+                 std::string(fixed(loss, 6)) + (same ? " (=)" : " (DIFFERS)")});
+      rows.push_back(Json::object({
+          {"layers", Json(layers)},
+          {"mode", Json(c.name)},
+          {"peak_bytes", Json(peak)},
+          {"peak_forward_bytes", Json(fwd)},
+          {"peak_backward_bytes", Json(bwd)},
+          {"peak_optimizer_bytes", Json(opt)},
+          {"analytical_peak_bytes", Json(c.analytical)},
+          {"peak_over_analytical", Json(static_cast<double>(peak) / static_cast<double>(c.analytical))},
+          {"peak_over_none", Json(static_cast<double>(peak) / static_cast<double>(peak_none))},
+          {"bytes_moved_per_step", Json(moved)},
+          {"bytes_offloaded", Json(st.bytes_offloaded)},
+          {"tensors_offloaded", Json(st.tensors_offloaded)},
+          {"block_input_bytes_per_step", Json(layers * s_in)},
+          {"step_seconds", Json(ns / 1e9)},
+          {"loss", Json(static_cast<double>(loss))},
+          {"loss_bitwise_equal_to_none", Json(same)},
+          {"stats", offload_json::stats(st)},
+      }));
+    }
+    std::cout << "L=" << layers << ": 16P = " << mib(a.state) << " MiB, A_blk = " << mib(a.act_block)
+              << " MiB, W_blk = " << mib(a.working) << " MiB, L s_in = " << mib(layers * s_in) << " MiB\n";
+  }
+  std::cout << "\n";
+  table.print();
+  auto fields = header(args, torch_version());
+  fields.push_back({"shapes", Json(base.describe())});
+  fields.push_back({"options", options_json(options)});
+  fields.push_back(
+      {"analytical", Json("none: 16P + L A_blk + A_top + W_blk; offload: the memory floor; checkpoint and checkpoint + "
+                          "offload: 16P + 4BTW + A_blk + W_blk")});
+  fields.push_back({"rows", Json(rows)});
+  write_result(args, "checkpoint.json", fields);
   return 0;
 }
 

@@ -15,6 +15,7 @@
 #include <offload/sim.hpp>
 
 #include "harness.hpp"
+#include "slow_sim.hpp"
 
 namespace {
 
@@ -33,16 +34,7 @@ struct Chain {
   }
 };
 
-// sim installed, each copy delayed 1 ms and freed memory poisoned, for
-// one test case (the knobs are restored at its end).
-struct SlowPoisonedSim {
-  SlowPoisonedSim() {
-    offload::sim::set_copy_delay_us(1000);
-    offload::sim::set_poison_freed(true);
-  }
-  bool installed = (offload::sim::install(), true);
-  offload::sim::ScopedKnobs restore;
-};
+using harness::SlowPoisonedSim;
 
 // x's gradient (on the CPU) of the loss `forward` computes, its saved
 // tensors routed through `manager` (nullptr: none); backward after the

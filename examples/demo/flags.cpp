@@ -259,6 +259,10 @@ std::optional<Args> parse_args(int argc, char** argv) {
       ->transform(one_of({"none", "blocking", "streamed", "compare"}))
       ->type_name("MODE")
       ->group(g2);
+  app.add_flag("--checkpoint", a.checkpoint,
+               "also train with each block checkpointed (offload::checkpoint: saves only its input, recomputed "
+               "in backward), alone and, unless --offload none, with its inputs offloaded")
+      ->group(g2);
   app.add_option("--device", a.device,
                  "auto | sim | sim:N | cuda | cuda:N | the detected accelerator's name (default auto: the "
                  "detected accelerator, else the simulated `sim`)")
@@ -279,6 +283,8 @@ std::optional<Args> parse_args(int argc, char** argv) {
           "streamed: how far ahead of need backward brings tensors back, in largest saved tensors", g2);
   bytes("--prefetch-bytes", a.prefetch_bytes, offload::ranges::prefetch_bytes,
         "streamed: a fixed prefetch window in bytes instead (0: follow --prefetch-depth)");
+  bytes("--host-budget", a.host_budget_bytes, offload::ranges::host_budget_bytes,
+        "host bytes a manager may hold (0: no limit); what does not fit stays on the device");
 
   const std::string g3 = "Output";
   app.add_option("--summary-json", a.summary_json, "write the results as JSON")
@@ -339,6 +345,7 @@ std::optional<Args> parse_args(int argc, char** argv) {
   if (!kind.uses_heads && heads->count() > 0) {
     throw UsageError("--heads: --model " + a.model + " has no attention heads");
   }
+  if (a.checkpoint && !kind.no_checkpoint.empty()) throw UsageError("--checkpoint: " + std::string(kind.no_checkpoint));
   return a;
 }
 

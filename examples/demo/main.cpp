@@ -82,7 +82,8 @@ int run(const Args& args, char** argv) {
   const offload::Options options{.min_offload_bytes = args.min_offload_bytes,
                                  .max_fwd_stash = args.max_fwd_stash,
                                  .prefetch_depth = args.prefetch_depth,
-                                 .prefetch_bytes = args.prefetch_bytes};
+                                 .prefetch_bytes = args.prefetch_bytes,
+                                 .host_budget_bytes = args.host_budget_bytes};
   try {
     options.validate();
   } catch (const c10::ValueError& e) {
@@ -124,29 +125,45 @@ int run(const Args& args, char** argv) {
   if (args.offload == OffloadMode::none || args.offload == OffloadMode::compare) {
     none = train(args, corpus, device, memory, OffloadMode::none, options, trace, tty, dp.get());
   }
+
+  // --checkpoint: the same steps with each block checkpointed, alone and
+  // with its inputs offloaded (before the offloaded run: a run through a
+  // manager that ran out of device memory can leave device memory held).
+  const auto mode = args.offload == OffloadMode::blocking ? OffloadMode::blocking : OffloadMode::streamed;
+  std::vector<RunResult> checkpointed;
+  if (args.checkpoint) {
+    checkpointed.push_back(train(args, corpus, device, memory, OffloadMode::none, options, trace, tty, dp.get(), true));
+    if (args.offload != OffloadMode::none) {
+      checkpointed.push_back(train(args, corpus, device, memory, mode, options, trace, tty, dp.get(), true));
+    }
+  }
   if (args.offload != OffloadMode::none) {
-    const auto mode = args.offload == OffloadMode::blocking ? OffloadMode::blocking : OffloadMode::streamed;
     off = train(args, corpus, device, memory, mode, options, trace, tty, dp.get());
     std::cout << "manager: " << off->manager << "\n";
   }
+  std::vector<const RunResult*> pc;
+  for (const auto& r : checkpointed) pc.push_back(&r);
 
   const std::string dp_line = dp ? ranks_line(*dp, none, off) : std::string();
   if (!lead) return 0;
   TORCH_CHECK(!dp || dp->wait_for_ranks(), "a rank that rank 0 started failed (its messages are above)");
   const RunResult* pn = none ? &*none : nullptr;
   const RunResult* po = off ? &*off : nullptr;
-  print_report(args, pn, po);
+  print_report(args, pn, po, pc);
   std::cout << dp_line;
   if (args.plot) {
     std::vector<const RunResult*> traced;
     for (const auto* r : {pn, po}) {
       if (r && !r->trace.empty()) traced.push_back(r);
     }
+    for (const auto* r : pc) {
+      if (!r->trace.empty()) traced.push_back(r);
+    }
     const auto csv = write_plot(*args.plot, args, device, traced);
     std::cout << "plot: " << *args.plot << " (samples: " << csv << ")\n";
   }
   if (args.summary_json) {
-    write_summary(*args.summary_json, args, corpus, device, pn, po);
+    write_summary(*args.summary_json, args, corpus, device, pn, po, pc);
     std::cout << "summary: " << *args.summary_json << "\n";
   }
   remove_cap(args, device);

@@ -71,6 +71,15 @@ void progress(const Args& args, const RunResult& r, const DeviceMemory& memory, 
   }
 }
 
+/// After a step ran out of device memory in backward, the device's autograd
+/// thread still holds that backward's graph task (and the gradients it had
+/// buffered) until it runs its next one: a backward of a zero-element tensor
+/// on `device` lets it go, so the next run starts from what it owns.
+void release_failed_backward(c10::Device device) {
+  auto z = torch::zeros({0}, torch::TensorOptions().device(device).requires_grad(true));
+  z.sum().backward();
+}
+
 }  // namespace
 
 std::string mib(std::int64_t bytes) {
@@ -85,9 +94,11 @@ std::string mib(std::int64_t bytes) {
 }
 
 RunResult train(const Args& args, const Corpus& corpus, const DeviceChoice& device, const DeviceMemory& memory,
-                OffloadMode mode, const offload::Options& options, bool trace, bool tty, const DataParallel* dp) {
+                OffloadMode mode, const offload::Options& options, bool trace, bool tty, const DataParallel* dp,
+                bool checkpoint) {
   RunResult r;
   r.name = std::string(mode_name(mode));
+  if (checkpoint) r.name = mode == OffloadMode::none ? "checkpoint" : "checkpoint+" + r.name;
   auto tokens = torch::tensor(corpus.ids, torch::kLong);
   if (dp) tokens = dp->shard(tokens);
   torch::manual_seed(static_cast<std::uint64_t>(args.seed));
@@ -102,7 +113,8 @@ RunResult train(const Args& args, const Corpus& corpus, const DeviceChoice& devi
                                             .layers = args.layers,
                                             .width = args.width,
                                             .heads = args.heads,
-                                            .seq = args.seq});
+                                            .seq = args.seq,
+                                            .checkpoint = checkpoint});
     std::optional<offload::AnyManager> manager;
     if (mode != OffloadMode::none) manager.emplace(make_manager(mode, device, options));
     model->to(device.device);
@@ -167,6 +179,7 @@ RunResult train(const Args& args, const Corpus& corpus, const DeviceChoice& devi
     r.oom_step = step;
     r.oom_message = e.what_without_backtrace();
     std::cout << "[" << r.name << "] ran out of device memory at step " << step << " of " << args.steps << "\n";
+    release_failed_backward(device.device);
   }
   tracer.stop();
   r.peak_bytes = memory.peak();

@@ -22,7 +22,7 @@ class DataParallel;
 
 /// What one training run produced.
 struct RunResult {
-  std::string name;                      ///< "none" or the offload mode
+  std::string name;                      ///< "none" or the offload mode, after "checkpoint+" when checkpointed
   std::vector<float> losses;             ///< one per completed step
   std::optional<std::int64_t> oom_step;  ///< 1-based step that ran out of device memory
   std::string oom_message;
@@ -47,10 +47,11 @@ struct RunResult {
 /// comes first). Shows progress on stdout (`tty`: one updated line). With
 /// `dp` (--ranks > 1) the run trains on the rank's shard of the text, starts
 /// from rank 0's weights and averages the gradients over the ranks after
-/// every backward.
+/// every backward. With `checkpoint` each block of the model runs through
+/// offload::checkpoint.
 RunResult train(const Args& args, const Corpus& corpus, const DeviceChoice& device, const DeviceMemory& memory,
                 OffloadMode mode, const offload::Options& options, bool trace, bool tty,
-                const DataParallel* dp = nullptr);
+                const DataParallel* dp = nullptr, bool checkpoint = false);
 
 /// Bitwise comparison of the losses both runs completed.
 struct Comparison {

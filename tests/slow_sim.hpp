@@ -1,0 +1,20 @@
+// SPDX-License-Identifier: MIT
+#pragma once
+// The sim fixture of the suites that race copies on purpose.
+
+#include <offload/sim.hpp>
+
+namespace harness {
+
+/// sim installed, each copy delayed 1 ms and freed memory poisoned, for
+/// one test case (the knobs are restored at its end).
+struct SlowPoisonedSim {
+  SlowPoisonedSim() {
+    offload::sim::set_copy_delay_us(1000);
+    offload::sim::set_poison_freed(true);
+  }
+  bool installed = (offload::sim::install(), true);
+  offload::sim::ScopedKnobs restore;
+};
+
+}  // namespace harness
