@@ -41,6 +41,7 @@ TEST_CASE("Options: defaults are valid and documented values") {
   CHECK(options.prefetch_bytes == 0);
   CHECK(options.pin_memory);
   CHECK(options.host_budget_bytes == 0);
+  CHECK(options.device_target_bytes == 0);
   CHECK_NOTHROW(options.validate());
 }
 
@@ -62,6 +63,9 @@ TEST_CASE("Options: every out-of-range field names itself, its value and the ran
       {{.prefetch_bytes = huge},
        "offload::Options: prefetch_bytes must be in [0, 1125899906842624], got 1125899906842625"},
       {{.host_budget_bytes = -5}, "offload::Options: host_budget_bytes must be in [0, 1125899906842624], got -5"},
+      {{.device_target_bytes = -1}, "offload::Options: device_target_bytes must be in [0, 1125899906842624], got -1"},
+      {{.device_target_bytes = huge},
+       "offload::Options: device_target_bytes must be in [0, 1125899906842624], got 1125899906842625"},
   };
   for (const auto& row : rows) {
     CAPTURE(row.message);
@@ -379,7 +383,7 @@ TEST_CASE("Options: offload::ranges are what validate() accepts, at both ends") 
   // Every integer field, through the one list validate() and the Python
   // binding read.
   const auto& fields = offload::option_fields;
-  CHECK(fields.size() == 5);
+  CHECK(fields.size() == 6);
   for (const auto& f : fields) {
     CAPTURE(f.name);
     for (auto ok : {f.range.lo, f.range.hi}) {

@@ -142,7 +142,8 @@ def test_options_round_trip_every_field():
     import inspect
 
     names = [name for name, _, _, _ in torch_offload._C.option_fields()]
-    assert names == ["min_offload_bytes", "max_fwd_stash", "prefetch_depth", "prefetch_bytes", "host_budget_bytes"]
+    assert names == ["min_offload_bytes", "max_fwd_stash", "prefetch_depth", "prefetch_bytes", "host_budget_bytes",
+                     "device_target_bytes"]
     # Each is a keyword of Manager with the C++ default, and options() returns what was given.
     params = inspect.signature(torch_offload.Manager).parameters
     defaults = torch_offload.Manager("sim").options
