@@ -180,8 +180,6 @@ int run_copy(const Args& args);
 int run_memory(const Args& args);
 int run_overlap(const Args& args);
 int run_gpu(const Args& args);
-/// target.cpp: Options::device_target_bytes on sim.
-int run_target(const Args& args);
 /// "2.11.0": the LibTorch this program was built against.
 std::string torch_version();
 }  // namespace bench

@@ -91,7 +91,6 @@ int main(int argc, char** argv) {
            {{"delay-us", {0, 10'000'000}, "sim copy delay in microseconds"},
             {"rounds", {1, 1000}, "measured rounds"},
             {"threads", {1, 256}, "intra-op threads"}});
-  add("target", "a device-memory target on sim: peak / target, bytes moved vs the minimum and vs everything");
   auto* gpu = add("gpu", "NVIDIA GPU: step time none vs Streamed, D2H/H2D GB/s vs a pinned copy_");
   add_ints(*gpu, args, shape_flags);
   add_ints(*gpu, args, option_flags);
@@ -109,7 +108,7 @@ int main(int argc, char** argv) {
     return 2;
   }
   if (args.name.empty()) {
-    std::cerr << "offload-bench: name a benchmark: hook, memory, copy, overlap, target or gpu (see --help)\n";
+    std::cerr << "offload-bench: name a benchmark: hook, memory, copy, overlap or gpu (see --help)\n";
     return 2;
   }
   try {
@@ -122,7 +121,6 @@ int main(int argc, char** argv) {
     if (args.name == "hook") return bench::run_hook(args);
     if (args.name == "copy") return bench::run_copy(args);
     if (args.name == "memory") return bench::run_memory(args);
-    if (args.name == "target") return bench::run_target(args);
     return bench::run_overlap(args);
   } catch (const std::exception& e) {
     std::cerr << "offload-bench " << args.name << ": " << e.what() << "\n";

@@ -17,6 +17,7 @@
 #include <offload/offload.hpp>
 
 #include "harness.hpp"
+#include "warnings.hpp"
 
 namespace {
 
@@ -363,15 +364,7 @@ TEST_CASE("Views: unpacked views keep their dtype, sizes, strides and storage of
 }
 
 namespace {
-/// Collects the warnings c10 raises on this thread while alive.
-struct CollectWarnings final : c10::WarningHandler {
-  CollectWarnings() : guard_(this) {}
-  void process(const c10::Warning& warning) override { messages.push_back(warning.msg()); }
-  std::vector<std::string> messages;
-
- private:
-  c10::WarningUtils::WarningHandlerGuard guard_;
-};
+using harness::CollectWarnings;
 
 std::string range_message(std::string_view field, offload::Range range, std::int64_t got) {
   return "offload::Options: " + std::string(field) + " must be in [" + std::to_string(range.lo) + ", " +

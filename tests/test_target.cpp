@@ -21,6 +21,7 @@
 #include <offload/sim.hpp>
 
 #include "harness.hpp"
+#include "warnings.hpp"
 
 namespace {
 
@@ -82,15 +83,6 @@ Step step(const Stack& stack, std::int64_t batch, const M* manager) {
   return out;
 }
 
-// Collects the warnings c10 raises on this thread while alive.
-struct CollectWarnings final : c10::WarningHandler {
-  CollectWarnings() : guard_(this) {}
-  void process(const c10::Warning& warning) override { messages.push_back(warning.msg()); }
-  std::vector<std::string> messages;
-
- private:
-  c10::WarningUtils::WarningHandlerGuard guard_;
-};
 
 bool same(const Step& a, const Step& b) {
   if (a.loss != b.loss || a.grads.size() != b.grads.size()) return false;
@@ -183,7 +175,7 @@ TEST_CASE_TEMPLATE("target: one that cannot be met warns once with the numbers a
   const auto moved_all = everything.stats().bytes_offloaded;
   const std::int64_t target = 4096;  // below the weights alone
   M manager(offload::Options{.device_target_bytes = target});
-  CollectWarnings warnings;
+  harness::CollectWarnings warnings;
   for (int s = 0; s < 3; ++s) {
     manager.reset_stats();
     CHECK(same(step(stack, 1024, &manager), plain));

@@ -279,9 +279,6 @@ std::optional<Args> parse_args(int argc, char** argv) {
           "streamed: how far ahead of need backward brings tensors back, in largest saved tensors", g2);
   bytes("--prefetch-bytes", a.prefetch_bytes, offload::ranges::prefetch_bytes,
         "streamed: a fixed prefetch window in bytes instead (0: follow --prefetch-depth)");
-  bytes("--device-target", a.device_target, offload::ranges::device_target_bytes,
-        "a device-memory target (Options::device_target_bytes): one more run that offloads only what keeps each "
-        "step under it; 0 = no such run");
 
   const std::string g3 = "Output";
   app.add_option("--summary-json", a.summary_json, "write the results as JSON")

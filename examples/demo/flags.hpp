@@ -49,7 +49,6 @@ struct Args {
   std::int64_t max_fwd_stash = offload::Options{}.max_fwd_stash;
   std::int64_t prefetch_depth = offload::Options{}.prefetch_depth;
   std::int64_t prefetch_bytes = offload::Options{}.prefetch_bytes;
-  std::int64_t device_target = 0;  ///< bytes; > 0: a third run, with Options::device_target_bytes
   std::int64_t log_every = 0;  ///< 0 = about ten lines per run when stdout is not a terminal
 };
 

@@ -47,8 +47,7 @@ int run(const Args& args) {
   const offload::Options options{.min_offload_bytes = args.min_offload_bytes,
                                  .max_fwd_stash = args.max_fwd_stash,
                                  .prefetch_depth = args.prefetch_depth,
-                                 .prefetch_bytes = args.prefetch_bytes,
-                                 .device_target_bytes = 0};
+                                 .prefetch_bytes = args.prefetch_bytes};
   try {
     options.validate();
   } catch (const c10::ValueError& e) {
@@ -80,7 +79,7 @@ int run(const Args& args) {
   std::cout << "\n";
 
   const bool trace = args.plot.has_value();
-  std::optional<RunResult> none, off, target;
+  std::optional<RunResult> none, off;
   if (args.offload == OffloadMode::none || args.offload == OffloadMode::compare) {
     none = train(args, corpus, device, memory, OffloadMode::none, options, trace, tty);
   }
@@ -88,18 +87,11 @@ int run(const Args& args) {
     const auto mode = args.offload == OffloadMode::blocking ? OffloadMode::blocking : OffloadMode::streamed;
     off = train(args, corpus, device, memory, mode, options, trace, tty);
     std::cout << "manager: " << off->manager << "\n";
-    if (args.device_target > 0) {
-      auto planned = options;
-      planned.device_target_bytes = args.device_target;
-      target = train(args, corpus, device, memory, mode, planned, trace, tty);
-      target->name = "target";
-    }
   }
 
   const RunResult* pn = none ? &*none : nullptr;
   const RunResult* po = off ? &*off : nullptr;
-  const RunResult* pt = target ? &*target : nullptr;
-  print_report(args, pn, po, pt);
+  print_report(args, pn, po);
   if (args.plot) {
     std::vector<const RunResult*> traced;
     for (const auto* r : {pn, po}) {
@@ -109,7 +101,7 @@ int run(const Args& args) {
     std::cout << "plot: " << *args.plot << " (samples: " << csv << ")\n";
   }
   if (args.summary_json) {
-    write_summary(*args.summary_json, args, corpus, device, pn, po, pt);
+    write_summary(*args.summary_json, args, corpus, device, pn, po);
     std::cout << "summary: " << *args.summary_json << "\n";
   }
   remove_cap(args, device);

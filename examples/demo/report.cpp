@@ -35,11 +35,10 @@ std::string ratio_text(double a, double b) {
   return buf;
 }
 
-void print_table(const Args& args, const RunResult* none, const RunResult* off, const RunResult* target) {
+void print_table(const Args& args, const RunResult* none, const RunResult* off) {
   std::vector<std::pair<std::string, const RunResult*>> cols;
   if (none) cols.emplace_back("no offload", none);
   if (off) cols.emplace_back("offload (" + off->name + ")", off);
-  if (target) cols.emplace_back("offload (target)", target);
   const bool ratio = none && off;
   std::vector<std::vector<std::string>> rows;
   auto row = [&](std::string label, const std::function<std::string(const RunResult&)>& cell, std::string r = "") {
@@ -91,8 +90,8 @@ void print_table(const Args& args, const RunResult* none, const RunResult* off, 
 
 }  // namespace
 
-void print_report(const Args& args, const RunResult* none, const RunResult* off, const RunResult* target) {
-  print_table(args, none, off, target);
+void print_report(const Args& args, const RunResult* none, const RunResult* off) {
+  print_table(args, none, off);
   if (none && off) {
     const auto cmp = compare(*none, *off);
     if (cmp.common == 0) {
@@ -116,27 +115,10 @@ void print_report(const Args& args, const RunResult* none, const RunResult* off,
               << (args.device_memory_cap > 0 ? "; the cap is below what offloading needs" : "") << "\n";
   }
   if (off) std::cout << "offload stats: " << off->stats << "\n";
-  if (target) {
-    std::cout << "target " << mib(args.device_target) << ": peak " << mib(target->peak_bytes) << ", "
-              << (target->oom_step ? "ran out of device memory at step " + std::to_string(*target->oom_step)
-                                   : "trained all " + std::to_string(args.steps) + " steps")
-              << ", moved " << mib(target->stats.bytes_offloaded);
-    if (off && off->stats.bytes_offloaded > 0) {
-      std::cout << " (" << ratio_text(static_cast<double>(off->stats.bytes_offloaded),
-                                      static_cast<double>(target->stats.bytes_offloaded))
-                << " of offloading everything)";
-    }
-    if (none && !none->losses.empty()) {
-      const auto cmp = compare(*none, *target);
-      std::cout << "; losses " << (cmp.bitwise_equal ? "bitwise equal" : "NOT bitwise equal") << " over "
-                << cmp.common << " steps";
-    }
-    std::cout << "\ntarget stats: " << target->stats << "\n";
-  }
 }
 
 void write_summary(const std::string& path, const Args& args, const Corpus& corpus, const DeviceChoice& device,
-                   const RunResult* none, const RunResult* off, const RunResult* target) {
+                   const RunResult* none, const RunResult* off) {
   using Json = nlohmann::ordered_json;
   auto losses = [](const RunResult* r) { return r ? Json(r->losses) : Json(nullptr); };
   auto peak = [](const RunResult* r) { return r && r->peak_bytes >= 0 ? Json(r->peak_bytes) : Json(nullptr); };
@@ -174,12 +156,6 @@ void write_summary(const std::string& path, const Args& args, const Corpus& corp
       {"seconds_per_step_none", per_step(none)},
       {"seconds_per_step_offload", per_step(off)},
       {"stats_offload", off ? offload_json::stats(off->stats) : Json(nullptr)},
-      {"device_target", args.device_target},
-      {"losses_target", losses(target)},
-      {"peak_device_bytes_target", peak(target)},
-      {"oom_with_target", target && target->oom_step.has_value()},
-      {"seconds_per_step_target", per_step(target)},
-      {"stats_target", target ? offload_json::stats(target->stats) : Json(nullptr)},
   };
   std::ofstream out(path, std::ios::trunc);
   out << j.dump(2) << "\n";

@@ -12,14 +12,13 @@
 
 namespace demo {
 
-/// The table of the runs (any may be null; `target`: the run with
-/// --device-target) and the lines that say whether the losses are bitwise
-/// equal and which run ran out of memory.
-void print_report(const Args& args, const RunResult* none, const RunResult* off, const RunResult* target = nullptr);
+/// The table of both runs (either may be null) and the lines that say
+/// whether the losses are bitwise equal and which run ran out of memory.
+void print_report(const Args& args, const RunResult* none, const RunResult* off);
 
 /// Writes the results to `path` as JSON (field names: examples/check_demo.py
 /// reads them). Throws std::runtime_error when the file cannot be written.
 void write_summary(const std::string& path, const Args& args, const Corpus& corpus, const DeviceChoice& device,
-                   const RunResult* none, const RunResult* off, const RunResult* target = nullptr);
+                   const RunResult* none, const RunResult* off);
 
 }  // namespace demo

@@ -180,14 +180,15 @@ class Planner {
     }
     // The reserve: what the step allocated above its highest point, when
     // the device's peak shows it (the peak rose during the step, so it is
-    // the step's); else what was learned before; at first the largest
-    // eligible storage.
+    // the step's), and at least the largest eligible storage (the gradient
+    // of the largest activation); else what was learned before; at first
+    // the largest eligible storage.
     std::int64_t highest = 0;
     for (const auto& p : r.points) highest = std::max(highest, p.allocated);
     if (!r.measured) {
       reserve_ = 0;  // only kept saved bytes count
     } else if (r.start_peak >= 0 && r.end_peak > r.start_peak) {
-      reserve_ = std::max<std::int64_t>(learned_ ? reserve_ : 0, r.end_peak - highest);
+      reserve_ = std::max<std::int64_t>({learned_ ? reserve_ : 0, r.end_peak - highest, largest});
       learned_ = true;
     } else if (!learned_) {
       reserve_ = largest;
