@@ -51,7 +51,9 @@ concept stream_device_policy = device_policy<P> && P::has_streams && P::has_even
 };
 
 /// A device policy that reports device-memory statistics (used by tests,
-/// the demo and the benchmarks; the library itself never calls these).
+/// the demo and the benchmarks, and by a manager with
+/// Options::device_target_bytes: memory_allocated(), and memory_peak(index)
+/// where the policy has it).
 template <class P>
 concept memory_stats_device_policy = device_policy<P> && requires(c10::DeviceIndex index) {
   { P::memory_allocated(index) } -> std::same_as<std::int64_t>;
