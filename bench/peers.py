@@ -7,7 +7,7 @@ torchtune's OffloadActivations; ours Blocking and Streamed.
     python3 bench/peers.py --device sim|cuda --out DIR [--quick]
 
 Writes DIR/peers.json (sim) or DIR/peers-cuda.json (cuda) and prints two
-markdown tables: per (layers, copy delay) cell, peak device bytes and median
+markdown tables: per (layers, link latency) cell, peak device bytes and median
 step time as ratios to no offloading, whether the losses are bitwise those
 of no offloading, and host time per saved tensor for pack + unpack (one
 extra instrumented step: the tool's pack and unpack hooks timed). The tools
@@ -17,8 +17,9 @@ what was allocated when the step began. Then the hook cost per saved tensor
 of the Python route against identity hooks, and the
 correctness matrix (tests/python/cases.py x tool: exact / differs / raises).
 Peers that cannot be imported are listed with the reason. The model is the
-GPT of examples/gpt.hpp (tests/python/gpt.py), AdamW. On sim the copy delay
-is sim's knob (0 and 300 us); on cuda there is no delay axis.
+GPT of examples/gpt.hpp (tests/python/gpt.py), AdamW. On sim every tool's
+copies cross the same link (latency 0 and 300 us per copy, sim's default
+bandwidth); on cuda there is no latency axis.
 """
 
 import argparse
@@ -219,14 +220,14 @@ def main():
     for name, why in missing.items():
         print(f"- {name}: not run ({why})")
     print()
-    print("| layers | delay us | tool | peak device | peak / none | step ms | step / none | losses = none "
+    print("| layers | link latency us | tool | peak device | peak / none | step ms | step / none | losses = none "
           "| host us per saved tensor |")
     print("|---|---|---|---|---|---|---|---|---|")
     for layers in layer_counts:
         for delay in delays:
             if delay is not None:
-                torch_offload.sim.set_copy_delay_us(delay)
-            cell = {"layers": layers, "delay_us": delay, "tools": train_all(device, dm, tools, layers, steps, shape)}
+                torch_offload.sim.set_copy_latency_us(delay)
+            cell = {"layers": layers, "latency_us": delay, "tools": train_all(device, dm, tools, layers, steps, shape)}
             base = cell["tools"]["none"]
             for name, row in cell["tools"].items():
                 if "error" in row:
@@ -276,10 +277,10 @@ def main():
         print(f"| {name} | {median:.0f} | {q[0]:.0f}..{q[2]:.0f} | {median / floor:.2f} |")
     torch.set_num_threads(threads)
 
-    # Correctness matrix: poison and a copy delay on, as in the tests.
+    # Correctness matrix: poison and a slow link on, as in the tests.
     if device == "sim":
         torch_offload.sim.set_poison_freed(True)
-        torch_offload.sim.set_copy_delay_us(300)
+        torch_offload.sim.set_copy_latency_us(300)
     names = [n for n in tools if n != "none"]
     print("\n## Correctness matrix (exact / differs / raises: first line of the error)\n")
     print("| case | " + " | ".join(names) + " |")
@@ -294,7 +295,7 @@ def main():
         print(f"| {case} | " + " | ".join(row[n] for n in names) + " |")
     if device == "sim":
         torch_offload.sim.set_poison_freed(False)
-        torch_offload.sim.set_copy_delay_us(0)
+        torch_offload.sim.set_copy_latency_us(10)
 
     exact = all(r["ours blocking"].startswith("exact") and r["ours streamed"].startswith("exact")
                 for r in results["matrix"].values())

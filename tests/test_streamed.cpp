@@ -35,7 +35,7 @@ struct Chain {
 // one test case (the knobs are restored at its end).
 struct SlowPoisonedSim {
   SlowPoisonedSim() {
-    offload::sim::set_copy_delay_us(1000);
+    offload::sim::set_copy_latency_us(1000);
     offload::sim::set_poison_freed(true);
   }
   bool installed = (offload::sim::install(), true);
@@ -185,7 +185,7 @@ TEST_CASE("Streamed: the window shrinks once the largest saved tensor came back"
 TEST_CASE("Streamed: a tensor still in the forward stash is reused, not copied back") {
   offload::sim::install();
   offload::sim::ScopedKnobs restore;
-  offload::sim::set_copy_delay_us(100);
+  offload::sim::set_copy_latency_us(100);
   Chain chain;
   Streamed manager(offload::Options{.min_offload_bytes = 0, .max_fwd_stash = 4, .prefetch_depth = 2});
   {
@@ -202,7 +202,7 @@ TEST_CASE("Streamed: a tensor still in the forward stash is reused, not copied b
 TEST_CASE("Streamed: correct under a non-default current compute stream") {
   offload::sim::install();
   offload::sim::ScopedKnobs restore;
-  offload::sim::set_copy_delay_us(300);
+  offload::sim::set_copy_latency_us(300);
   offload::sim::set_poison_freed(true);
   const auto plain = harness::train(harness::ModelKind::block, sim0, 2);
   const auto* guard = c10::impl::getDeviceGuardImpl(c10::DeviceType::PrivateUse1);
