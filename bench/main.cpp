@@ -86,7 +86,8 @@ int main(int argc, char** argv) {
   add("copy", "D2H / H2D GB/s of PinnedHost and PageableHost on sim vs memcpy");
   auto* sim = add("sim", "host ns of sim's event record/query/wait and a queued copy's fixed cost");
   add_ints(*sim, args, {{"rounds", {1, 100'000}, "measured batches"}});
-  auto* overlap = add("overlap", "step time none / Blocking / Streamed on sim at R = 0.25, 0.5, 1, 2 (link time / forward)");
+  auto* overlap =
+      add("overlap", "step time none / Blocking / Streamed on sim at R = 0.25, 0.5, 1, 2 (link time / forward)");
   add_ints(*overlap, args, shape_flags);
   add_ints(*overlap, args, option_flags);
   add_ints(*overlap, args,

@@ -1155,6 +1155,13 @@ void wait_until_ns(std::int64_t deadline_ns) {
 
 std::int64_t steady_now_ns() { return now_ns(); }
 
+std::int64_t link_slot_end_ns(std::int64_t link_ns) {
+  // Each stream is one worker thread: its link's timeline is thread-local.
+  thread_local std::int64_t link_free_ns = 0;
+  link_free_ns = std::max(now_ns(), link_free_ns) + link_ns;
+  return link_free_ns;
+}
+
 }  // namespace detail
 
 // ------------------------------------------------------------------ public API

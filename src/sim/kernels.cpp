@@ -201,7 +201,7 @@ at::Tensor copy_from(const at::Tensor& self, const at::Tensor& dst, bool non_blo
   // CUDA's host allocator); the sim memory is not: freeing it early is the
   // fault this must expose.
   enqueue(index, current_stream_id(index), [dst_host, src_host, link_ns] {
-    wait_until_ns(steady_now_ns() + link_ns);
+    wait_until_ns(link_slot_end_ns(link_ns));
     copy_host(dst_host, src_host);
   });
   return dst;

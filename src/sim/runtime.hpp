@@ -44,6 +44,14 @@ std::int64_t link_time_ns(std::size_t bytes);
 /// Steady-clock time in nanoseconds (the clock wait_until_ns() reads).
 std::int64_t steady_now_ns();
 
+/// On a stream's worker thread: the end of the link time of a copy of
+/// `link_ns` that starts now, or when the link of this stream is free
+/// (the end of the previous copy's link time) if that is later. So the
+/// host memcpy a queued copy does after its link time overlaps the next
+/// copy's link time, and copies queued back to back move at the link's
+/// rate rather than at the link's plus memcpy's.
+std::int64_t link_slot_end_ns(std::int64_t link_ns);
+
 /// Returns at `deadline_ns` (steady_now_ns() time) or just after: sleeps,
 /// then spins the last tens of microseconds for precision.
 void wait_until_ns(std::int64_t deadline_ns);

@@ -203,8 +203,9 @@ TEST_CASE("sim: install validates, is idempotent and names what differs") {
 
   CHECK_THROWS_AS(sim::set_copy_latency_us(-1), c10::ValueError);
   CHECK_THROWS_AS(sim::set_copy_latency_us(sim::kMaxCopyLatencyUs + 1), c10::ValueError);
-  CHECK(error_of([] { sim::set_copy_bandwidth_gbps(0.0); })
-            .find("offload::sim::set_copy_bandwidth_gbps: copy_bandwidth_gbps must be in (0, 10000], got 0") !=
+  CHECK(error_of([] {
+          sim::set_copy_bandwidth_gbps(0.0);
+        }).find("offload::sim::set_copy_bandwidth_gbps: copy_bandwidth_gbps must be in (0, 10000], got 0") !=
         std::string::npos);
   CHECK_THROWS_AS(sim::set_copy_bandwidth_gbps(-1.0), c10::ValueError);
   CHECK_THROWS_AS(sim::set_copy_bandwidth_gbps(sim::kMaxCopyBandwidthGbps * 1.5), c10::ValueError);
@@ -996,7 +997,7 @@ TEST_CASE("sim: every CPU<->sim copy crosses the link: latency + bytes / bandwid
     sim::set_copy_latency_us(0);
     sim::set_copy_bandwidth_gbps(0.01);  // 10 MB/s: 1 MiB takes 105 ms
     CHECK(elapsed_ms([&] { (void)dev.cpu(); }) >= 100.0);
-    sim::set_copy_bandwidth_gbps(0.1);  // ten times faster: 10.5 ms
+    sim::set_copy_bandwidth_gbps(0.1);                          // ten times faster: 10.5 ms
     const auto small = torch::arange(16, torch::kFloat).to(d);  // 64 bytes: 6.4 us
     CHECK(bitwise_equal(small.cpu(), torch::arange(16, torch::kFloat)));
   }
