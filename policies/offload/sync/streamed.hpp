@@ -103,6 +103,10 @@ struct Streamed {
         const c10::StreamGuard on_side(side);
         piece_of(entry->host, entry->piece).copy_(piece_of(device_bytes, entry->piece), /*non_blocking=*/true);
       }
+      // The stash below holds a reference, which does not stop the memory
+      // being freed in place (`untyped_storage().resize_(0)`): the allocator
+      // must not reuse it before the side stream's copy has read it.
+      Device::record_stream(device_bytes, side);
       auto& mine = entry->sync;
       mine.d2h.emplace(Device::device_type);
       mine.d2h->record(side);
