@@ -9,9 +9,10 @@
 ``install`` registers the PrivateUse1 backend under ``name`` for the whole
 process (device memory from a counting allocator, one worker thread per
 stream, events, asynchronous copies, a link that makes every CPU<->device
-copy take latency + bytes / bandwidth, poisoning of freed memory), generates the ``Tensor.<name>()`` methods, and registers a
-device module, so that ``torch.get_device_module(name)`` and
-``torch.<name>`` give device-generic code what it calls: is_available,
+copy take latency + bytes / bandwidth, poisoning of freed memory),
+generates the ``Tensor.<name>()`` methods, and registers a device module,
+so that ``torch.get_device_module(name)`` and ``torch.<name>`` give
+device-generic code what it calls: is_available,
 device_count, current_device, set_device, synchronize, current_stream,
 stream(s), Stream, Event, empty_cache, memory_allocated,
 max_memory_allocated, reset_peak_memory_stats, manual_seed(_all).
@@ -40,7 +41,8 @@ ctypes.CDLL(_C.__file__, mode=os.RTLD_NOLOAD | os.RTLD_GLOBAL)
 from . import _sim  # noqa: E402
 
 __all__ = [
-    "install", "installed", "config", "set_copy_latency_us", "set_copy_bandwidth_gbps", "set_poison_freed", "set_capacity_bytes",
+    "install", "installed", "config", "set_copy_latency_us", "set_copy_bandwidth_gbps", "set_poison_freed",
+    "set_capacity_bytes",
     "device_memory", "reset_peak", "host_memory", "reset_host_peak", "synchronize", "device_module",
 ]
 
