@@ -10,7 +10,7 @@ namespace harness {
 /// one test case (the knobs are restored at its end).
 struct SlowPoisonedSim {
   SlowPoisonedSim() {
-    offload::sim::set_copy_delay_us(1000);
+    offload::sim::set_copy_latency_us(1000);
     offload::sim::set_poison_freed(true);
   }
   bool installed = (offload::sim::install(), true);

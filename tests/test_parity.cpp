@@ -34,7 +34,7 @@ const c10::Device sim1(c10::DeviceType::PrivateUse1, 1);
 struct Substrate {
   explicit Substrate(std::int64_t delay_us = 200) {
     offload::sim::install();
-    offload::sim::set_copy_delay_us(delay_us);
+    offload::sim::set_copy_latency_us(delay_us);
     offload::sim::set_poison_freed(true);
   }
   offload::sim::ScopedKnobs restore;

@@ -33,7 +33,7 @@ const c10::Device sim0(c10::DeviceType::PrivateUse1, 0);
 struct Substrate {
   explicit Substrate(std::int64_t delay_us = 100) {
     offload::sim::install();
-    offload::sim::set_copy_delay_us(delay_us);
+    offload::sim::set_copy_latency_us(delay_us);
     offload::sim::set_poison_freed(true);
   }
   offload::sim::ScopedKnobs restore;

@@ -111,7 +111,7 @@ TEST_CASE("Streamed: memory freed in place under a device-to-host copy is not re
   // before backward. Freed memory is poisoned: a copy that read it after
   // the free brings back the poison.
   const SlowPoisonedSim sim;
-  offload::sim::set_copy_delay_us(100'000);  // the free comes first even on a loaded machine
+  offload::sim::set_copy_latency_us(100'000);  // the free comes first even on a loaded machine
   const auto x = at::randn({kSide, kSide}).to(sim0).requires_grad_();
   const auto run = [&](const Streamed* manager) {
     return grad_through(x, manager, [&] {
@@ -213,7 +213,7 @@ TEST_CASE("Streamed: the window shrinks once the largest saved tensor came back"
 TEST_CASE("Streamed: a tensor still in the forward stash is reused, not copied back") {
   offload::sim::install();
   offload::sim::ScopedKnobs restore;
-  offload::sim::set_copy_delay_us(100);
+  offload::sim::set_copy_latency_us(100);
   Chain chain;
   Streamed manager(offload::Options{.min_offload_bytes = 0, .max_fwd_stash = 4, .prefetch_depth = 2});
   {
@@ -230,7 +230,7 @@ TEST_CASE("Streamed: a tensor still in the forward stash is reused, not copied b
 TEST_CASE("Streamed: correct under a non-default current compute stream") {
   offload::sim::install();
   offload::sim::ScopedKnobs restore;
-  offload::sim::set_copy_delay_us(300);
+  offload::sim::set_copy_latency_us(300);
   offload::sim::set_poison_freed(true);
   const auto plain = harness::train(harness::ModelKind::block, sim0, 2);
   const auto* guard = c10::impl::getDeviceGuardImpl(c10::DeviceType::PrivateUse1);

@@ -34,7 +34,7 @@ const c10::Device sim0(c10::DeviceType::PrivateUse1, 0);
 // case (the knobs are restored at its end).
 struct SlowPoisonedSim {
   SlowPoisonedSim() {
-    offload::sim::set_copy_delay_us(200);
+    offload::sim::set_copy_latency_us(200);
     offload::sim::set_poison_freed(true);
   }
   bool installed = (offload::sim::install(), true);

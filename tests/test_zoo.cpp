@@ -268,7 +268,7 @@ using Streamed = offload::Manager<offload::device::Sim, offload::storage::Pinned
 TEST_CASE_TEMPLATE("zoo: each model family trains bitwise equal with and without offloading", M, Blocking, Streamed) {
   offload::sim::install();
   const offload::sim::ScopedKnobs restore;
-  offload::sim::set_copy_delay_us(100);
+  offload::sim::set_copy_latency_us(100);
   offload::sim::set_poison_freed(true);
   for (const std::string name :
        {"resnet", "unet channels_last", "vit", "lstm lm", "gru lm", "moe", "complex", "gpt bf16", "gpt fp16"}) {
@@ -296,7 +296,7 @@ TEST_CASE_TEMPLATE("zoo: mixture of experts with empty experts, 50 steps, memory
                    Streamed) {
   offload::sim::install();
   const offload::sim::ScopedKnobs restore;
-  offload::sim::set_copy_delay_us(20);
+  offload::sim::set_copy_latency_us(20);
   offload::sim::set_poison_freed(true);
   const int steps = 50;
   const auto plain = train("moe", steps);
@@ -323,7 +323,7 @@ TEST_CASE_TEMPLATE("zoo: mixture of experts with empty experts, 50 steps, memory
 TEST_CASE_TEMPLATE("zoo: with a device-memory target each model family trains bitwise equal", M, Blocking, Streamed) {
   offload::sim::install();
   const offload::sim::ScopedKnobs restore;
-  offload::sim::set_copy_delay_us(100);
+  offload::sim::set_copy_latency_us(100);
   offload::sim::set_poison_freed(true);
   std::int64_t kept = 0;
   for (const std::string name :

@@ -299,7 +299,7 @@ def unsupported_collectives(device):
 
 def main(family, rank, world, port, listen_fd, out_path):
     torch.set_num_threads(1)
-    torch_offload.sim.install(copy_delay_us=DELAY_US, poison_freed=True)
+    torch_offload.sim.install(copy_latency_us=DELAY_US, poison_freed=True)
     device = torch.device("sim", rank % torch_offload.sim.config()["num_devices"])
     torch.get_device_module("sim").set_device(device.index)
     store = dist.TCPStore("127.0.0.1", port, world, rank == 0, timeout=datetime.timedelta(seconds=60),

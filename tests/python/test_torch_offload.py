@@ -1,5 +1,5 @@
 # SPDX-License-Identifier: MIT
-"""torch_offload from Python, on the simulated device with a copy delay and
+"""torch_offload from Python, on the simulated device with a link latency and
 poisoning of freed memory (conftest.py): bitwise parity of losses and
 gradients with the same run without offloading, for Blocking and Streamed,
 over a GPT and the bug classes of DESIGN.md section 1; the peers' names;
