@@ -22,6 +22,7 @@
 #include <offload/sim.hpp>
 
 #include "harness.hpp"
+#include "slow_sim.hpp"
 #include "warnings.hpp"
 
 namespace {
@@ -30,15 +31,10 @@ using Blocking = offload::Manager<offload::device::Sim, offload::storage::Pinned
 using Streamed = offload::Manager<offload::device::Sim, offload::storage::PinnedHost, offload::sync::Streamed>;
 const c10::Device sim0(c10::DeviceType::PrivateUse1, 0);
 
-// sim installed, each copy delayed and freed memory poisoned, for one test
-// case (the knobs are restored at its end).
-struct SlowPoisonedSim {
-  SlowPoisonedSim() {
-    offload::sim::set_copy_latency_us(200);
-    offload::sim::set_poison_freed(true);
-  }
-  bool installed = (offload::sim::install(), true);
-  offload::sim::ScopedKnobs restore;
+// Each copy delayed 200 us: enough to race, short enough for four steps of
+// every target.
+struct SlowPoisonedSim : harness::SlowPoisonedSim {
+  SlowPoisonedSim() : harness::SlowPoisonedSim(200) {}
 };
 
 // A stack of `layers` Linear-tanh layers of width 64 on sim:0: each saves
@@ -268,7 +264,10 @@ TEST_CASE_TEMPLATE("target: the demo GPT trains bitwise equal with a target, kee
   const auto base = offload::sim::device_memory(0).current_bytes;
   const auto plain = harness::train(harness::ModelKind::gpt, sim0, 4);
   const auto peak = offload::sim::device_memory(0).peak_bytes;
-  M manager(offload::Options{.min_offload_bytes = 1, .device_target_bytes = base + (peak - base) * 3 / 4});
+  // 0.9 of the peak above the baseline: Streamed's forward stash (whose freed
+  // blocks wait for the side stream's copies) leaves no room to keep a
+  // tensor at 0.75 on this small model.
+  M manager(offload::Options{.min_offload_bytes = 1, .device_target_bytes = base + (peak - base) * 9 / 10});
   const auto offloaded = harness::train(harness::ModelKind::gpt, sim0, 4, harness::with_scope(manager),
                                         [&](const std::vector<at::Tensor>& p) { manager.exclude(p); });
   std::string why;

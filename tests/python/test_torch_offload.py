@@ -96,7 +96,10 @@ def _stack_steps(region, steps=4):
 @pytest.mark.parametrize("sync", SYNCS)
 def test_device_target_keeps_steps_under_it_bitwise_equal(sync):
     plain = _stack_steps(contextlib.nullcontext)
-    target = int(0.8 * max(p for _, _, p in plain))
+    # Streamed's forward stash (freed blocks wait for the side stream's
+    # copies) needs more room with everything offloaded: 0.8 of the peak is
+    # below that, so it gets a target that still leaves a tensor to keep.
+    target = int((0.8 if sync == "blocking" else 0.95) * max(p for _, _, p in plain))
     manager = torch_offload.Manager(DEV, sync=sync, device_target_bytes=target)
     assert manager.options["device_target_bytes"] == target
 
