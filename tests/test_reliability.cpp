@@ -7,6 +7,7 @@
 #include "doctest.hpp"
 
 #include <cstdlib>
+#include <optional>
 #include <random>
 #include <sstream>
 #include <string>
@@ -134,6 +135,36 @@ TEST_CASE("lifecycle: an exception mid-forward leaves nothing held once the grap
   CHECK(offload::sim::host_memory().current_bytes == host_before);
   // and the next step works, with the result of a run without offloading
   CHECK(same(Mlp(3).train(2, plain), model.train(2, harness::with_scope(manager))));
+}
+
+TEST_CASE("lifecycle: a forward dropped without backward releases what stayed on the device, and its graph") {
+  // tanh, exp and sigmoid save their outputs. A saved output the manager
+  // does not offload (here: under min_offload_bytes; over the host budget or
+  // kept for a device target alike) is held without its autograd history:
+  // the tensor itself would hold its own node, which holds the saved tensor.
+  Substrate substrate(/*delay_us=*/0);
+  Mlp model(3);
+  const auto device_before = harness::settled_device_bytes();
+  for (const std::int64_t min_offload_bytes : {std::int64_t{1} << 40, std::int64_t{0}}) {
+    CAPTURE(min_offload_bytes);
+    Streamed manager(offload::Options{.min_offload_bytes = min_offload_bytes});
+    std::optional<c10::weak_intrusive_ptr<c10::TensorImpl>> h;
+    {
+      const offload::Scope scope(manager);
+      auto out = model.x.mm(model.w1).tanh();
+      h.emplace(out.getIntrusivePtr());
+      (void)out.exp().sigmoid().sum();
+    }
+    offload::sim::synchronize();
+    CHECK(h->expired());
+    CHECK(harness::settled_device_bytes() == device_before);
+    const auto stats = manager.stats();
+    if (min_offload_bytes == 0) {
+      CHECK(stats.tensors_offloaded == 3);
+    } else {
+      CHECK(stats.passed_small == 3);  // the three outputs stayed on the device
+    }
+  }
 }
 
 TEST_CASE("lifecycle: 1000 steps keep device and host memory flat") {

@@ -265,9 +265,16 @@ class Core final : public HookSource, public std::enable_shared_from_this<Core<D
     pass_.seen.fetch_add(1, std::memory_order_relaxed);
     // Pass-through first: every decision below is made before the lock and
     // before anything an offloaded tensor needs is allocated.
+    // A tensor that stays is held without its autograd history, as
+    // SavedVariable holds a saved output itself (tensor_data: same storage,
+    // same version counter): an output's history is the node saving it, so
+    // holding the tensor would make that node own itself, and a graph
+    // dropped without backward (an exception mid-forward, a forward without
+    // backward) would never be freed. unpack needs only the data: the
+    // SavedVariable restores grad_fn and requires_grad.
     const auto pass = [&](std::atomic<std::int64_t>& counter) {
       counter.fetch_add(1, std::memory_order_relaxed);
-      packed.passthrough = t;
+      packed.passthrough = t.defined() && t.grad_fn() ? t.tensor_data() : t;
       return std::move(packed);
     };
     if (!t.defined()) return pass(pass_.other_device);
