@@ -126,20 +126,21 @@ int run(const Args& args, char** argv) {
     none = train(args, corpus, device, memory, OffloadMode::none, options, trace, tty, dp.get());
   }
 
-  // --checkpoint: the same steps with each block checkpointed, alone and
-  // with its inputs offloaded (before the offloaded run: a run through a
-  // manager that ran out of device memory can leave device memory held).
   const auto mode = args.offload == OffloadMode::blocking ? OffloadMode::blocking : OffloadMode::streamed;
+  if (args.offload != OffloadMode::none) {
+    off = train(args, corpus, device, memory, mode, options, trace, tty, dp.get());
+    std::cout << "manager: " << off->manager << "\n";
+  }
+
+  // --checkpoint: the same steps with each block checkpointed, alone and
+  // with its inputs offloaded (after the offloaded run, in the table's order;
+  // a run that ran out of device memory leaves nothing held for the next).
   std::vector<RunResult> checkpointed;
   if (args.checkpoint) {
     checkpointed.push_back(train(args, corpus, device, memory, OffloadMode::none, options, trace, tty, dp.get(), true));
     if (args.offload != OffloadMode::none) {
       checkpointed.push_back(train(args, corpus, device, memory, mode, options, trace, tty, dp.get(), true));
     }
-  }
-  if (args.offload != OffloadMode::none) {
-    off = train(args, corpus, device, memory, mode, options, trace, tty, dp.get());
-    std::cout << "manager: " << off->manager << "\n";
   }
   std::vector<const RunResult*> pc;
   for (const auto& r : checkpointed) pc.push_back(&r);
