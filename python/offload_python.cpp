@@ -48,7 +48,11 @@ class Packed {
   }
   static std::unique_ptr<Packed> plain(const at::Tensor& tensor) {
     auto out = std::make_unique<Packed>();
-    out->tensor_ = tensor;
+    // Without its autograd history (tensor_data: same storage and version
+    // counter), as the manager holds a tensor it does not offload: a saved
+    // output would otherwise hold its own node through this handle, and a
+    // graph dropped without backward would never be freed.
+    out->tensor_ = tensor.defined() && tensor.grad_fn() ? tensor.tensor_data() : tensor;
     if (tensor.defined()) {
       out->version_ = tensor.unsafeGetTensorImpl()->version_counter();
       out->saved_version_ = out->version_.enabled() ? out->version_.current_version() : 0;

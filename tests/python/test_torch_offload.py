@@ -153,6 +153,31 @@ def test_no_offload_keeps_tensors_where_they_are():
     assert manager.stats().tensors_seen == 0
 
 
+@pytest.mark.parametrize("region", ["small", "offloaded", "no_offload"])
+def test_forward_dropped_without_backward_frees_its_graph(region):
+    # exp and sigmoid save their outputs: one held as itself would hold the
+    # node that saves it, and the graph would outlive every reference to it.
+    import gc
+    import weakref
+
+    a = leaf(64, 64)
+    manager = torch_offload.Manager(DEV, min_offload_bytes=1 << 40 if region == "small" else 0)
+    torch_offload.sim.synchronize()
+    before = torch_offload.sim.device_memory()["current_bytes"]
+    with manager, (torch_offload.no_offload() if region == "no_offload" else contextlib.nullcontext()):
+        h = a.exp()
+        kept = weakref.ref(h)
+        h.sigmoid().sum()
+        del h
+    gc.collect()
+    torch_offload.sim.synchronize()
+    assert kept() is None
+    assert torch_offload.sim.device_memory()["current_bytes"] == before
+    stats = manager.stats()
+    assert (stats.tensors_offloaded, stats.passed_small) == {"small": (0, 2), "offloaded": (2, 0),
+                                                              "no_offload": (0, 0)}[region], stats
+
+
 def test_nested_with_and_backward_after_exit():
     outer = torch_offload.Manager(DEV, sync="blocking", min_offload_bytes=64)
     inner = torch_offload.Manager(DEV, sync="streamed", min_offload_bytes=64)
