@@ -17,6 +17,13 @@ tool's peak is its model and AdamW state plus the most its step added above
 what was allocated when the step began. Then the hook cost per saved tensor
 of the Python route against identity hooks, and the
 correctness matrix (tests/python/cases.py x tool: exact / differs / raises).
+On the transformers models three more rows checkpoint every decoder layer:
+transformers' own checkpointing (use_reentrant=False) without offloading,
+its ``activation_checkpointing_enable(offload=True)`` (a blocking pinned
+save_on_cpu around each checkpointed layer; where the installed
+transformers has it) and torch_offload.enable_gradient_checkpointing with a
+streamed Manager (each layer's input offloaded, copies overlapped,
+prefetched ahead of the recomputation).
 Peers that cannot be imported are listed with the reason. The models: the
 GPT of examples/gpt.hpp (tests/python/gpt.py; 4, 8, 16 layers), and
 Hugging Face transformers' GPT-2 and Llama built from configs of the same
@@ -92,6 +99,42 @@ def make_tools(device):
     tools["ours blocking"] = ours("blocking")
     tools["ours streamed"] = ours("streamed")
     tools["ours streamed, prefetch_depth 1"] = ours("streamed", prefetch_depth=1)  # a smaller backward window
+    return tools, missing
+
+
+def make_checkpoint_tools(device):
+    """Checkpointing rows for transformers models: name -> factory(model)
+    that turns on the model's checkpointing of every decoder layer and
+    returns the context its step runs in; and name -> why unavailable."""
+    tools, missing = {}, {}
+    try:
+        import inspect
+
+        import transformers
+    except Exception as e:
+        missing["transformers checkpointing"] = first_line(e)
+        return tools, missing
+    kwargs = {"use_reentrant": False}
+
+    def hf(**more):
+        def make(model):
+            model.activation_checkpointing_enable(activation_checkpointing_kwargs=dict(kwargs), **more)
+            return contextlib.nullcontext()
+
+        return make
+
+    tools["hf checkpoint"] = hf()
+    enable = getattr(transformers.PreTrainedModel, "activation_checkpointing_enable", None)
+    if enable is not None and "offload" in inspect.signature(enable).parameters:
+        tools[f"hf checkpoint offload=True ({transformers.__version__})"] = hf(offload=True)
+    else:
+        missing["hf checkpoint offload=True"] = f"transformers {transformers.__version__} has no offload=True"
+
+    def ours(model):
+        torch_offload.enable_gradient_checkpointing(model, torch_offload.Manager(device, sync="streamed"))
+        return contextlib.nullcontext()
+
+    tools["ours checkpoint streamed"] = ours
     return tools, missing
 
 
@@ -257,6 +300,9 @@ def main():
     models = [(kind, MODELS[kind][1 if args.quick else 0]) for kind in chosen]
     tools, missing = make_tools(device)
     peers = [n for n in tools if n != "none" and not n.startswith("ours")]
+    checkpoint_tools, checkpoint_missing = make_checkpoint_tools(device)
+    if any(kind.startswith("transformers") for kind in chosen):
+        missing.update(checkpoint_missing)
 
     results = {"device": device, "quick": args.quick, "steps": steps, "shape": shape, "models": chosen,
                "missing": missing, "torch": torch.__version__, "machine": platform.processor() or platform.machine(),
@@ -273,8 +319,9 @@ def main():
         for delay in delays:
             if delay is not None:
                 torch_offload.sim.set_copy_latency_us(delay)
+            cell_tools = {**tools, **checkpoint_tools} if kind.startswith("transformers") else tools
             cell = {"model": kind, "layers": layers, "latency_us": delay,
-                    "tools": train_all(device, dm, tools, kind, layers, steps, shape)}
+                    "tools": train_all(device, dm, cell_tools, kind, layers, steps, shape)}
             base = cell["tools"]["none"]
             where = f"| {kind} | {layers} | {delay if delay is not None else '-'} | "
             for name, row in cell["tools"].items():
@@ -295,6 +342,11 @@ def main():
             if ours and peer_rows:
                 cell["target_peak"] = ours["peak_bytes"] <= 1.05 * min(r["peak_bytes"] for r in peer_rows)
                 cell["target_time"] = all(ours["time_ratio"] < r["time_ratio"] for r in peer_rows)
+            hf_offload = next((r for n, r in ok.items() if n.startswith("hf checkpoint offload=True")), None)
+            ours_ckpt = ok.get("ours checkpoint streamed")
+            if hf_offload and ours_ckpt:
+                cell["checkpoint_vs_hf_offload"] = {"peak_ratio": ours_ckpt["peak_bytes"] / hf_offload["peak_bytes"],
+                                                    "time_ratio": ours_ckpt["median_step_s"] / hf_offload["median_step_s"]}
             results["cells"].append(cell)
 
     # Hook cost: what the Python route adds per saved tensor, measured as
@@ -352,6 +404,11 @@ def main():
           f"{sum(bool(x) for x in peak_ok)}/{len(peak_ok)} cells; step-time ratio below every peer's: "
           f"{sum(bool(x) for x in time_ok)}/{len(time_ok)} cells; ours exact in every matrix cell: "
           f"{'yes' if exact else 'no'}")
+    versus = [c for c in results["cells"] if "checkpoint_vs_hf_offload" in c]
+    if versus:
+        print("\nCheckpoint + offload, ours checkpoint streamed / hf checkpoint offload=True: " + "; ".join(
+            f"{c['model']} L={c['layers']} {c['latency_us']} us: peak {c['checkpoint_vs_hf_offload']['peak_ratio']:.3f}x, "
+            f"step {c['checkpoint_vs_hf_offload']['time_ratio']:.2f}x" for c in versus))
     os.makedirs(args.out, exist_ok=True)
     path = os.path.join(args.out, f"peers{'' if device == 'sim' else '-cuda'}{'-quick' if args.quick else ''}.json")
     with open(path + ".tmp", "w", encoding="utf-8") as f:
