@@ -42,26 +42,17 @@ struct TimedBlocking {
   class State {
    public:
     struct EntryState {};
-    using Entry = offload::Entry<EntryState>;
     explicit State(const offload::Options& /*options*/) {}
-    void offload(const std::shared_ptr<Entry>& entry, const at::Tensor& device_bytes) {
-      offload::piece_of(entry->host, entry->piece)
-          .copy_(offload::piece_of(device_bytes, entry->piece), /*non_blocking=*/true);
-      Device::current_stream(entry->device.index()).synchronize();
+    void offload(const offload::Transfer<EntryState>& t, const at::Tensor& device_bytes) {
+      t.copy_to_host(device_bytes, /*non_blocking=*/true);
+      Device::current_stream(t.device().index()).synchronize();
     }
-    offload::Reloaded reload(const std::shared_ptr<Entry>& entry) {
-      const c10::DeviceGuard guard(entry->device);
-      auto bytes = at::empty({entry->device_nbytes}, at::TensorOptions().dtype(at::kByte).device(entry->device));
-      offload::piece_of(bytes, entry->piece).copy_(offload::piece_of(entry->host, entry->piece), /*non_blocking=*/true);
-      Device::current_stream(entry->device.index()).synchronize();
+    offload::Reloaded reload(const offload::Transfer<EntryState>& t) {
+      auto bytes = t.empty_device_bytes();
+      t.copy_to_device(bytes, /*non_blocking=*/true);
+      Device::current_stream(t.device().index()).synchronize();
       return {std::move(bytes), true};
     }
-    void on_unpack(const std::shared_ptr<Entry>& /*entry*/) {}
-    void settle() {}
-    void end_backward() {}
-    void resume(const std::shared_ptr<Entry>& /*entry*/) {}
-    void add_stats(offload::Stats& /*stats*/) const {}
-    void release(Entry& /*entry*/) noexcept {}
   };
 };
 

@@ -22,6 +22,7 @@
 #include <offload/detail/core.hpp>
 #include <offload/detail/hook_source.hpp>
 #include <offload/detail/linked.hpp>
+#include <offload/manager_interface.hpp>
 #include <offload/options.hpp>
 #include <offload/scope.hpp>
 #include <offload/stats.hpp>
@@ -81,6 +82,39 @@ bool at_backward_end(std::function<void()> callback) {
 }
 
 }  // namespace detail
+
+namespace {
+// What make_plain_hooks() returns: the tensor itself, its version checked
+// at unpack as a manager checks the tensors it passes through.
+class PlainHooks final : public torch::autograd::SavedVariableHooks {
+ public:
+  void call_pack_hook(const at::Tensor& tensor) override {
+    tensor_ = tensor;
+    if (!tensor.defined()) return;
+    version_ = tensor.unsafeGetTensorImpl()->version_counter();
+    saved_version_ = version_.enabled() ? version_.current_version() : 0;
+    if (auto fn = tensor.grad_fn()) {
+      grad_fn_ = fn;
+      output_nr_ = tensor.output_nr();
+    }
+  }
+  at::Tensor call_unpack_hook() override {
+    if (version_.enabled() && version_.current_version() != saved_version_) {
+      detail::throw_modified_inplace(tensor_, version_.current_version(), saved_version_, grad_fn_, output_nr_);
+    }
+    return tensor_;
+  }
+
+ private:
+  at::Tensor tensor_;
+  c10::VariableVersion version_;  // disabled until a tensor is saved
+  std::uint32_t saved_version_ = 0;
+  detail::WeakNode grad_fn_;
+  std::int64_t output_nr_ = 0;
+};
+}  // namespace
+
+std::unique_ptr<torch::autograd::SavedVariableHooks> make_plain_hooks() { return std::make_unique<PlainHooks>(); }
 
 // ---------------------------------------------------------------- linked libraries
 namespace detail {

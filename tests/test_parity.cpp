@@ -26,6 +26,27 @@ using SimPinnedStreamed = offload::Manager<offload::device::Sim, offload::storag
 using SimPageableStreamed =
     offload::Manager<offload::device::Sim, offload::storage::PageableHost, offload::sync::Streamed>;
 
+/// The minimal complete sync policy: copy to the host, copy back, nothing
+/// else (no step callback). It must pass every parity case.
+struct CopyOnly {
+  static constexpr std::string_view name = "copy_only";
+  static constexpr bool needs_events = false;
+  template <offload::device_policy Device>
+  struct State {
+    struct EntryState {};
+    explicit State(const offload::Options& /*options*/) {}
+    void offload(const offload::Transfer<EntryState>& t, const at::Tensor& device_bytes) {
+      t.copy_to_host(device_bytes, /*non_blocking=*/false);
+    }
+    offload::Reloaded reload(const offload::Transfer<EntryState>& t) {
+      auto bytes = t.empty_device_bytes();
+      t.copy_to_device(bytes, /*non_blocking=*/false);
+      return {bytes, /*copied=*/true};
+    }
+  };
+};
+using SimPinnedCopyOnly = offload::Manager<offload::device::Sim, offload::storage::PinnedHost, CopyOnly>;
+
 const c10::Device sim0(c10::DeviceType::PrivateUse1, 0);
 const c10::Device sim1(c10::DeviceType::PrivateUse1, 1);
 
@@ -49,7 +70,7 @@ at::Tensor on(const at::Tensor& t, c10::Device d) { return t.to(d); }
 
 }  // namespace
 
-#define PARITY_TYPES SimPinnedBlocking, SimPageableBlocking, SimPinnedStreamed, SimPageableStreamed
+#define PARITY_TYPES SimPinnedBlocking, SimPageableBlocking, SimPinnedStreamed, SimPageableStreamed, SimPinnedCopyOnly
 
 TEST_CASE_TEMPLATE("parity: MLP, transformer block, GPT on sim:0, 3 AdamW steps", M, PARITY_TYPES) {
   Substrate substrate;
@@ -250,6 +271,8 @@ TEST_CASE_TEMPLATE("parity: double backward (create_graph)", M, PARITY_TYPES) {
   at::manual_seed(4);
   const auto offloaded = run(harness::with_scope(manager));
   CHECK(at::equal(plain, offloaded));
+  CHECK(manager.stats().storages_offloaded > 0);
+  CHECK(manager.stats().tensors_reloaded + manager.stats().stash_reuses > 0);
 }
 
 TEST_CASE_TEMPLATE("parity: an in-place change to a saved tensor gives autograd's error", M, PARITY_TYPES) {
@@ -330,6 +353,8 @@ TEST_CASE_TEMPLATE("fault injection: a skipped wait or an early free breaks pari
 
 TEST_CASE("README usage snippet compiles, runs on sim and matches the run without it") {
   Substrate substrate;
-  const auto [with_snippet, without] = harness::run_readme_snippet();
-  CHECK(std::memcmp(&with_snippet, &without, sizeof(float)) == 0);
+  const auto run = harness::run_readme_snippet();
+  CHECK(std::memcmp(&run.with_snippet, &run.without, sizeof(float)) == 0);
+  CHECK(run.stats.storages_offloaded > 0);
+  CHECK(run.stats.tensors_reloaded + run.stats.stash_reuses > 0);
 }

@@ -184,6 +184,10 @@ TEST_CASE("threads: a scope opened on one thread does not apply to another") {
     other.loss().backward();
   }).join();
   CHECK(manager.stats().tensors_seen == 0);
+  // positive control: the same model on the scope's own thread is seen
+  Mlp mine(13);
+  mine.loss().backward();
+  CHECK(manager.stats().tensors_seen > 0);
 }
 
 TEST_CASE("threads: a Scope destroyed on another thread is reported and deactivated, not undefined") {
@@ -194,6 +198,12 @@ TEST_CASE("threads: a Scope destroyed on another thread is reported and deactiva
   Mlp model(14);
   model.loss().backward();
   CHECK(manager.stats().tensors_seen == 0);
+  // positive control: a scope opened anew on this thread is active again
+  {
+    offload::Scope again(manager);
+    model.loss().backward();
+  }
+  CHECK(manager.stats().tensors_seen > 0);
 }
 
 // ------------------------------------------------------------ random graphs

@@ -215,5 +215,7 @@ TEST_CASE("Streamed: correct under a non-default current compute stream") {
     });
     std::string why;
     CHECK_MESSAGE(harness::bitwise_equal(plain, offloaded, &why), why);
+    CHECK(manager.stats().storages_offloaded > 0);
+    CHECK(manager.stats().tensors_reloaded + manager.stats().stash_reuses > 0);
   }
 }
