@@ -12,12 +12,13 @@
 #include <offload/offload.hpp>
 #include <offload/sim.hpp>
 
+#include "fixture.hpp"
 #include "harness.hpp"
 
 namespace {
 
 using Streamed = offload::Manager<offload::device::Sim, offload::storage::PinnedHost, offload::sync::Streamed>;
-const c10::Device sim0(c10::DeviceType::PrivateUse1, 0);
+using fixture::sim0;
 constexpr std::int64_t kSide = 256;
 constexpr std::int64_t kAct = kSide * kSide * 4;  // bytes of one activation
 
@@ -33,13 +34,8 @@ struct Chain {
 
 // sim installed, each copy delayed 1 ms and freed memory poisoned, for
 // one test case (the knobs are restored at its end).
-struct SlowPoisonedSim {
-  SlowPoisonedSim() {
-    offload::sim::set_copy_delay_us(1000);
-    offload::sim::set_poison_freed(true);
-  }
-  bool installed = (offload::sim::install(), true);
-  offload::sim::ScopedKnobs restore;
+struct SlowPoisonedSim : fixture::Substrate {
+  SlowPoisonedSim() : fixture::Substrate(/*copy_delay_us=*/1000) {}
 };
 
 // x's gradient (on the CPU) of the loss `forward` computes, its saved
@@ -200,10 +196,7 @@ TEST_CASE("Streamed: a tensor still in the forward stash is reused, not copied b
 }
 
 TEST_CASE("Streamed: correct under a non-default current compute stream") {
-  offload::sim::install();
-  offload::sim::ScopedKnobs restore;
-  offload::sim::set_copy_delay_us(300);
-  offload::sim::set_poison_freed(true);
+  const fixture::Substrate substrate(/*copy_delay_us=*/300);
   const auto plain = harness::train(harness::ModelKind::block, sim0, 2);
   const auto* guard = c10::impl::getDeviceGuardImpl(c10::DeviceType::PrivateUse1);
   const c10::StreamGuard on_pool(guard->getStreamFromGlobalPool(sim0));
