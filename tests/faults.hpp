@@ -97,19 +97,14 @@ struct Faulty {
 
     void offload(const Transfer& t, const at::Tensor& device_bytes) {
       if constexpr (offload::stream_device_policy<Device>) {
-        if constexpr (has_stash) {
-          base_.offload(t, device_bytes);
-          if (take(Fault::free_early)) {
-            // The copy is queued; dropping the stash releases the device
-            // bytes (the caller drops its view) before it has run.
-            t.state().stash = at::Tensor();
-            t.state().home_stream.reset();
-          }
-          return;
-        } else if (take(Fault::free_early)) {
+        if (take(Fault::free_early)) {
+          // The copy is queued on the side stream with nothing keeping its
+          // source: no stash, and the allocator is not told the side stream
+          // uses it (record_stream), so the caller dropping device_bytes
+          // frees the memory before the copy has run.
           const c10::StreamGuard side(Device::side_stream(t.device().index()));
           t.copy_to_host(device_bytes, /*non_blocking=*/true);
-          return;  // the caller drops device_bytes while the copy may not have run
+          return;
         }
       }
       base_.offload(t, device_bytes);

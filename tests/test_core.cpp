@@ -173,7 +173,9 @@ TEST_CASE("Pack rules: other device types, small tensors, excluded storages pass
   CHECK(small.stats().passed_small == 2);
 
   HostManager excluding(offload::Options{.min_offload_bytes = 0});
-  auto buffer = at::randn({64});  // a buffer the model registers: no grad, not a leaf-with-grad
+  // A buffer the model registers that is not a parameter (an integer one:
+  // a floating-point leaf would pass as a parameter before exclusion).
+  auto buffer = at::randint(1, 4, {64});
   excluding.exclude({buffer});
   {
     offload::Scope scope(excluding);
@@ -331,7 +333,7 @@ TEST_CASE("Views: unpacked views keep their dtype, sizes, strides and storage of
   // The hooks object directly: pack under no-grad as the engine does, unpack,
   // compare geometry and bytes; then a later view that reaches outside.
   HostManager manager(offload::Options{.min_offload_bytes = 0});
-  const auto h = at::randn({32, 64});
+  const auto h = at::randn({32, 64}).requires_grad_() * 1;  // an activation: not a leaf
   const std::vector<at::Tensor> views = {h.narrow(1, 5, 8),
                                          h.narrow(0, 3, 2),
                                          h.t(),
@@ -419,7 +421,7 @@ TEST_CASE("Manager and AnyManager: describe() names the policies, the same on bo
   const offload::AnyManager any = manager;
   CHECK(any.describe() == manager.describe());
   // make_hooks() hands out hooks bound to the manager (what a Scope does).
-  auto a = at::randn({8, 8});
+  auto a = at::randn({8, 8}).requires_grad_() * 1;  // an activation: not a leaf
   auto hooks = manager.make_hooks();
   REQUIRE(hooks != nullptr);
   {

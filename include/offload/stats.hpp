@@ -66,7 +66,8 @@ inline constexpr std::array stat_fields{
               "not on the manager's device type (e.g. CPU tensors), or undefined"},
     StatField{"passed_small", &Stats::passed_small, "storage under Options::min_offload_bytes"},
     StatField{"passed_excluded", &Stats::passed_excluded, "registered with exclude() (parameters, buffers)"},
-    StatField{"passed_leaf", &Stats::passed_leaf, "leaf tensors that require grad (parameters), and views of them"},
+    StatField{"passed_leaf", &Stats::passed_leaf, "parameters: floating-point or complex leaf tensors, trainable or frozen (also the model input), and views of "
+              "them"},
     StatField{"passed_layout", &Stats::passed_layout, "sparse, quantized, nested or other non-strided tensors"},
     StatField{"passed_budget", &Stats::passed_budget, "would have exceeded Options::host_budget_bytes"},
     StatField{"bytes_offloaded", &Stats::bytes_offloaded, "bytes copied device -> host"},

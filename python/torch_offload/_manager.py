@@ -31,6 +31,27 @@ the ``passed_*`` reasons.
 """
 
 
+def _tensors_in(tensors):
+    """The tensors of an iterable, as a list; TypeError for anything else."""
+    def refuse(what):
+        return TypeError("torch_offload.Manager.exclude: expected tensors (or an iterable of them), got "
+                         f"{type(what).__name__}")
+    try:
+        items = list(tensors)
+    except TypeError:
+        raise refuse(tensors) from None
+    for t in items:
+        if not isinstance(t, torch.Tensor):
+            raise refuse(t)
+    return items
+
+
+def _local(t):
+    """The tensor holding ``t``'s storage: a DTensor's local tensor, else ``t``."""
+    local = getattr(t, "_local_tensor", None)  # torch.distributed.tensor.DTensor
+    return local if isinstance(local, torch.Tensor) else t
+
+
 class _HookRegion:
     """Pushes saved_tensors_hooks(pack, unpack) on enter, pops on exit.
 
@@ -97,7 +118,8 @@ class Manager(_HookRegion):
     before anything is built; RuntimeError when the device is not there.
 
     A tensor is offloaded when it is on the manager's device type, strided,
-    not a parameter (leaf requiring grad, or a view of one), not excluded,
+    not a parameter (a floating-point or complex leaf, whether it requires
+    grad or not, or a view of one), not excluded,
     and its storage has at least ``min_offload_bytes``. Backward may run
     after the ``with`` has closed. ``with`` regions are per thread and
     nestable; every method is thread-safe. pack and unpack run in C++ with
@@ -158,10 +180,15 @@ class Manager(_HookRegion):
         self._impl.reset_stats()
 
     def exclude(self, tensors):
-        """Never offload tensors sharing storage with any of ``tensors`` (an
-        iterable of tensors, e.g. ``model.parameters()``, ``model.buffers()``).
-        Leaf tensors that require grad are never offloaded anyway."""
-        self._impl.exclude([t for t in tensors if isinstance(t, torch.Tensor)])
+        """Never offload tensors sharing storage with any of ``tensors`` (a
+        tensor or an iterable of tensors, e.g. ``model.buffers()``). A
+        DTensor stands for its local tensor's storage. Parameters (floating-
+        point or complex leaves and their views) are never offloaded anyway.
+
+        Raises TypeError naming the type of anything that is not a tensor,
+        before anything is excluded (thread-safe)."""
+        items = [tensors] if isinstance(tensors, torch.Tensor) else _tensors_in(tensors)
+        self._impl.exclude([_local(t) for t in items])
 
     @property
     def options(self):

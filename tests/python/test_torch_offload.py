@@ -176,11 +176,78 @@ def test_exclude_parameters():
     manager = torch_offload.Manager(DEV, min_offload_bytes=0)
     manager.exclude(model.parameters())
     idx, targets = gpt.batch(DEV, batch_size=2, seq=16)
+    manager.exclude(idx)  # token ids: an integer leaf, saved by the embedding, offloaded unless excluded
     with manager:
-        w = model.lm_head.weight * 1.0  # a non-leaf view of a parameter's storage? no: a new tensor
+        w = model.lm_head.weight * 1.0  # a new tensor, not the parameter's storage
         loss = model.loss(idx, targets) + (w * model.lm_head.weight.detach()).sum()
     loss.backward()
-    assert manager.stats().passed_excluded >= 1
+    s = manager.stats()
+    assert s.passed_excluded >= 1  # idx
+    assert s.passed_leaf >= 1  # the detached weight: a parameter's storage, stays before exclusion is looked at
+
+
+def test_parameters_stay_whatever_their_requires_grad():
+    """Frozen or not, a parameter and its views (Linear saves weight.t()) stay;
+    the dropout mask (a bool leaf) and activations are offloaded."""
+    torch.manual_seed(0)
+    model = torch.nn.Sequential(torch.nn.Linear(64, 64), torch.nn.Dropout(0.5), torch.nn.ReLU(),
+                                torch.nn.Linear(64, 64)).to(DEV)
+    model[3].requires_grad_(False)
+    x = leaf(8, 64)
+
+    def run(manager):
+        torch.manual_seed(1)
+        with manager if manager is not None else contextlib.nullcontext():
+            loss = model(x).sum()
+        x.grad = None
+        model.zero_grad()
+        loss.backward()
+        return [x.grad.cpu(), model[0].weight.grad.cpu(), model[0].bias.grad.cpu()]
+
+    ref = run(None)
+    manager = torch_offload.Manager(DEV, min_offload_bytes=0)
+    assert_bitwise(ref, run(manager))
+    s = manager.stats()
+    # x and model[0].weight.t() (trainable), model[3].weight.t() (frozen) stay;
+    # the mask and ReLU's output are offloaded.
+    assert s.passed_leaf == 3
+    assert s.tensors_offloaded == 2
+
+
+def test_exclude_a_dtensor_excludes_its_local_storage():
+    import torch.distributed as dist
+    from torch.distributed.device_mesh import init_device_mesh
+    from torch.distributed.tensor import DTensor, Replicate
+
+    dist.init_process_group("gloo", store=dist.HashStore(), rank=0, world_size=1)
+    try:
+        mesh = init_device_mesh(DEV, (1,))
+        local = leaf(64, 64) * 1  # not a leaf: offloaded unless excluded
+        dtensor = DTensor.from_local(local, mesh, [Replicate()], run_check=False)
+        assert dtensor._local_tensor.untyped_storage().data_ptr() == local.untyped_storage().data_ptr()
+        seen = []
+        for exclude in (False, True):
+            manager = torch_offload.Manager(DEV, min_offload_bytes=0)
+            if exclude:
+                manager.exclude([dtensor])
+            with manager:
+                loss = local.sin().sum()  # sin saves local
+            loss.backward(retain_graph=True)  # local's own graph is used twice
+            seen.append((manager.stats().passed_excluded, manager.stats().tensors_offloaded))
+        assert seen == [(0, 1), (1, 0)]
+    finally:
+        dist.destroy_process_group()
+
+
+def test_exclude_refuses_what_is_not_a_tensor_before_excluding_anything():
+    a = leaf(64, 64) * 1
+    manager = torch_offload.Manager(DEV, min_offload_bytes=0)
+    with pytest.raises(TypeError, match="expected tensors \\(or an iterable of them\\), got str"):
+        manager.exclude([a, "weight"])
+    with manager:
+        loss = a.sin().sum()
+    loss.backward()
+    assert manager.stats().passed_excluded == 0 and manager.stats().tensors_offloaded == 1
 
 
 def test_repr_names_the_chosen_manager():

@@ -21,6 +21,7 @@
 #include <ATen/core/Tensor.h>
 #include <ATen/ops/empty.h>
 #include <c10/core/DeviceGuard.h>
+#include <c10/core/ScalarType.h>
 #include <c10/core/StorageImpl.h>
 #include <c10/util/ArrayRef.h>
 #include <c10/util/Exception.h>
@@ -101,6 +102,24 @@ struct Packed {
   WeakNode grad_fn;                             ///< for the error message only
   std::int64_t output_nr = 0;
 };
+
+/// Whether `t` is (a view of) a parameter as far as autograd can tell: its
+/// base (`t` itself, or `t._base()` for a view such as the `weight.t()`
+/// Linear saves) is a leaf of a floating-point or complex dtype, whether it
+/// requires grad or not. That covers trainable and frozen parameters,
+/// FSDP2's unsharded parameters (also in a `param_dtype` such as bfloat16)
+/// and DTensor locals; it also covers the model input and any tensor
+/// computed without grad (e.g. a frozen layer's output): each is held by
+/// its owner, so offloading it would free nothing. Integer and bool leaves
+/// (dropout masks, max-pool indices, token ids: outputs of
+/// non-differentiable ops are leaves too) are not parameters. Such storage
+/// may also be freed in place (FSDP2 resizes its unsharded parameters to
+/// 0 bytes after forward), which a copy must never race.
+inline bool is_parameter_like(const at::Tensor& t) {
+  const at::TensorBase& base = t.is_view() ? t._base() : static_cast<const at::TensorBase&>(t);
+  const auto dtype = base.scalar_type();
+  return base.is_leaf() && (c10::isFloatingType(dtype) || c10::isComplexType(dtype));
+}
 
 /// Bytes of storage `piece` spans: one past its last byte.
 inline std::int64_t piece_end(const Piece& piece) {
@@ -261,9 +280,7 @@ class Core final : public HookSource, public std::enable_shared_from_this<Core<D
     if (t.layout() != c10::kStrided || t.is_quantized() || t.is_nested() || !t.has_storage()) {
       return pass(pass_.layout);
     }
-    // Parameters: leaves that require grad, and views of them (Linear saves
-    // weight.t()).
-    if (t.requires_grad() && (t.is_leaf() || (t.is_view() && t._base().is_leaf()))) return pass(pass_.leaf);
+    if (is_parameter_like(t)) return pass(pass_.leaf);
     const auto& storage = t.storage();
     const c10::StorageImpl* key = storage.unsafeGetStorageImpl();
     const auto nbytes = static_cast<std::int64_t>(storage.nbytes());

@@ -106,6 +106,10 @@ struct Streamed {
         const c10::StreamGuard on_side(side);
         t.copy_to_host(device_bytes, /*non_blocking=*/true);
       }
+      // The stash below holds a reference, which does not stop the memory
+      // being freed in place (`untyped_storage().resize_(0)`): the allocator
+      // must not reuse it before the side stream's copy has read it.
+      Device::record_stream(device_bytes, side);
       auto& mine = t.state();
       mine.d2h.emplace(Device::device_type);
       mine.d2h->record(side);
