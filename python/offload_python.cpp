@@ -76,7 +76,7 @@ offload::AnyManager build_for(const std::string& device, const offload::Options&
                   "without offloading");
     }
     return offload::make_manager_unhooked<Storage, Sync, offload::sync::Blocking>(options, offload::builtin_devices,
-                                                                                   fallback);
+                                                                                  fallback);
   }
   // "generic" is the policy for a PrivateUse1 backend of another name, not a device name.
   auto outcome = offload::NamedDevice::unknown;
@@ -164,8 +164,7 @@ PYBIND11_MODULE(_C, m) {
       .def_static(
           "unpack", [](Packed& packed) { return packed.unpack(); }, py::call_guard<py::gil_scoped_release>())
       // What the manager had seen when a `with` opened (for its warnings at exit).
-      .def("on_scope_enter",
-           [](offload::AnyManager& self) { return offload::interface_of(self)->on_scope_enter(); })
+      .def("on_scope_enter", [](offload::AnyManager& self) { return offload::interface_of(self)->on_scope_enter(); })
       // Streamed settles its forward stash here: it may wait for copies.
       .def(
           "on_scope_exit",

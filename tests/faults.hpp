@@ -91,7 +91,7 @@ struct Faulty {
     /// Faulty observes steps when Sync does, and forwards them.
     static constexpr bool observes_steps = base_steps;
     /// Whether Sync keeps a forward stash (sync::Streamed does).
-    static constexpr bool has_stash = requires(EntryState & s) { s.stash; };
+    static constexpr bool has_stash = requires(EntryState& s) { s.stash; };
 
     explicit State(const offload::Options& options) : base_(options) {}
 
@@ -124,15 +124,41 @@ struct Faulty {
       return base_.reload(t);
     }
 
-    void on_unpack(const Transfer& t) requires base_steps { base_.on_unpack(t); }
-    void end_forward() requires base_steps { base_.end_forward(); }
-    void end_backward() requires base_steps { base_.end_backward(); }
-    void suspend(const Transfer& t) requires base_steps { base_.suspend(t); }
-    void resume(const Transfer& t, const at::Tensor& device_bytes) requires base_steps {
+    void on_unpack(const Transfer& t)
+      requires base_steps
+    {
+      base_.on_unpack(t);
+    }
+    void end_forward()
+      requires base_steps
+    {
+      base_.end_forward();
+    }
+    void end_backward()
+      requires base_steps
+    {
+      base_.end_backward();
+    }
+    void suspend(const Transfer& t)
+      requires base_steps
+    {
+      base_.suspend(t);
+    }
+    void resume(const Transfer& t, const at::Tensor& device_bytes)
+      requires base_steps
+    {
       base_.resume(t, device_bytes);
     }
-    void add_stats(offload::Stats& stats) const requires base_steps { base_.add_stats(stats); }
-    void release(const Transfer& t) noexcept requires base_steps { base_.release(t); }
+    void add_stats(offload::Stats& stats) const
+      requires base_steps
+    {
+      base_.add_stats(stats);
+    }
+    void release(const Transfer& t) noexcept
+      requires base_steps
+    {
+      base_.release(t);
+    }
 
    private:
     Base base_;

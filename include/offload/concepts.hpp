@@ -122,9 +122,7 @@ concept reloads = requires(S& state, const Transfer<typename S::EntryState>& t) 
 
 // ---- sync_state_with_steps: the step callbacks a state opts into
 template <class S>
-concept declares_steps = requires {
-  typename constant_bool<S::observes_steps>;
-} && S::observes_steps;
+concept declares_steps = requires { typename constant_bool<S::observes_steps>; } && S::observes_steps;
 template <class S>
 concept end_forward = requires(S& state) {
   { state.end_forward() } -> std::same_as<void>;
@@ -160,8 +158,8 @@ concept release_noexcept = requires(S& state, const Transfer<typename S::EntrySt
 /// A state that has any step callback (so it must declare observes_steps,
 /// or the callbacks would never be called).
 template <class S>
-concept any_step = end_forward<S> || end_backward<S> || on_unpack<S> || suspend<S> || resume<S> || add_stats<S> ||
-                   release<S>;
+concept any_step =
+    end_forward<S> || end_backward<S> || on_unpack<S> || suspend<S> || resume<S> || add_stats<S> || release<S>;
 
 }  // namespace requirement
 
@@ -177,9 +175,9 @@ concept device_policy = requirement::device_type<P> && requirement::name<P> && r
 /// asynchronous sync policies (sync::Streamed) call. Events themselves are
 /// c10::Event of P::device_type.
 template <class P>
-concept stream_device_policy = device_policy<P> && requirement::claims_streams_and_events<P> &&
-                               requirement::current_stream<P> && requirement::side_stream<P> &&
-                               requirement::record_stream<P>;
+concept stream_device_policy =
+    device_policy<P> && requirement::claims_streams_and_events<P> && requirement::current_stream<P> &&
+    requirement::side_stream<P> && requirement::record_stream<P>;
 
 /// A device policy that reports device-memory statistics (used by tests,
 /// the demo and the benchmarks; the library itself never calls these).
@@ -203,11 +201,11 @@ concept storage_policy = requirement::name<P> && requirement::prefers_pinned<P> 
 template <class S>
 concept sync_state = requirement::from_options<S> && requirement::entry_state<S> && requirement::offloads<S> &&
                      requirement::reloads<S> &&
-                     (requirement::declares_steps<S> ? (requirement::end_forward<S> && requirement::end_backward<S> &&
-                                                        requirement::on_unpack<S> && requirement::suspend<S> &&
-                                                        requirement::resume<S> && requirement::add_stats<S> &&
-                                                        requirement::release<S> && requirement::release_noexcept<S>)
-                                                     : !requirement::any_step<S>);
+                     (requirement::declares_steps<S>
+                          ? (requirement::end_forward<S> && requirement::end_backward<S> && requirement::on_unpack<S> &&
+                             requirement::suspend<S> && requirement::resume<S> && requirement::add_stats<S> &&
+                             requirement::release<S> && requirement::release_noexcept<S>)
+                          : !requirement::any_step<S>);
 
 /// A sync_state that opted into the step callbacks
 /// (`static constexpr bool observes_steps = true`): every one of them is
@@ -227,7 +225,7 @@ concept sync_policy_for = device_policy<Device> && requirement::name<P> && requi
 /// each satisfies its concept and the sync policy's needs are met (a sync
 /// policy that needs events gets a stream_device_policy).
 template <class Device, class Storage, class Sync>
-concept composable = storage_policy<Storage> && sync_policy_for<Sync, Device> &&
-                     (!Sync::needs_events || stream_device_policy<Device>);
+concept composable =
+    storage_policy<Storage> && sync_policy_for<Sync, Device> && (!Sync::needs_events || stream_device_policy<Device>);
 
 }  // namespace offload

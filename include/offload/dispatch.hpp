@@ -345,8 +345,8 @@ std::optional<AnyManager> make_manager_named(std::string_view device, const Opti
   options.validate();
   std::optional<AnyManager> chosen;
   outcome = NamedDevice::unknown;
-  const bool backend = c10::is_privateuse1_backend_registered() &&
-                       c10::get_privateuse1_backend(/*lower_case=*/true) == device;
+  const bool backend =
+      c10::is_privateuse1_backend_registered() && c10::get_privateuse1_backend(/*lower_case=*/true) == device;
   boost::hana::for_each(devices, [&](auto t) {
     using P = typename decltype(t)::type;
     if (chosen || (!backend && outcome == NamedDevice::unavailable)) return;  // a backend's: try its next policy
@@ -362,7 +362,6 @@ std::optional<AnyManager> make_manager_named(std::string_view device, const Opti
   });
   return chosen;
 }
-
 
 /// Detects the accelerator (detect_accelerator()) and returns a manager
 /// for it: the first policy P in `devices` with P::device_type equal to
@@ -401,7 +400,7 @@ template <class Storage, class Sync, class FallbackSync, class Devices>
 AnyManager make_manager(const Options& options, Devices devices, Fallback fallback = Fallback::error) {
   // Each check reports its own failure (one static_assert naming the member).
   constexpr bool checked = detail::check_device_list<Devices>() && detail::check_storage_policy<Storage>() &&
-                          detail::check_storage_default<Storage>();
+                           detail::check_storage_default<Storage>();
   if constexpr (!checked) {
     return detail::make_any_manager(nullptr);  // not reached: the build stopped
   } else {

@@ -89,7 +89,8 @@ class Transfer {
   void copy_to_host(const at::Tensor& device_bytes, bool non_blocking) const {
     std::size_t i = 0;
     detail::for_each_piece(*entry_, [&](const detail::Piece& p, const HostBuffer& host) {
-      if (i++ >= entry_->pieces_on_host) detail::piece_of(host, p).copy_(detail::piece_of(device_bytes, p), non_blocking);
+      if (i++ >= entry_->pieces_on_host)
+        detail::piece_of(host, p).copy_(detail::piece_of(device_bytes, p), non_blocking);
     });
     entry_->pieces_on_host = i;
   }

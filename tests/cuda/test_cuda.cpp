@@ -95,5 +95,3 @@ TEST_CASE_TEMPLATE("cuda: device memory drops by exactly the bytes offloaded" * 
   CHECK(held_plain - held_offloaded == manager.stats().bytes_offloaded);
   loss.backward();
 }
-
-

@@ -109,8 +109,8 @@ static_assert(storage_policy<StorageNoDefault>);  // Manager(options, storage) t
 
 // ---- sync: the minimal model, the twin with every step callback, and
 // near-misses one member or one token away (tests/static/models.hpp)
-using static_tests::Miss;
 using static_tests::MinimalSync;
+using static_tests::Miss;
 using SyncTwin = static_tests::SyncModel<Miss::none>;
 static_assert(sync_policy_for<MinimalSync, DeviceTwin>);
 static_assert(sync_state<MinimalSync::State<DeviceTwin>>);

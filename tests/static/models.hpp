@@ -44,13 +44,17 @@ struct SyncModel {
     void offload(const T&, const at::Tensor&);
     std::conditional_t<M == Miss::reload_tensor, at::Tensor, offload::Reloaded> reload(const T&);
     void on_unpack(const T&);
-    void end_forward() requires(M != Miss::end_forward);
-    void end_froward() requires(M == Miss::end_forward);
+    void end_forward()
+      requires(M != Miss::end_forward);
+    void end_froward()
+      requires(M == Miss::end_forward);
     void end_backward();
     void suspend(const T&);
-    void resume(const T&, const at::Tensor&) requires(M != Miss::resume);
+    void resume(const T&, const at::Tensor&)
+      requires(M != Miss::resume);
     void add_stats(offload::Stats&) const;
-    void release(const T&) noexcept(M != Miss::release_noexcept) requires(M != Miss::release);
+    void release(const T&) noexcept(M != Miss::release_noexcept)
+      requires(M != Miss::release);
   };
 };
 

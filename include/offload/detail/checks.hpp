@@ -234,8 +234,7 @@ constexpr bool check_sync_members() {
       if constexpr (!check_sync_steps<St>()) {
         return false;
       } else {
-        static_assert(sync_policy_for<P, D>,
-                      "offload: detail::check_sync_members is out of step with sync_policy_for");
+        static_assert(sync_policy_for<P, D>, "offload: detail::check_sync_members is out of step with sync_policy_for");
         return true;
       }
     } else if constexpr (r::any_step<St>) {
@@ -284,7 +283,8 @@ constexpr bool check_events_for() {
                   "at::Tensor&, c10::Stream)` (docs/policies/device_policy.md)");
     return false;
   } else {
-    static_assert(stream_device_policy<D>, "offload: detail::check_events_for is out of step with stream_device_policy");
+    static_assert(stream_device_policy<D>,
+                  "offload: detail::check_events_for is out of step with stream_device_policy");
     return true;
   }
 }

@@ -348,11 +348,11 @@ struct Streamed {
     Options options_;
     std::map<c10::DeviceIndex, c10::Stream> side_;
     std::map<c10::DeviceIndex, bool> events_ok_;
-    std::map<std::uint64_t, Ref> order_;  // offloaded storages by pack order
-    std::deque<Ref> stash_;               // forward stash, oldest first
-    std::int64_t outstanding_ = 0;                         // prefetched, not yet consumed
-    std::int64_t outstanding_bytes_ = 0;                   // their device bytes
-    std::map<std::int64_t, std::int64_t> sizes_;           // device bytes -> entries not needed yet that have them
+    std::map<std::uint64_t, Ref> order_;          // offloaded storages by pack order
+    std::deque<Ref> stash_;                       // forward stash, oldest first
+    std::int64_t outstanding_ = 0;                // prefetched, not yet consumed
+    std::int64_t outstanding_bytes_ = 0;          // their device bytes
+    std::map<std::int64_t, std::int64_t> sizes_;  // device bytes -> entries not needed yet that have them
     std::int64_t blocking_fallbacks_ = 0;
     std::int64_t stash_reuses_ = 0;
     std::int64_t prefetches_ = 0;
