@@ -1,5 +1,5 @@
 // SPDX-License-Identifier: MIT
-// offload-bench: the benchmarks that train the demo model (examples/gpt.hpp):
+// offload-bench: the benchmarks that train the demo model (models/gpt.hpp):
 // peak device memory against the analytical floor, copy/compute overlap on
 // sim, and the GPU run. The one translation unit with <torch/torch.h>.
 
@@ -19,7 +19,7 @@
 #include <offload/offload.hpp>
 #include <offload/sim.hpp>
 
-#include "../examples/gpt.hpp"
+#include "../models/gpt.hpp"
 
 namespace bench {
 
@@ -163,7 +163,7 @@ struct Trainer {
 // ---------------------------------------------------------------- the analytical model
 //
 // fp32 everywhere (4 bytes). P parameters; B batch, T seq, W width, H heads,
-// V vocab, L blocks. What one block saves for backward (examples/gpt.hpp):
+// V vocab, L blocks. What one block saves for backward (models/gpt.hpp):
 //   ln1: x, mean, rstd            BTW + 2BT
 //   qkv: ln1(x)                   BTW
 //   q @ k^T (bmm of copies)       2 BTW

@@ -17,7 +17,7 @@ what was allocated when the step began. Then the hook cost per saved tensor
 of the Python route against identity hooks, and the
 correctness matrix (tests/python/cases.py x tool: exact / differs / raises).
 Peers that cannot be imported are listed with the reason. The model is the
-GPT of examples/gpt.hpp (tests/python/gpt.py), AdamW. On sim the copy delay
+GPT of models/gpt.hpp (tests/python/gpt.py), AdamW. On sim the copy delay
 is sim's knob (0 and 300 us); on cuda there is no delay axis.
 """
 

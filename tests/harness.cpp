@@ -6,7 +6,7 @@
 
 #include <torch/torch.h>
 
-#include "../examples/gpt.hpp"
+#include "../models/gpt.hpp"
 
 #if OFFLOAD_HAS_SIM
 #include <iostream>

@@ -15,7 +15,7 @@
 #include <offload/offload.hpp>
 #include <offload/sim.hpp>
 
-#include "../examples/gpt.hpp"
+#include "../models/gpt.hpp"
 #include "fixture.hpp"
 #include "harness.hpp"
 

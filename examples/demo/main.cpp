@@ -1,6 +1,6 @@
 // SPDX-License-Identifier: MIT
 // offload-demo: the main job. Trains a character language model (--model:
-// the GPT of examples/gpt.hpp, or an LSTM) with AdamW on a text file, on
+// the GPT of models/gpt.hpp, or an LSTM) with AdamW on a text file, on
 // the detected accelerator (or the simulated `sim` device when there is
 // none), without and with activation offloading from the same initial
 // weights and the same batches, and reports losses (bitwise equal), peak
