@@ -258,7 +258,7 @@ TEST_CASE("Parity harness can fail: a perturbed run is reported") {
   CHECK(why.find("parameter 0") != std::string::npos);
 }
 
-TEST_CASE("Views: only the bytes a saved view reads are copied; the issue's narrow case") {
+TEST_CASE("Views: only the bytes a saved view reads are copied; a narrow of the last dimension") {
   // h is a 512 x 512 float non-leaf (1 MiB); v = h.narrow(1, 0, 8) reads
   // 8 floats of each row: 16,384 bytes. Only those travel and stay on the host.
   HostManager manager(offload::Options{.min_offload_bytes = 0});

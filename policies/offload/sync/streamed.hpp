@@ -125,7 +125,7 @@ struct Streamed {
     }
 
     Reloaded reload(const Transfer& t) {
-      uncount(t);  // needed now: no longer sizes the window ahead
+      uncount(t);  // needed now: it does not size the window ahead
       const auto index = t.device().index();
       if (!events_work(index)) {
         ++blocking_fallbacks_;
