@@ -4,10 +4,11 @@ same model in the same run: no offloading; torch.autograd.graph.save_on_cpu
 (pin_memory=True); TRL's OffloadActivations (use_streams True and False);
 torchtune's OffloadActivations; ours Blocking and Streamed.
 
-    python3 bench/peers.py --device sim|cuda --out DIR [--quick]
+    python3 bench/peers.py --device sim|cuda --out DIR [--quick] [--models NAME,...]
 
-Writes DIR/peers.json (sim) or DIR/peers-cuda.json (cuda) and prints two
-markdown tables: per (layers, copy delay) cell, peak device bytes and median
+Writes DIR/peers.json (sim) or DIR/peers-cuda.json (cuda), with -quick
+before .json for --quick, and prints two
+markdown tables: per (model, layers, copy delay) cell, peak device bytes and median
 step time as ratios to no offloading, whether the losses are bitwise those
 of no offloading, and host time per saved tensor for pack + unpack (one
 extra instrumented step: the tool's pack and unpack hooks timed). The tools
@@ -16,9 +17,12 @@ tool's peak is its model and AdamW state plus the most its step added above
 what was allocated when the step began. Then the hook cost per saved tensor
 of the Python route against identity hooks, and the
 correctness matrix (tests/python/cases.py x tool: exact / differs / raises).
-Peers that cannot be imported are listed with the reason. The model is the
-GPT of models/gpt.hpp (tests/python/gpt.py), AdamW. On sim the copy delay
-is sim's knob (0 and 300 us); on cuda there is no delay axis.
+Peers that cannot be imported are listed with the reason. The models: the
+GPT of models/gpt.hpp (tests/python/gpt.py; 4, 8, 16 layers), and
+Hugging Face transformers' GPT-2 and Llama built from configs of the same
+width, heads, sequence and vocabulary (random init, dropout off; 4 layers,
+and 16 without --quick); AdamW. On sim the copy delay is sim's knob (0 and
+300 us); on cuda there is no delay axis.
 """
 
 import argparse
@@ -53,9 +57,14 @@ def make_tools(device):
     tools["none"] = lambda model: contextlib.nullcontext()
     tools["save_on_cpu"] = lambda model: torch.autograd.graph.save_on_cpu(pin_memory=True)
     try:
+        import accelerate
         from trl.models.activation_offloading import OffloadActivations as Trl
 
         import trl
+
+        # TRL logs through accelerate's logger, which raises without an
+        # accelerate state (e.g. when host memory use passes TRL's 60 % mark).
+        accelerate.PartialState(cpu=True)
 
         tools[f"trl {trl.__version__} streams"] = lambda model: Trl(use_streams=True)
         tools[f"trl {trl.__version__} no streams"] = lambda model: Trl(use_streams=False)
@@ -70,9 +79,9 @@ def make_tools(device):
     except Exception as e:
         missing["torchtune"] = first_line(e)
 
-    def ours(sync):
+    def ours(sync, **options):
         def make(model):
-            manager = torch_offload.Manager(device, sync=sync)
+            manager = torch_offload.Manager(device, sync=sync, **options)
             if model is not None:
                 manager.exclude(model.parameters())
             return manager
@@ -81,6 +90,7 @@ def make_tools(device):
 
     tools["ours blocking"] = ours("blocking")
     tools["ours streamed"] = ours("streamed")
+    tools["ours streamed, prefetch_depth 1"] = ours("streamed", prefetch_depth=1)  # a smaller backward window
     return tools, missing
 
 
@@ -102,13 +112,43 @@ def instrument(ctx, counter):
         setattr(ctx, name, timed)
 
 
+# model -> (layer counts, layer counts with --quick)
+MODELS = {"gpt": ([4, 8, 16], [4, 8, 16]), "transformers gpt2": ([4, 16], [4]),
+          "transformers llama": ([4, 16], [4])}
+
+
+def make_model(kind, device, layers, shape):
+    """-> (model, loss() running its forward on a fixed batch): the GPT of
+    models/gpt.hpp, or transformers' GPT-2 / Llama from a config with the
+    same width, heads, sequence and vocabulary (dropout off: every tool sees
+    the same run)."""
+    m, idx_targets = shape["model"], gpt.batch(device, batch_size=shape["batch"], seq=shape["model"]["seq"])
+    if kind == "gpt":
+        model = gpt.make(device, layers=layers, **m)
+        return model, lambda: model.loss(*idx_targets)
+    import transformers
+
+    torch.manual_seed(0)
+    common = dict(vocab_size=96, bos_token_id=0, eos_token_id=1)
+    if kind == "transformers gpt2":
+        config = transformers.GPT2Config(n_embd=m["width"], n_layer=layers, n_head=m["heads"], n_positions=m["seq"],
+                                         resid_pdrop=0.0, embd_pdrop=0.0, attn_pdrop=0.0, **common)
+    else:
+        config = transformers.LlamaConfig(hidden_size=m["width"], intermediate_size=4 * m["width"],
+                                          num_hidden_layers=layers, num_attention_heads=m["heads"],
+                                          num_key_value_heads=m["heads"], max_position_embeddings=m["seq"], **common)
+    model = transformers.AutoModelForCausalLM.from_config(config).to(device).train()
+    ids = idx_targets[0]
+    return model, lambda: model(input_ids=ids, labels=ids).loss
+
+
 class Run:
     """One tool training its own copy of the model (same seed, same batch)."""
 
-    def __init__(self, device, factory, layers, shape):
-        self.model = gpt.make(device, layers=layers, **shape["model"])
+    def __init__(self, device, factory, kind, layers, shape):
+        self.model, self.loss = make_model(kind, device, layers, shape)
         self.opt = torch.optim.AdamW(self.model.parameters(), lr=1e-3)
-        self.idx, self.targets = gpt.batch(device, batch_size=shape["batch"], seq=shape["model"]["seq"])
+        self.device = next(self.model.parameters()).device
         self.ctx = factory(self.model)
         self.losses, self.times, self.peak, self.counter = [], [], 0, None
 
@@ -122,7 +162,7 @@ class Run:
         t0 = time.perf_counter()
         self.opt.zero_grad(set_to_none=True)
         with self.ctx:
-            loss = self.model.loss(self.idx, self.targets)
+            loss = self.loss()
         loss.backward()
         self.opt.step()
         dm.synchronize()
@@ -137,13 +177,13 @@ class Run:
     def resident_bytes(self):
         tensors = list(self.model.parameters()) + [
             t for state in self.opt.state.values() for t in state.values() if torch.is_tensor(t)]
-        return sum(t.nbytes for t in tensors if t.device == self.idx.device)
+        return sum(t.nbytes for t in tensors if t.device == self.device)
 
     def host_ns_per_saved_tensor(self):
         return self.counter["ns"] / self.counter["packs"] if self.counter and self.counter["packs"] else None
 
 
-def train_all(device, dm, tools, layers, steps, shape):
+def train_all(device, dm, tools, kind, layers, steps, shape):
     """Every tool steps in turn (round robin, so that a change in machine
     load hits all of them alike): step 0 warms up, steps 1..steps are timed
     (median) and give the peak, a last step times the hooks. Returns
@@ -151,7 +191,7 @@ def train_all(device, dm, tools, layers, steps, shape):
     runs, rows = {}, {}
     for name, factory in tools.items():
         try:
-            runs[name] = Run(device, factory, layers, shape)
+            runs[name] = Run(device, factory, kind, layers, shape)
         except Exception as e:
             rows[name] = {"error": first_line(e)}
     for step in range(steps + 2):
@@ -188,8 +228,10 @@ def matrix_cell(case, factory, device, reference):
 def main():
     parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     parser.add_argument("--device", choices=["sim", "cuda"], required=True)
-    parser.add_argument("--out", required=True, help="directory for peers.json / peers-cuda.json")
+    parser.add_argument("--out", required=True, help="directory for peers[-cuda][-quick].json")
     parser.add_argument("--quick", action="store_true", help="fewer steps, a smaller model")
+    parser.add_argument("--models", default=",".join(MODELS),
+                        help=f"comma-separated, from {', '.join(MODELS)} (default: all)")
     args = parser.parse_args()
 
     device = args.device
@@ -207,39 +249,43 @@ def main():
     steps = 3 if args.quick else 7
     shape = {"model": dict(width=64, heads=4, seq=32), "batch": 4} if args.quick else \
         {"model": dict(width=128, heads=4, seq=64), "batch": 8}
-    layer_counts = [4, 8, 16]
+    chosen = args.models.split(",")
+    unknown = [m for m in chosen if m not in MODELS]
+    if unknown:
+        parser.error(f"--models: unknown {', '.join(map(repr, unknown))} (accepted: {', '.join(MODELS)})")
+    models = [(kind, MODELS[kind][1 if args.quick else 0]) for kind in chosen]
     tools, missing = make_tools(device)
-    peers = [n for n in tools if n not in ("none", "ours blocking", "ours streamed")]
+    peers = [n for n in tools if n != "none" and not n.startswith("ours")]
 
-    results = {"device": device, "quick": args.quick, "steps": steps, "shape": shape, "missing": missing,
-               "torch": torch.__version__, "machine": platform.processor() or platform.machine(),
+    results = {"device": device, "quick": args.quick, "steps": steps, "shape": shape, "models": chosen,
+               "missing": missing, "torch": torch.__version__, "machine": platform.processor() or platform.machine(),
                "cores": os.cpu_count(), "cells": [], "matrix": {}}
     print(f"## Peers on {device} ({'quick' if args.quick else 'full'}: width {shape['model']['width']}, "
           f"seq {shape['model']['seq']}, batch {shape['batch']}, {steps} timed steps, median)\n")
     for name, why in missing.items():
         print(f"- {name}: not run ({why})")
     print()
-    print("| layers | delay us | tool | peak device | peak / none | step ms | step / none | losses = none "
+    print("| model | layers | delay us | tool | peak device | peak / none | step ms | step / none | losses = none "
           "| host us per saved tensor |")
-    print("|---|---|---|---|---|---|---|---|---|")
-    for layers in layer_counts:
+    print("|---|---|---|---|---|---|---|---|---|---|")
+    for kind, layers in ((kind, layers) for kind, counts in models for layers in counts):
         for delay in delays:
             if delay is not None:
                 torch_offload.sim.set_copy_delay_us(delay)
-            cell = {"layers": layers, "delay_us": delay, "tools": train_all(device, dm, tools, layers, steps, shape)}
+            cell = {"model": kind, "layers": layers, "delay_us": delay,
+                    "tools": train_all(device, dm, tools, kind, layers, steps, shape)}
             base = cell["tools"]["none"]
+            where = f"| {kind} | {layers} | {delay if delay is not None else '-'} | "
             for name, row in cell["tools"].items():
                 if "error" in row:
-                    print(f"| {layers} | {delay if delay is not None else '-'} | {name} | raises: {row['error']} "
-                          "| | | | | |")
+                    print(f"{where}{name} | raises: {row['error']} | | | | | |")
                     continue
                 host = row["host_ns_per_saved_tensor"]
                 row["peak_ratio"] = row["peak_bytes"] / base["peak_bytes"]
                 row["time_ratio"] = row["median_step_s"] / base["median_step_s"]
                 row["losses_equal"] = row["losses"] == base["losses"]
                 host_text = f"{host / 1000:.1f}" if host is not None else "-"
-                print(f"| {layers} | {delay if delay is not None else '-'} | {name} | "
-                      f"{row['peak_bytes'] / 2**20:.1f} MiB | {row['peak_ratio']:.2f} | "
+                print(f"{where}{name} | {row['peak_bytes'] / 2**20:.2f} MiB | {row['peak_ratio']:.3f} | "
                       f"{row['median_step_s'] * 1000:.0f} | {row['time_ratio']:.2f} | "
                       f"{'yes' if row['losses_equal'] else 'no'} | {host_text} |")
             ok = {n: r for n, r in cell["tools"].items() if "error" not in r}
@@ -306,7 +352,7 @@ def main():
           f"{sum(bool(x) for x in time_ok)}/{len(time_ok)} cells; ours exact in every matrix cell: "
           f"{'yes' if exact else 'no'}")
     os.makedirs(args.out, exist_ok=True)
-    path = os.path.join(args.out, "peers.json" if device == "sim" else "peers-cuda.json")
+    path = os.path.join(args.out, f"peers{'' if device == 'sim' else '-cuda'}{'-quick' if args.quick else ''}.json")
     with open(path + ".tmp", "w", encoding="utf-8") as f:
         json.dump(results, f, indent=1)
     os.replace(path + ".tmp", path)

@@ -15,9 +15,13 @@ Python only carries an opaque handle per saved tensor.
         loss = model(x).sum()
     loss.backward()
 
-Drop-in names for TRL / torchtune: ``OffloadActivations``, ``NoOpManager``,
-``get_act_offloading_ctx_manager``. The simulated accelerator:
-``torch_offload.sim``. See docs/python.md.
+Drop-ins, one import line each: ``torch_offload.trl`` mirrors TRL 1.16.0's
+``trl.models.activation_offloading``, ``torch_offload.torchtune`` mirrors
+torchtune 0.6.1's ``torchtune.training`` (``OffloadActivations``,
+``NoOpManager``, ``get_act_offloading_ctx_manager``, each with its peer's
+signature). The top-level names of the same three follow TRL, with every
+argument on which the two peers' positional orders disagree taken by name
+only. The simulated accelerator: ``torch_offload.sim``. See docs/python.md.
 """
 
 import torch
@@ -32,6 +36,7 @@ if torch.__version__ != _BUILT_WITH:
 
 from ._manager import Manager, Stats, no_offload  # noqa: E402
 from ._peers import NoOpManager, OffloadActivations, get_act_offloading_ctx_manager  # noqa: E402
+from . import torchtune, trl  # noqa: E402,F401  (torch_offload.trl / torch_offload.torchtune)
 
 __all__ = [
     "Manager",

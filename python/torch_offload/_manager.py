@@ -214,10 +214,10 @@ class no_offload(_HookRegion):
         super().__init__(_C.plain_pack, _C.Manager.unpack)
 
     def __enter__(self):
-        # None, as saved_tensors_hooks: TRL registers __enter__ as a forward
-        # pre-hook, where a return value would replace the module's input.
+        # None, as saved_tensors_hooks: TRL and torchtune enter it from a
+        # forward pre-hook and leave it from a forward hook, where a return
+        # value would replace the module's input or output.
         self._open()
 
     def __exit__(self, *exc):
         self._close(*exc)
-        return False

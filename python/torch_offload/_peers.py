@@ -1,23 +1,27 @@
 # SPDX-License-Identifier: MIT
-"""Drop-in names for TRL's and torchtune's activation offloading:
-``from torch_offload import OffloadActivations, NoOpManager,
-get_act_offloading_ctx_manager`` replaces ``from trl.models import ...`` or
-``from torchtune.training import ...``; same arguments, same meaning."""
+"""What the drop-ins for TRL (``torch_offload.trl``) and torchtune
+(``torch_offload.torchtune``) share, and the top-level names
+``torch_offload.OffloadActivations`` / ``NoOpManager`` /
+``get_act_offloading_ctx_manager``, which follow TRL with every argument
+where the two peers disagree taken by name only."""
 
+import contextlib
 import warnings
+
+from torch import nn
 
 from ._manager import Manager, no_offload
 
 
-class OffloadActivations(Manager):
-    """TRL's / torchtune's ``OffloadActivations``, served by a Manager.
+class PeerOffload(Manager):
+    """An ``OffloadActivations`` served by a Manager (every argument by name).
 
     Args (the peers' names and meaning):
         use_pin_memory: host copies in page-locked memory (storage
             ``"pinned_host"`` with ``pin_memory``), else ``"pageable_host"``.
         use_streams: a side copy stream with forward stash and backward
             prefetch (sync ``"streamed"``); ``False`` copies on the compute
-            stream (``"blocking"``). ``None`` (torchtune's default) is True.
+            stream (``"blocking"``); ``None`` is True.
         min_offload_size: tensors whose storage is smaller than this many
             bytes stay on the device.
         max_fwd_stash_size: how many tensors may be in flight to the host
@@ -27,7 +31,7 @@ class OffloadActivations(Manager):
     Manager. Use as ``with OffloadActivations(): loss = model(x)``.
     """
 
-    def __init__(self, use_pin_memory=True, use_streams=True, min_offload_size=1024, max_fwd_stash_size=5):
+    def __init__(self, *, use_pin_memory, use_streams, min_offload_size, max_fwd_stash_size):
         streams = True if use_streams is None else bool(use_streams)
         super().__init__(
             "auto",
@@ -39,66 +43,175 @@ class OffloadActivations(Manager):
         )
 
 
+class ModelParams:
+    """TRL's ``OffloadActivations.update_model_params``, as a mixin of a
+    Manager; ``public_name`` is the class's name in its error messages."""
+
+    public_name = "OffloadActivations"
+
+    def update_model_params(self, model):
+        """Never offload ``model``'s parameters and buffers (by storage, so
+        views and frozen weights count too); TRL's public method, called by
+        its ``get_act_offloading_ctx_manager``. Unlike TRL's, which replaces
+        its set of parameter storages, a call adds to what was excluded
+        before (an excluded storage is forgotten when it is freed).
+        TypeError when ``model`` is not an ``nn.Module``."""
+        check_module(f"{self.public_name}.update_model_params", model)
+        self.exclude(model.parameters())
+        self.exclude(model.buffers())
+
+
 class NoOpManager(no_offload):
-    """torchtune's / TRL's ``NoOpManager``: inside it, saved tensors stay
-    where they are even within an OffloadActivations region."""
+    """TRL's and torchtune's ``NoOpManager`` (the two are the same): inside
+    it, saved tensors stay where they are even within an OffloadActivations
+    region. ``__enter__`` returns None, so it can be entered from a forward
+    pre-hook as both peers do."""
 
 
-def _output_head(model):
-    """The module whose activations stay on the device, found as TRL does:
-    the model (unwrapped from ``.module`` and PEFT's ``.base_model``), then
-    its ``output``, ``lm_head``, ``decoder.output``/``decoder.lm_head`` or
-    ``final_layer``. None when there is none."""
-    unwrapped = getattr(model, "module", model)
+def check_module(where, model):
+    """TypeError naming the type when ``model`` is not an ``nn.Module``."""
+    if not isinstance(model, nn.Module):
+        kind = type(model)
+        name = kind.__qualname__ if kind.__module__ == "builtins" else f"{kind.__module__}.{kind.__qualname__}"
+        raise TypeError(f"{where}: model must be a torch.nn.Module, got {name}")
+
+
+def keep_on_device(modules):
+    """Registers on each module of ``modules`` a forward pre-hook that opens
+    one shared NoOpManager and a forward hook (``always_call``) that closes
+    it, as TRL and torchtune do: those modules' activations are not
+    offloaded. The hooks return None: inputs and outputs stay as they are."""
+    noop = NoOpManager()
+    for module in modules:
+        module.register_forward_pre_hook(lambda *args: noop.__enter__())
+        module.register_forward_hook(lambda *args: noop.__exit__(), always_call=True)
+
+
+TRL_HEADS = ("output or output.linear, else lm_head, else decoder.output or decoder.lm_head, else final_layer_norm "
+             "or ln_f, else head, each an nn.Module, after unwrapping .module and PEFT's .base_model")
+
+
+def trl_keep_on_device(model):
+    """The modules TRL 1.16's ``get_act_offloading_ctx_manager`` keeps on
+    the device, found as it finds them: ``(head or None, liger_modules)``.
+
+    ``model`` is unwrapped from ``.module`` (DDP, DeepSpeed) and then from
+    PEFT's ``.base_model`` (when it has ``peft_config``). The head is the
+    first branch that matches, in this order, and a branch that matches an
+    attribute without finding a module ends the search: ``output`` (an
+    ``nn.Module``, else its ``.linear`` if that is one: torchtune's
+    ``TiedLinear``); ``lm_head``; ``decoder`` (its ``output``, else its
+    ``lm_head``); ``final_layer_norm``, else ``ln_f``; ``head`` (an
+    ``nn.Module``). Every module whose qualified name contains ``liger``
+    (any case) is kept too. A head that is not an ``nn.Module`` counts as
+    none (TRL raises AttributeError registering a hook on it)."""
+    unwrapped = model.module if hasattr(model, "module") else model
     if hasattr(unwrapped, "base_model") and hasattr(unwrapped, "peft_config"):
         unwrapped = unwrapped.base_model
-    for path in (("output",), ("lm_head",), ("decoder", "output"), ("decoder", "lm_head"), ("final_layer",)):
-        found = unwrapped
-        for name in path:
-            found = getattr(found, name, None)
-            if found is None:
-                break
-        if found is not None:
-            return found
-    return None
+    head = None
+    if hasattr(unwrapped, "output"):
+        head = unwrapped.output
+        if not isinstance(head, nn.Module):
+            head = getattr(head, "linear", None)
+    elif hasattr(unwrapped, "lm_head"):
+        head = unwrapped.lm_head
+    elif hasattr(unwrapped, "decoder"):
+        decoder = unwrapped.decoder
+        head = getattr(decoder, "output", None) if hasattr(decoder, "output") else getattr(decoder, "lm_head", None)
+    elif hasattr(unwrapped, "final_layer_norm") or hasattr(unwrapped, "ln_f"):
+        head = getattr(unwrapped, "final_layer_norm", None)
+        if head is None:
+            head = getattr(unwrapped, "ln_f", None)
+    elif hasattr(unwrapped, "head"):
+        head = unwrapped.head
+    if not isinstance(head, nn.Module):
+        head = None
+    liger = [module for name, module in unwrapped.named_modules() if "liger" in name.lower()] \
+        if isinstance(unwrapped, nn.Module) else []
+    return head, liger
+
+
+def warn_no_head(where, looked_for, silence, stacklevel):
+    """The peers' "no output head was detected" warning, naming the search
+    (a UserWarning through ``warnings``, where the peers log it)."""
+    warnings.warn(f"{where}: no output head detected (looked for {looked_for}); its activations are offloaded "
+                  f"too, which usually slows training given the large vocabulary size{silence}",
+                  stacklevel=stacklevel + 1)
+
+
+def trl_ctx_manager(where, model, *, use_pin_memory, use_streams, min_offload_size, max_fwd_stash_size,
+                    warn_if_no_head, make):
+    """TRL's ``get_act_offloading_ctx_manager`` body: ``make(**options)``,
+    the model's parameters and buffers excluded, TRL's head and Liger
+    modules kept on the device, a warning naming the search when no head."""
+    check_module(where, model)
+    manager = make(use_pin_memory=use_pin_memory, use_streams=use_streams, min_offload_size=min_offload_size,
+                   max_fwd_stash_size=max_fwd_stash_size)
+    manager.update_model_params(model)
+    head, liger = trl_keep_on_device(model)
+    keep_on_device(([head] if head is not None else []) + liger)
+    if head is None and warn_if_no_head:
+        warn_no_head(where, TRL_HEADS, "; pass warn_if_no_head=False to silence this", stacklevel=3)
+    return manager
+
+
+class OffloadActivations(ModelParams, PeerOffload):
+    """``OffloadActivations`` as TRL 1.16 has it (``torch_offload.trl``),
+    with the arguments where TRL and torchtune disagree by name only.
+
+    ``use_pin_memory`` and ``use_streams`` are the first two positional
+    arguments of both peers; ``min_offload_size`` and ``max_fwd_stash_size``
+    come third and fourth in TRL but fourth and third in torchtune, so here
+    they are keyword-only (a third positional argument is a TypeError that
+    says so). For a peer's exact signature import ``torch_offload.trl`` or
+    ``torch_offload.torchtune``. Arguments as ``PeerOffload``;
+    ``use_streams=None`` is True. Has TRL's ``update_model_params(model)``.
+    """
+
+    public_name = "torch_offload.OffloadActivations"
+
+    def __init__(self, use_pin_memory=True, use_streams=True, *positional, min_offload_size=1024,
+                 max_fwd_stash_size=5):
+        if positional:
+            raise TypeError("torch_offload.OffloadActivations: pass min_offload_size and max_fwd_stash_size by name "
+                            "(TRL takes them third and fourth, torchtune fourth and third); torch_offload.trl and "
+                            "torch_offload.torchtune take each peer's positional order")
+        super().__init__(use_pin_memory=use_pin_memory, use_streams=use_streams, min_offload_size=min_offload_size,
+                         max_fwd_stash_size=max_fwd_stash_size)
 
 
 def get_act_offloading_ctx_manager(model, enable_activation_offloading=True, *, use_pin_memory=True,
                                    use_streams=True, min_offload_size=1024, max_fwd_stash_size=5,
                                    warn_if_no_head=True):
-    """TRL's / torchtune's ``get_act_offloading_ctx_manager``.
+    """TRL 1.16's ``get_act_offloading_ctx_manager`` (as
+    ``torch_offload.trl``) with torchtune's switch as its second positional
+    argument, every other argument by name.
 
-    Returns an OffloadActivations for ``model`` with the model's parameters
-    and buffers excluded, whose output head (see the TRL lookup in
-    ``_output_head``) runs without offloading (its forward pre-hook opens a
-    NoOpManager, its forward hook closes it): the head's activations are
+    The second positional argument is ``use_pin_memory`` in TRL and
+    ``enable_activation_offloading`` in torchtune (both bools that mean
+    different things). Here it is torchtune's, as torchtune's recipes pass
+    it (``get_act_offloading_ctx_manager(model, enable)``) and as this name
+    always took it; TRL calls it with ``model`` alone (or by keyword), and
+    TRL's other arguments are keyword-only here, so no call means something
+    else than in the peer it was written for, except a positional
+    ``use_pin_memory``, which ``torch_offload.trl`` takes.
+    ``torch_offload.trl`` and ``torch_offload.torchtune`` take each peer's
+    positional order.
+
+    Returns an ``OffloadActivations`` with the model's parameters and
+    buffers excluded, whose output head (found as TRL finds it:
+    ``trl_keep_on_device``, which also covers torchtune's ``TiedLinear``)
+    and Liger modules run without offloading; the head's activations are
     needed first in backward, so offloading them only costs time. With
-    ``enable_activation_offloading=False`` (torchtune's switch) returns a
-    ``contextlib.nullcontext()``. Warns when no head is found and
-    ``warn_if_no_head``.
+    ``enable_activation_offloading=False``: ``contextlib.nullcontext()``.
+    No head found: a warning naming what was looked for (unless
+    ``warn_if_no_head=False``), not an error. TypeError when ``model`` is
+    not an ``nn.Module``; ValueError for an option out of range.
     """
+    where = "torch_offload.get_act_offloading_ctx_manager"
+    check_module(where, model)
     if not enable_activation_offloading:
-        import contextlib
-
         return contextlib.nullcontext()
-    manager = OffloadActivations(use_pin_memory=use_pin_memory, use_streams=use_streams,
-                                 min_offload_size=min_offload_size, max_fwd_stash_size=max_fwd_stash_size)
-    manager.exclude(model.parameters())
-    manager.exclude(model.buffers())
-    head = _output_head(model)
-    if head is not None:
-        noop = NoOpManager()
-
-        def open_noop(*args):  # hooks return None: the head's input and output stay as they are
-            noop.__enter__()
-
-        def close_noop(*args):
-            noop.__exit__(None, None, None)
-
-        head.register_forward_pre_hook(open_noop)
-        head.register_forward_hook(close_noop, always_call=True)
-    elif warn_if_no_head:
-        warnings.warn("torch_offload.get_act_offloading_ctx_manager: no output head found (output, lm_head, "
-                      "decoder.output, decoder.lm_head, final_layer); every activation is offloaded",
-                      stacklevel=2)
-    return manager
+    return trl_ctx_manager(where, model, use_pin_memory=use_pin_memory, use_streams=use_streams,
+                           min_offload_size=min_offload_size, max_fwd_stash_size=max_fwd_stash_size,
+                           warn_if_no_head=warn_if_no_head, make=OffloadActivations)
