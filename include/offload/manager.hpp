@@ -56,15 +56,16 @@ class InvalidCore final : public HookSource {
 /// static_assert naming the concept and the missing member.
 ///
 /// A saved tensor is offloaded when it is on Device's device type, strided,
-/// not a leaf that requires grad, not registered with exclude(), and its
+/// not a parameter (a floating-point or complex leaf, whether it requires
+/// grad or not, or a view of one), not registered with exclude(), and its
 /// storage has at least Options::min_offload_bytes bytes. Only the bytes of
 /// the storage that saved views read are copied (a narrow of the last
 /// dimension moves its elements, not the storage), each byte once per step
 /// however many views of it are saved; each view comes back with its own
 /// dtype, sizes, strides and storage offset, on the device (type and index)
 /// it came from, and views of one storage share one device buffer in
-/// backward. Tensors that stay where they are (other device, layout, leaf,
-/// small, excluded) are decided without taking the manager's lock.
+/// backward. Tensors that stay where they are (other device, layout,
+/// parameter, small, excluded) are decided without taking the manager's lock.
 ///
 /// The Manager is a cheap handle (shared state); copies share it. Saved
 /// tensors keep the state alive, so backward may run after the Manager and
@@ -93,9 +94,10 @@ class Manager {
   void reset_stats() { core_->reset_stats(); }
   /// The validated options.
   const Options& options() const noexcept { return core_->options(); }
-  /// Never offload tensors that share storage with any of `tensors` (pass
-  /// module->parameters() and module->buffers()). Leaf tensors that require
-  /// grad are never offloaded anyway. Thread-safe.
+  /// Never offload tensors that share storage with any of `tensors` (e.g.
+  /// integer buffers, caches the model holds); undefined tensors and those
+  /// without storage are skipped. Parameters (floating-point or complex
+  /// leaves and their views) are never offloaded anyway. Thread-safe.
   void exclude(at::TensorList tensors) { core_->exclude(tensors); }
   /// Which policies this manager uses, e.g. "Manager<sim, pinned_host, streamed>".
   std::string describe() const { return core_->describe(); }

@@ -19,6 +19,7 @@ Importing this module loads the sim library (it registers a PrivateUse1
 device guard), so import it only where the simulated device is wanted.
 """
 
+import atexit
 import contextlib
 import ctypes
 import os
@@ -71,6 +72,20 @@ def install(name="sim", num_devices=2, capacity_bytes=0, copy_delay_us=0, poison
         torch.utils.generate_methods_for_privateuse1_backend(for_tensor=True, for_module=True,
                                                              for_storage=True)
         torch._register_device_module(name, device_module)
+        atexit.register(_drain_at_exit)
+
+
+def _drain_at_exit():
+    """Runs the work still queued on every sim stream while the interpreter
+    is alive: a worker that finishes a task drops what it captured, and a
+    CPU tensor seen from Python needs the GIL for that, which a thread cannot
+    take once the interpreter is finalizing (Python ends such a thread, and
+    the C++ runtime aborts the process). The wait releases the GIL."""
+    for index in range(_sim.config()["num_devices"] if _sim.installed() else 0):
+        try:
+            _sim.synchronize(index)
+        except Exception:  # noqa: BLE001  errors of queued work have nobody left to report to
+            pass
 
 
 installed = _sim.installed

@@ -55,6 +55,13 @@ std::int64_t now_ns() {
 
 // ------------------------------------------------------------------ streams
 
+// Set when the process exits (drain_everything_at_exit): from then on a
+// stream runs a queued task on the calling thread, after the tasks queued
+// before it, so no worker runs while the process tears down statics.
+std::atomic<bool> g_exiting{false};
+// Whether this thread is running a stream's task (a worker, or run_here).
+thread_local bool t_in_task = false;
+
 // One simulated stream: a FIFO of tasks run in order by one worker thread
 // (started on first use). Positions count tasks: position p is reached when
 // the first p tasks have run (and their captures have been destroyed).
@@ -67,6 +74,9 @@ class SimStream {
 
   // Queues `task`; returns the position reached once it has run.
   std::uint64_t enqueue(std::function<void()> task) {
+    if (g_exiting.load()) {
+      return run_here(std::move(task));
+    }
     std::lock_guard<std::mutex> lock(mutex_);
     if (!started_) {
       std::thread([this] { run(); }).detach();
@@ -131,7 +141,31 @@ class SimStream {
   }
 
  private:
+  // At exit: waits for the tasks queued before, runs `task` on this thread
+  // (at once when queued by a running task, whose own wait would never end).
+  std::uint64_t run_here(std::function<void()> task) {
+    std::unique_lock<std::mutex> lock(mutex_);
+    if (!t_in_task) {
+      done_cv_.wait(lock, [&] { return completed_ >= enqueued_; });
+    }
+    const auto position = ++enqueued_;
+    lock.unlock();
+    const bool outer = !std::exchange(t_in_task, true);
+    try {
+      task();
+    } catch (...) {  // nobody is left to report it to
+    }
+    task = nullptr;
+    t_in_task = !outer;
+    lock.lock();
+    ++completed_;
+    lock.unlock();
+    done_cv_.notify_all();
+    return position;
+  }
+
   void run() {
+    t_in_task = true;
     for (;;) {
       std::function<void()> task;
       {
@@ -1077,11 +1111,18 @@ std::string differences(const Config& have, const Config& want) {
   return out.str();
 }
 
+// Registered by install(), so it runs before the statics constructed
+// earlier are destroyed (Python drains sooner: torch_offload.sim registers
+// its own drain with Python's atexit). Work queued from here on (e.g. a
+// release a static's destructor queues) runs on the thread that queues it,
+// so the idle, detached workers touch nothing more and the process exits
+// with its own status.
 void drain_everything_at_exit() {
   auto* rt = g_runtime.load();
   if (rt == nullptr) {
     return;
   }
+  g_exiting.store(true);
   for (int d = 0; d < rt->installed.num_devices; ++d) {
     for (auto& s : rt->streams[static_cast<std::size_t>(d)]) {
       try {

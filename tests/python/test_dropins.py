@@ -78,11 +78,13 @@ def test_update_model_params_keeps_frozen_weights_on_the_device(make):
 
     frozen = nn.Linear(64, 64).to("sim").requires_grad_(False)  # a 16 KiB weight saved for x's gradient
     plain, ref = run(make(), frozen)
-    assert plain.tensors_offloaded == 1  # the positive control: a frozen weight is not a leaf requiring grad
+    # A frozen weight is a parameter (a floating-point leaf): it stays even
+    # untold, counted before exclusion is looked at.
+    assert plain.tensors_offloaded == 0 and plain.passed_leaf == 1
     manager = make()
     manager.update_model_params(frozen)
     told, got = run(manager, frozen)
-    assert told.tensors_offloaded == 0 and told.passed_excluded == 1
+    assert told.tensors_offloaded == 0 and told.passed_leaf == 1
     assert_bitwise([ref], [got])
 
 

@@ -314,6 +314,25 @@ def test_pass_through_fallback_and_unavailable_device():
     assert m.stats().tensors_seen == 2 and m.stats().tensors_offloaded == 0
 
 
+def test_exit_with_sim_copies_in_flight_keeps_the_exit_status():
+    """The interpreter exits while a worker still holds a CPU tensor Python
+    sees: it must not abort ("terminate called without an active
+    exception", 134), whatever the status."""
+    code = ("import sys, torch, torch_offload.sim\n"
+            "torch_offload.sim.install()\n"
+            "x = torch.randn(10000, device='sim')\n"
+            "y = x.to('cpu', non_blocking=True)\n"
+            "if len(sys.argv) > 1: sys.exit(int(sys.argv[1]))\n")
+    runs = [[] for _ in range(20)] + [["3"] for _ in range(4)]
+    for batch in range(0, len(runs), 4):  # 4 at a time: a run is mostly startup
+        procs = [(args, subprocess.Popen([sys.executable, "-c", code, *args], stdout=subprocess.PIPE,
+                                         stderr=subprocess.STDOUT, text=True, env=os.environ))
+                 for args in runs[batch:batch + 4]]
+        for args, proc in procs:
+            out, _ = proc.communicate(timeout=120)
+            assert proc.returncode == (int(args[0]) if args else 0), out
+
+
 # ---------------------------------------------------------------- bad input
 
 def bad_input_rows():

@@ -14,9 +14,13 @@
 
 #include <doctest/doctest.h>
 
+#include <sys/wait.h>
+
 #include <atomic>
 #include <chrono>
 #include <cmath>
+#include <cstdlib>
+#include <filesystem>
 #include <functional>
 #include <string>
 #include <thread>
@@ -1285,4 +1289,26 @@ TEST_CASE("sim: threads and streams share the allocator safely") {
     torch::matmul(x, x).tanh().sum().backward();
   }
   CHECK(bitwise_equal(x.grad(), expected_grad));
+}
+
+// Run only as the child process of the case below (skipped otherwise): the
+// process ends while non-blocking copies wait out their delay on a stream.
+TEST_CASE("sim: exit child: std::exit with copies still queued" * doctest::skip()) {
+  sim::set_copy_delay_us(20'000);
+  const auto x = torch::randn({10000}).to(sim_device());
+  std::vector<at::Tensor> copies;
+  for (int i = 0; i < 8; ++i) copies.push_back(x.to(at::kCPU, /*non_blocking=*/true));
+  std::exit(3);
+}
+
+TEST_CASE("sim: a process that exits with copies in flight exits with its own status") {
+  const auto self = std::filesystem::read_symlink("/proc/self/exe").string();
+  const std::string command =
+      "'" + self + "' --no-skip --no-intro -tc='sim: exit child: *' > /dev/null 2>&1";
+  for (int run = 0; run < 5; ++run) {
+    CAPTURE(run);
+    const int status = std::system(command.c_str());
+    REQUIRE(WIFEXITED(status));
+    CHECK(WEXITSTATUS(status) == 3);
+  }
 }
