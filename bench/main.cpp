@@ -83,12 +83,19 @@ int main(int argc, char** argv) {
   auto* memory = add("memory", "peak sim device bytes of the GPT demo model: none / Blocking / Streamed vs the floor");
   add_ints(*memory, args, shape_flags);
   add_ints(*memory, args, option_flags);
+  auto* checkpoint =
+      add("checkpoint", "peak sim device bytes and bytes moved: none / offload / checkpoint / checkpoint + offload");
+  add_ints(*checkpoint, args, shape_flags);
+  add_ints(*checkpoint, args, option_flags);
   add("copy", "D2H / H2D GB/s of PinnedHost and PageableHost on sim vs memcpy");
-  auto* overlap = add("overlap", "step time none / Blocking / Streamed on sim with a copy delay");
+  auto* sim = add("sim", "host ns of sim's event record/query/wait and a queued copy's fixed cost");
+  add_ints(*sim, args, {{"rounds", {1, 100'000}, "measured batches"}});
+  auto* overlap =
+      add("overlap", "step time none / Blocking / Streamed on sim at R = 0.25, 0.5, 1, 2 (link time / forward)");
   add_ints(*overlap, args, shape_flags);
   add_ints(*overlap, args, option_flags);
   add_ints(*overlap, args,
-           {{"delay-us", {0, 10'000'000}, "sim copy delay in microseconds"},
+           {{"latency-us", {0, offload::sim::kMaxCopyLatencyUs}, "sim link latency per copy in microseconds"},
             {"rounds", {1, 1000}, "measured rounds"},
             {"threads", {1, 256}, "intra-op threads"}});
   auto* gpu = add("gpu", "NVIDIA GPU: step time none vs Streamed, D2H/H2D GB/s vs a pinned copy_");
@@ -108,7 +115,7 @@ int main(int argc, char** argv) {
     return 2;
   }
   if (args.name.empty()) {
-    std::cerr << "offload-bench: name a benchmark: hook, memory, copy, overlap or gpu (see --help)\n";
+    std::cerr << "offload-bench: name a benchmark: hook, memory, checkpoint, copy, sim, overlap or gpu (see --help)\n";
     return 2;
   }
   try {
@@ -120,7 +127,9 @@ int main(int argc, char** argv) {
     offload::install_hooks();
     if (args.name == "hook") return bench::run_hook(args);
     if (args.name == "copy") return bench::run_copy(args);
+    if (args.name == "sim") return bench::run_sim(args);
     if (args.name == "memory") return bench::run_memory(args);
+    if (args.name == "checkpoint") return bench::run_checkpoint(args);
     return bench::run_overlap(args);
   } catch (const std::exception& e) {
     std::cerr << "offload-bench " << args.name << ": " << e.what() << "\n";

@@ -8,7 +8,7 @@ torchtune's OffloadActivations; ours Blocking and Streamed.
 
 Writes DIR/peers.json (sim) or DIR/peers-cuda.json (cuda), with -quick
 before .json for --quick, and prints two
-markdown tables: per (model, layers, copy delay) cell, peak device bytes and median
+markdown tables: per (model, layers, link latency) cell, peak device bytes and median
 step time as ratios to no offloading, whether the losses are bitwise those
 of no offloading, and host time per saved tensor for pack + unpack (one
 extra instrumented step: the tool's pack and unpack hooks timed). The tools
@@ -21,8 +21,9 @@ Peers that cannot be imported are listed with the reason. The models: the
 GPT of models/gpt.hpp (tests/python/gpt.py; 4, 8, 16 layers), and
 Hugging Face transformers' GPT-2 and Llama built from configs of the same
 width, heads, sequence and vocabulary (random init, dropout off; 4 layers,
-and 16 without --quick); AdamW. On sim the copy delay is sim's knob (0 and
-300 us); on cuda there is no delay axis.
+and 16 without --quick); AdamW. On sim every tool's copies cross the same
+link (latency 0 and 300 us per copy, sim's default bandwidth); on cuda there
+is no latency axis.
 """
 
 import argparse
@@ -265,14 +266,14 @@ def main():
     for name, why in missing.items():
         print(f"- {name}: not run ({why})")
     print()
-    print("| model | layers | delay us | tool | peak device | peak / none | step ms | step / none | losses = none "
+    print("| model | layers | link latency us | tool | peak device | peak / none | step ms | step / none | losses = none "
           "| host us per saved tensor |")
     print("|---|---|---|---|---|---|---|---|---|---|")
     for kind, layers in ((kind, layers) for kind, counts in models for layers in counts):
         for delay in delays:
             if delay is not None:
-                torch_offload.sim.set_copy_delay_us(delay)
-            cell = {"model": kind, "layers": layers, "delay_us": delay,
+                torch_offload.sim.set_copy_latency_us(delay)
+            cell = {"model": kind, "layers": layers, "latency_us": delay,
                     "tools": train_all(device, dm, tools, kind, layers, steps, shape)}
             base = cell["tools"]["none"]
             where = f"| {kind} | {layers} | {delay if delay is not None else '-'} | "
@@ -322,10 +323,10 @@ def main():
         print(f"| {name} | {median:.0f} | {q[0]:.0f}..{q[2]:.0f} | {median / floor:.2f} |")
     torch.set_num_threads(threads)
 
-    # Correctness matrix: poison and a copy delay on, as in the tests.
+    # Correctness matrix: poison and a slow link on, as in the tests.
     if device == "sim":
         torch_offload.sim.set_poison_freed(True)
-        torch_offload.sim.set_copy_delay_us(300)
+        torch_offload.sim.set_copy_latency_us(300)
     names = [n for n in tools if n != "none"]
     print("\n## Correctness matrix (exact / differs / raises: first line of the error)\n")
     print("| case | " + " | ".join(names) + " |")
@@ -340,7 +341,7 @@ def main():
         print(f"| {case} | " + " | ".join(row[n] for n in names) + " |")
     if device == "sim":
         torch_offload.sim.set_poison_freed(False)
-        torch_offload.sim.set_copy_delay_us(0)
+        torch_offload.sim.set_copy_latency_us(10)
 
     exact = all(r["ours blocking"].startswith("exact") and r["ours streamed"].startswith("exact")
                 for r in results["matrix"].values())

@@ -1,7 +1,7 @@
 # SPDX-License-Identifier: MIT
 """Checks of offload-demo, run by Meson (examples/meson.build).
 
-usage: check_demo.py tiny|lstm|cap-oom|bad-input PATH/TO/offload-demo
+usage: check_demo.py tiny|lstm|cap-oom|ranks|checkpoint|bad-input PATH/TO/offload-demo
 
 tiny       3 steps of a tiny model on sim, without and with offloading:
            losses bitwise equal (max_abs_loss_diff == 0), a lower peak of
@@ -11,6 +11,18 @@ lstm       the same with --model lstm (2 layers), without the plot.
 cap-oom    the same model under a device-memory cap half way between the
            two peaks: the run without offloading runs out of device memory,
            the offloaded run trains every step.
+ranks      the tiny model trained data-parallel by 2 processes (--ranks 2):
+           rank 0 reports losses bitwise equal with and without offloading
+           on every rank and the same final parameters on every rank, and
+           offloaded something; no rank is left running.
+checkpoint --checkpoint on a 4-block tiny model: the checkpointed runs'
+           losses bitwise equal the run without offloading; checkpoint +
+           offload moves only block inputs (fewer bytes than offloading
+           alone). Then under a host budget of what checkpoint + offload
+           holds on the host, and a device-memory cap half way between the
+           two offloaded peaks: plain offloading (which keeps on the device
+           what exceeds the budget) runs out of device memory, checkpoint +
+           offload trains every step with the same losses.
 bad-input  an unavailable --device exits with status 2, prints exactly one
            line on stderr naming the flag, and trains nothing (inputs with
            a fixed message are rows of docs/bad-input.md, checked verbatim
@@ -114,6 +126,61 @@ def check_cap_oom(demo):
           % (cap, c["oom_step_without_offload"]))
 
 
+def check_ranks(demo):
+    with tempfile.TemporaryDirectory() as tmp:
+        s, proc = summary(demo, ["--ranks", "2"], tmp, "ranks")
+    line = ("data parallel (2 ranks, gradients averaged through c10d, offload_sim): losses bitwise equal with and "
+            "without offloading on every rank; final parameters identical on every rank")
+    if line not in proc.stdout.splitlines():
+        fail("rank 0 did not print %r" % line)
+    if s["losses_none"] != s["losses_offload"] or len(s["losses_offload"]) != 3:
+        fail("rank 0's losses: %r vs %r" % (s["losses_none"], s["losses_offload"]))
+    if not s["bytes_offloaded"] > 0:
+        fail("nothing was offloaded")
+    if proc.stdout.count("offload-demo ") != 1:
+        fail("only rank 0 prints: %r" % proc.stdout)
+    print("ok: 2 ranks, losses bitwise equal on every rank, same parameters, %d bytes offloaded on rank 0"
+          % s["bytes_offloaded"])
+
+
+def check_checkpoint(demo):
+    base = TINY[:TINY.index("--layers")] + ["--layers", "4"] + TINY[TINY.index("--layers") + 2:] + ["--checkpoint"]
+    with tempfile.TemporaryDirectory() as tmp:
+        s, _ = summary(demo, [], tmp, "free", base)
+        runs = {r["name"]: r for r in s["checkpoint_runs"]}
+        if sorted(runs) != ["checkpoint", "checkpoint+streamed"]:
+            fail("checkpoint_runs are %r" % sorted(runs))
+        for r in runs.values():
+            if r["losses"] != s["losses_none"] or not r["losses_bitwise_equal_to_none"]:
+                fail("%s: losses %r differ from %r" % (r["name"], r["losses"], s["losses_none"]))
+            if not r["peak_device_bytes"] < s["peak_device_bytes_none"]:
+                fail("%s: peak %r not below %r" % (r["name"], r["peak_device_bytes"], s["peak_device_bytes_none"]))
+        both = runs["checkpoint+streamed"]
+        if not 0 < both["bytes_offloaded"] < s["bytes_offloaded"] / 4:
+            fail("checkpoint + offload moved %r bytes, offload alone %r" % (both["bytes_offloaded"], s["bytes_offloaded"]))
+        budget = both["stats"]["host_bytes_peak"]
+        b, _ = summary(demo, ["--host-budget", str(budget)], tmp, "budget", base)
+        both_b = [r for r in b["checkpoint_runs"] if r["name"] == "checkpoint+streamed"][0]
+        if both_b["stats"]["passed_budget"] != 0 or b["stats_offload"]["passed_budget"] == 0:
+            fail("with --host-budget %d: checkpoint + offload passed %r over budget, offload alone %r"
+                 % (budget, both_b["stats"]["passed_budget"], b["stats_offload"]["passed_budget"]))
+        if not both_b["peak_device_bytes"] < b["peak_device_bytes_offload"]:
+            fail("with --host-budget %d: checkpoint + offload peak %r is not below offload's %r"
+                 % (budget, both_b["peak_device_bytes"], b["peak_device_bytes_offload"]))
+        cap = (both_b["peak_device_bytes"] + b["peak_device_bytes_offload"]) // 2
+        c, proc = summary(demo, ["--host-budget", str(budget), "--device-memory-cap", str(cap)], tmp, "capped", base)
+        both_c = [r for r in c["checkpoint_runs"] if r["name"] == "checkpoint+streamed"][0]
+        if not c["oom_with_offload"]:
+            fail("with cap %d and host budget %d plain offloading did not run out of memory" % (cap, budget))
+        if both_c["oom_step"] is not None or both_c["losses"] != s["losses_none"]:
+            fail("with cap %d checkpoint + offload did not train 3 steps with the same losses: %r" % (cap, both_c))
+        if "checkpoint + offload (streamed): trained all 3 steps under the cap" not in proc.stdout:
+            fail("the output does not say that checkpoint + offload trained under the cap")
+    print("ok: checkpoint + offload moved %d bytes (offload alone %d); host budget %d, cap %d: offload ran out at "
+          "step %d, checkpoint + offload trained 3 steps"
+          % (both["bytes_offloaded"], s["bytes_offloaded"], budget, cap, c["oom_step_with_offload"]))
+
+
 def check_bad_input(demo):
     # Every input with a fixed message is a row of docs/bad-input.md, checked
     # verbatim by tests/tools/bad_input.py. Here: the ones whose line depends on
@@ -140,7 +207,7 @@ def check_bad_input(demo):
 
 def main():
     checks = {"tiny": check_tiny, "lstm": lambda demo: check_tiny(demo, "lstm"), "cap-oom": check_cap_oom,
-              "bad-input": check_bad_input}
+              "bad-input": check_bad_input, "ranks": check_ranks, "checkpoint": check_checkpoint}
     if len(sys.argv) != 3 or sys.argv[1] not in checks:
         print(__doc__)
         sys.exit(2)

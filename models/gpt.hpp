@@ -11,6 +11,8 @@
 
 #include <torch/torch.h>
 
+#include <offload/checkpoint.hpp>
+
 namespace gpt {
 
 /// Shapes of the model. Every field must be >= 1 and width % heads == 0.
@@ -21,6 +23,7 @@ struct Config {
   std::int64_t heads = 4;    ///< attention heads; width % heads == 0
   std::int64_t seq = 64;     ///< context length in tokens
   double dropout = 0.0;      ///< dropout probability in [0, 1)
+  bool checkpoint = false;   ///< run each block through offload::checkpoint (saves only its input)
 };
 
 struct BlockImpl : torch::nn::Module {
@@ -76,7 +79,11 @@ struct ModelImpl : torch::nn::Module {
     const auto t = idx.size(1);
     auto positions = torch::arange(t, torch::TensorOptions().dtype(torch::kLong).device(idx.device()));
     auto x = tok(idx) + pos(positions);
-    for (auto& block : *blocks) x = block->as<Block>()->forward(x);
+    for (std::size_t i = 0; i < blocks->size(); ++i) {
+      auto block = blocks->ptr<BlockImpl>(i);
+      x = config.checkpoint ? offload::checkpoint_forward(block, x, {.name = "block " + std::to_string(i)})
+                            : block->forward(x);
+    }
     return head(ln(x));
   }
 

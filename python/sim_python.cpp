@@ -19,6 +19,10 @@
 
 namespace py = pybind11;
 
+namespace offload::python {
+void bind_sim_collectives(py::module_& m);  // sim_collectives_python.cpp
+}  // namespace offload::python
+
 namespace {
 
 constexpr auto kSim = c10::DeviceType::PrivateUse1;
@@ -42,19 +46,21 @@ const c10::impl::DeviceGuardImplInterface& guard() {
 PYBIND11_MODULE(_sim, m) {
   m.doc() = "offload::sim for Python (use torch_offload.sim, not this module)";
   offload::python::register_error_translator();
+  offload::python::bind_sim_collectives(m);
 
   m.def(
       "install",
-      [](const std::string& name, int num_devices, std::int64_t capacity_bytes, std::int64_t copy_delay_us,
-         bool poison_freed) {
+      [](const std::string& name, int num_devices, std::int64_t capacity_bytes, std::int64_t copy_latency_us,
+         double copy_bandwidth_gbps, bool poison_freed) {
         offload::sim::install(offload::sim::Config{.backend_name = name,
                                                    .num_devices = num_devices,
                                                    .capacity_bytes = capacity_bytes,
-                                                   .copy_delay_us = copy_delay_us,
+                                                   .copy_latency_us = copy_latency_us,
+                                                   .copy_bandwidth_gbps = copy_bandwidth_gbps,
                                                    .poison_freed = poison_freed});
       },
-      py::arg("name"), py::arg("num_devices"), py::arg("capacity_bytes"), py::arg("copy_delay_us"),
-      py::arg("poison_freed"));
+      py::arg("name"), py::arg("num_devices"), py::arg("capacity_bytes"), py::arg("copy_latency_us"),
+      py::arg("copy_bandwidth_gbps"), py::arg("poison_freed"));
   m.attr("device_type") = static_cast<int>(kSim);  // what torch.Stream(device_type=...) takes
   m.def("installed", &offload::sim::installed);
   m.def("config", [] {
@@ -63,11 +69,15 @@ PYBIND11_MODULE(_sim, m) {
     out["name"] = c.backend_name;
     out["num_devices"] = c.num_devices;
     out["capacity_bytes"] = c.capacity_bytes;
-    out["copy_delay_us"] = c.copy_delay_us;
+    out["copy_latency_us"] = c.copy_latency_us;
+    out["copy_bandwidth_gbps"] = c.copy_bandwidth_gbps;
     out["poison_freed"] = c.poison_freed;
     return out;
   });
-  m.def("set_copy_delay_us", &offload::sim::set_copy_delay_us);
+  m.def("set_copy_latency_us", &offload::sim::set_copy_latency_us);
+  m.def("set_copy_bandwidth_gbps", &offload::sim::set_copy_bandwidth_gbps);
+  m.attr("max_copy_latency_us") = offload::sim::kMaxCopyLatencyUs;
+  m.attr("max_copy_bandwidth_gbps") = offload::sim::kMaxCopyBandwidthGbps;
   m.def("set_poison_freed", &offload::sim::set_poison_freed);
   m.def("set_capacity_bytes", &offload::sim::set_capacity_bytes);
   m.def("device_memory",

@@ -27,6 +27,11 @@ std::int64_t Cuda::memory_allocated(c10::DeviceIndex index) {
   return stats.allocated_bytes[static_cast<std::size_t>(c10::CachingAllocator::StatType::AGGREGATE)].current;
 }
 
+std::int64_t Cuda::memory_peak(c10::DeviceIndex index) {
+  const auto stats = c10::cuda::CUDACachingAllocator::getDeviceStats(index);
+  return stats.allocated_bytes[static_cast<std::size_t>(c10::CachingAllocator::StatType::AGGREGATE)].peak;
+}
+
 void Cuda::empty_cache() { c10::cuda::CUDACachingAllocator::emptyCache(); }
 
 }  // namespace offload::device

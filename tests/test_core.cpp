@@ -17,6 +17,7 @@
 #include <offload/offload.hpp>
 
 #include "harness.hpp"
+#include "warnings.hpp"
 
 namespace {
 
@@ -41,6 +42,7 @@ TEST_CASE("Options: defaults are valid and documented values") {
   CHECK(options.prefetch_bytes == 0);
   CHECK(options.pin_memory);
   CHECK(options.host_budget_bytes == 0);
+  CHECK(options.device_target_bytes == 0);
   CHECK_NOTHROW(options.validate());
 }
 
@@ -62,6 +64,9 @@ TEST_CASE("Options: every out-of-range field names itself, its value and the ran
       {{.prefetch_bytes = huge},
        "offload::Options: prefetch_bytes must be in [0, 1125899906842624], got 1125899906842625"},
       {{.host_budget_bytes = -5}, "offload::Options: host_budget_bytes must be in [0, 1125899906842624], got -5"},
+      {{.device_target_bytes = -1}, "offload::Options: device_target_bytes must be in [0, 1125899906842624], got -1"},
+      {{.device_target_bytes = huge},
+       "offload::Options: device_target_bytes must be in [0, 1125899906842624], got 1125899906842625"},
   };
   for (const auto& row : rows) {
     CAPTURE(row.message);
@@ -361,15 +366,7 @@ TEST_CASE("Views: unpacked views keep their dtype, sizes, strides and storage of
 }
 
 namespace {
-/// Collects the warnings c10 raises on this thread while alive.
-struct CollectWarnings final : c10::WarningHandler {
-  CollectWarnings() : guard_(this) {}
-  void process(const c10::Warning& warning) override { messages.push_back(warning.msg()); }
-  std::vector<std::string> messages;
-
- private:
-  c10::WarningUtils::WarningHandlerGuard guard_;
-};
+using harness::CollectWarnings;
 
 std::string range_message(std::string_view field, offload::Range range, std::int64_t got) {
   return "offload::Options: " + std::string(field) + " must be in [" + std::to_string(range.lo) + ", " +
@@ -381,7 +378,7 @@ TEST_CASE("Options: offload::ranges are what validate() accepts, at both ends") 
   // Every integer field, through the one list validate() and the Python
   // binding read.
   const auto& fields = offload::option_fields;
-  CHECK(fields.size() == 5);
+  CHECK(fields.size() == 6);
   for (const auto& f : fields) {
     CAPTURE(f.name);
     for (auto ok : {f.range.lo, f.range.hi}) {
@@ -458,7 +455,9 @@ TEST_CASE("Scope: one warning per manager when nothing saved was on its device t
     offload::Scope scope(host);
     (a.exp() * a).sum().backward();
   }
-  { offload::Scope empty(SimManager{}); }
+  {
+    offload::Scope empty(SimManager{});
+  }
   CHECK(warnings.messages.size() == 2);
 }
 

@@ -316,7 +316,7 @@ TEST_CASE_TEMPLATE("device memory drops by exactly the bytes reported as offload
 }
 
 TEST_CASE_TEMPLATE("fault injection: a skipped wait or an early free breaks parity", M, PARITY_TYPES) {
-  const fixture::Substrate substrate(/*copy_delay_us=*/20000);
+  const fixture::Substrate substrate(/*latency_us=*/20000);
   const auto plain = harness::train(harness::ModelKind::mlp, sim0, 2);
   // One subcase per fault, so each can be run alone (-sc=...; the TSan canaries do).
   // The same policies, with faults::Faulty around the sync policy.

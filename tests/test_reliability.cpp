@@ -131,7 +131,7 @@ TEST_CASE("lifecycle: an exception mid-forward leaves nothing held once the grap
 }
 
 TEST_CASE("lifecycle: 1000 steps keep device and host memory flat") {
-  const fixture::Substrate substrate(/*copy_delay_us=*/0);
+  const fixture::Substrate substrate(/*latency_us=*/0);
   Streamed manager(offload::Options{.min_offload_bytes = 0, .max_fwd_stash = 2, .prefetch_depth = 2});
   Mlp model(5);
   std::vector<std::int64_t> device, host, pinned;
@@ -288,7 +288,7 @@ std::pair<std::uint32_t, std::uint32_t> seed_range() {
 }  // namespace
 
 TEST_CASE("randomized graphs: gradient parity with Streamed and Blocking on sim, delay and poisoning on") {
-  const fixture::Substrate substrate(/*copy_delay_us=*/50);
+  const fixture::Substrate substrate(/*latency_us=*/50);
   const auto [first, count] = seed_range();
   std::vector<std::uint32_t> failing;
   for (std::uint32_t seed = first; seed < first + count; ++seed) {
@@ -308,7 +308,7 @@ TEST_CASE("randomized graphs: gradient parity with Streamed and Blocking on sim,
 }
 
 TEST_CASE("randomized graphs: the check can fail (an injected early free is caught)") {
-  const fixture::Substrate substrate(/*copy_delay_us=*/20000);
+  const fixture::Substrate substrate(/*latency_us=*/20000);
   int caught = 0;
   for (std::uint32_t seed = 1; seed <= 3; ++seed) {
     const auto expected = random_graph_grads(seed, plain);

@@ -34,11 +34,7 @@ struct Chain {
   }
 };
 
-// sim installed, each copy delayed 1 ms and freed memory poisoned, for
-// one test case (the knobs are restored at its end).
-struct SlowPoisonedSim : fixture::Substrate {
-  SlowPoisonedSim() : fixture::Substrate(/*copy_delay_us=*/1000) {}
-};
+using fixture::SlowPoisonedSim;
 
 // x's gradient (on the CPU) of the loss `forward` computes, its saved
 // tensors routed through `manager` (nullptr: none); backward after the
@@ -115,7 +111,7 @@ TEST_CASE("Streamed: memory freed in place under a device-to-host copy is not re
   // before backward. Freed memory is poisoned: a copy that read it after
   // the free brings back the poison.
   const SlowPoisonedSim sim;
-  offload::sim::set_copy_delay_us(100'000);  // the free comes first even on a loaded machine
+  offload::sim::set_copy_latency_us(100'000);  // the free comes first even on a loaded machine
   const auto x = at::randn({kSide, kSide}).to(sim0).requires_grad_();
   const auto run = [&](const Streamed* manager) {
     return grad_through(x, manager, [&] {
@@ -215,9 +211,7 @@ TEST_CASE("Streamed: the window shrinks once the largest saved tensor came back"
 }
 
 TEST_CASE("Streamed: a tensor still in the forward stash is reused, not copied back") {
-  offload::sim::install();
-  offload::sim::ScopedKnobs restore;
-  offload::sim::set_copy_delay_us(100);
+  const fixture::Substrate substrate(/*latency_us=*/100, /*poison=*/false);
   Chain chain;
   Streamed manager(offload::Options{.min_offload_bytes = 0, .max_fwd_stash = 4, .prefetch_depth = 2});
   {
@@ -232,7 +226,7 @@ TEST_CASE("Streamed: a tensor still in the forward stash is reused, not copied b
 }
 
 TEST_CASE("Streamed: correct under a non-default current compute stream") {
-  const fixture::Substrate substrate(/*copy_delay_us=*/300);
+  const fixture::Substrate substrate(/*latency_us=*/300);
   const auto plain = harness::train(harness::ModelKind::block, sim0, 2);
   const auto* guard = c10::impl::getDeviceGuardImpl(c10::DeviceType::PrivateUse1);
   const c10::StreamGuard on_pool(guard->getStreamFromGlobalPool(sim0));

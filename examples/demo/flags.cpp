@@ -259,6 +259,10 @@ std::optional<Args> parse_args(int argc, char** argv) {
       ->transform(one_of({"none", "blocking", "streamed", "compare"}))
       ->type_name("MODE")
       ->group(g2);
+  app.add_flag("--checkpoint", a.checkpoint,
+               "also train with each block checkpointed (offload::checkpoint: saves only its input, recomputed "
+               "in backward), alone and, unless --offload none, with its inputs offloaded")
+      ->group(g2);
   app.add_option("--device", a.device,
                  "auto | sim | sim:N | cuda | cuda:N | the detected accelerator's name (default auto: the "
                  "detected accelerator, else the simulated `sim`)")
@@ -279,6 +283,8 @@ std::optional<Args> parse_args(int argc, char** argv) {
           "streamed: how far ahead of need backward brings tensors back, in largest saved tensors", g2);
   bytes("--prefetch-bytes", a.prefetch_bytes, offload::ranges::prefetch_bytes,
         "streamed: a fixed prefetch window in bytes instead (0: follow --prefetch-depth)");
+  bytes("--host-budget", a.host_budget_bytes, offload::ranges::host_budget_bytes,
+        "host bytes a manager may hold (0: no limit); what does not fit stays on the device");
 
   const std::string g3 = "Output";
   app.add_option("--summary-json", a.summary_json, "write the results as JSON")
@@ -294,6 +300,20 @@ std::optional<Args> parse_args(int argc, char** argv) {
       ->group(g3);
   integer("--log-every", a.log_every, {0, 1'000'000},
           "progress line every N steps when stdout is not a terminal (0: about ten per run)", g3);
+
+  const std::string g4 = "Data parallel";
+  integer("--ranks", a.ranks, {1, 8},
+          "processes training data-parallel, each on its shard of the text, gradients averaged through c10d "
+          "after every backward (sim: the offload_sim backend; cuda: NCCL, one GPU per rank)",
+          g4);
+  auto* rank = integer("--rank", a.rank, {0, 7}, "this process's rank (set by rank 0 for the ranks it starts)", g4);
+  app.add_option("--rendezvous", a.rendezvous,
+                 "HOST:PORT of rank 0's store (set by rank 0, which serves it on 127.0.0.1, for the ranks it "
+                 "starts)")
+      ->transform(non_empty("HOST:PORT"))
+      ->type_name("ADDR")
+      ->group(g4);
+  integer("--rendezvous-timeout", a.rendezvous_timeout, {1, 3600}, "seconds the ranks wait for each other", g4);
 
   for (auto* option : app.get_options()) option->description(wrap(option->get_description()));
 
@@ -316,9 +336,16 @@ std::optional<Args> parse_args(int argc, char** argv) {
     throw UsageError("--width " + std::to_string(a.width) + " must be a multiple of --heads " +
                      std::to_string(a.heads));
   }
+  if (a.rank >= a.ranks) {
+    throw UsageError("--rank: " + std::to_string(a.rank) + " must be less than --ranks " + std::to_string(a.ranks));
+  }
+  if ((rank->count() > 0 && a.rank > 0) != a.rendezvous.has_value()) {
+    throw UsageError("--rendezvous: given with --rank 1..N-1 only (rank 0 serves the store and starts the others)");
+  }
   if (!kind.uses_heads && heads->count() > 0) {
     throw UsageError("--heads: --model " + a.model + " has no attention heads");
   }
+  if (a.checkpoint && !kind.no_checkpoint.empty()) throw UsageError("--checkpoint: " + std::string(kind.no_checkpoint));
   return a;
 }
 

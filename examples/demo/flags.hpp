@@ -40,6 +40,7 @@ struct Args {
   double lr = 3e-3;
   std::int64_t seed = 0;
   OffloadMode offload = OffloadMode::compare;
+  bool checkpoint = false;  ///< also the runs with each block checkpointed (alone and with offloading)
   std::string device = "auto";
   std::int64_t device_memory_cap = 0;  ///< bytes; 0 = no cap
   std::optional<std::string> data;     ///< --data FILE; default: the license texts
@@ -49,7 +50,12 @@ struct Args {
   std::int64_t max_fwd_stash = offload::Options{}.max_fwd_stash;
   std::int64_t prefetch_depth = offload::Options{}.prefetch_depth;
   std::int64_t prefetch_bytes = offload::Options{}.prefetch_bytes;
-  std::int64_t log_every = 0;  ///< 0 = about ten lines per run when stdout is not a terminal
+  std::int64_t host_budget_bytes = offload::Options{}.host_budget_bytes;
+  std::int64_t log_every = 0;             ///< 0 = about ten lines per run when stdout is not a terminal
+  std::int64_t ranks = 1;                 ///< data-parallel processes (see parallel.hpp)
+  std::int64_t rank = 0;                  ///< this process's rank; > 0 only with --rendezvous
+  std::optional<std::string> rendezvous;  ///< HOST:PORT of rank 0's store (the ranks rank 0 starts)
+  std::int64_t rendezvous_timeout = 60;   ///< seconds
 };
 
 /// Parses argv and checks every value and the combinations that need

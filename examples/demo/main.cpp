@@ -13,6 +13,7 @@
 
 #include <unistd.h>
 
+#include <algorithm>
 #include <cstdlib>
 #include <iostream>
 #include <optional>
@@ -29,6 +30,7 @@
 #include "device.hpp"
 #include "flags.hpp"
 #include "models.hpp"
+#include "parallel.hpp"
 #include "plot.hpp"
 #include "report.hpp"
 #include "training.hpp"
@@ -36,10 +38,43 @@
 namespace demo {
 namespace {
 
-int run(const Args& args) {
+/// With --ranks > 1, rank 0's line that every rank's losses are bitwise
+/// equal with and without offloading (each rank compares its own two runs),
+/// and whether every rank ended with the same parameters (it must: the
+/// gradients are averaged). Every rank calls it; the others get "".
+std::string ranks_line(const DataParallel& dp, const std::optional<RunResult>& none,
+                       const std::optional<RunResult>& off) {
+  const std::string mine = none && off ? (compare(*none, *off).bitwise_equal ? "yes" : "no") : "n/a";
+  const auto verdicts = dp.gather("bitwise", mine);
+  const auto hashes = dp.gather("parameters", std::to_string((off ? *off : *none).parameters_hash));
+  if (dp.rank() != 0) return {};
+  std::string differ, missing;
+  for (std::size_t r = 0; r < verdicts.size(); ++r) {
+    if (verdicts[r] == "no") differ += " " + std::to_string(r);
+    if (verdicts[r] == "n/a") missing += " " + std::to_string(r);
+  }
+  const bool same = std::all_of(hashes.begin(), hashes.end(), [&](const auto& h) { return h == hashes[0]; });
+  std::string line = "data parallel (" + std::to_string(dp.size()) + " ranks, gradients averaged through c10d, " +
+                     dp.backend() + "): ";
+  if (!missing.empty()) {
+    line += "one run per rank, nothing to compare";
+  } else if (differ.empty()) {
+    line += "losses bitwise equal with and without offloading on every rank";
+  } else {
+    line += "losses NOT bitwise equal with and without offloading on rank(s)" + differ;
+  }
+  return line + "; final parameters " + (same ? "identical" : "NOT identical") + " on every rank\n";
+}
+
+int run(const Args& args, char** argv) {
   const bool tty = ::isatty(STDOUT_FILENO) == 1;
   const auto corpus = load_corpus(args);
-  const auto device = choose_device(args);
+  auto device = choose_device(args);
+  if (args.ranks > 1 && corpus.bytes / args.ranks < args.seq + 1) {
+    throw UsageError("--ranks " + std::to_string(args.ranks) + ": each rank's shard of the text has " +
+                     std::to_string(corpus.bytes / args.ranks) +
+                     " bytes, fewer than --seq + 1 = " + std::to_string(args.seq + 1));
+  }
   if (args.plot && device.sim && device.device.index() != 0) {
     throw UsageError("--plot: the sim memory trace records sim:0 only, got --device " + args.device);
   }
@@ -47,7 +82,8 @@ int run(const Args& args) {
   const offload::Options options{.min_offload_bytes = args.min_offload_bytes,
                                  .max_fwd_stash = args.max_fwd_stash,
                                  .prefetch_depth = args.prefetch_depth,
-                                 .prefetch_bytes = args.prefetch_bytes};
+                                 .prefetch_bytes = args.prefetch_bytes,
+                                 .host_budget_bytes = args.host_budget_bytes};
   try {
     options.validate();
   } catch (const c10::ValueError& e) {
@@ -64,6 +100,8 @@ int run(const Args& args) {
   // The engine that hands out saved-tensor hooks must be the default one
   // before the first backward pass, also the one without offloading.
   offload::install_hooks();
+  const auto dp = DataParallel::join(args, device, argv);
+  const bool lead = !dp || dp->rank() == 0;
 
   const auto& kind = model_kind(args.model);
   std::cout << program << " " << OFFLOAD_VERSION << ": " << kind.title << ", layers " << args.layers << ", width "
@@ -77,31 +115,55 @@ int run(const Args& args) {
   std::cout << "device: " << device.label << " (" << device.why << ")";
   if (args.device_memory_cap > 0) std::cout << ", memory cap " << mib(args.device_memory_cap);
   std::cout << "\n";
+  if (dp) {
+    std::cout << "data parallel: rank " << dp->rank() << " of " << dp->size() << " on its shard of the text, "
+              << dp->backend() << " backend\n";
+  }
 
-  const bool trace = args.plot.has_value();
+  const bool trace = args.plot.has_value() && lead;
   std::optional<RunResult> none, off;
   if (args.offload == OffloadMode::none || args.offload == OffloadMode::compare) {
-    none = train(args, corpus, device, memory, OffloadMode::none, options, trace, tty);
-  }
-  if (args.offload != OffloadMode::none) {
-    const auto mode = args.offload == OffloadMode::blocking ? OffloadMode::blocking : OffloadMode::streamed;
-    off = train(args, corpus, device, memory, mode, options, trace, tty);
-    std::cout << "manager: " << off->manager << "\n";
+    none = train(args, corpus, device, memory, OffloadMode::none, options, trace, tty, dp.get());
   }
 
+  // --checkpoint: the same steps with each block checkpointed, alone and
+  // with its inputs offloaded (before the offloaded run: a run through a
+  // manager that ran out of device memory can leave device memory held).
+  const auto mode = args.offload == OffloadMode::blocking ? OffloadMode::blocking : OffloadMode::streamed;
+  std::vector<RunResult> checkpointed;
+  if (args.checkpoint) {
+    checkpointed.push_back(train(args, corpus, device, memory, OffloadMode::none, options, trace, tty, dp.get(), true));
+    if (args.offload != OffloadMode::none) {
+      checkpointed.push_back(train(args, corpus, device, memory, mode, options, trace, tty, dp.get(), true));
+    }
+  }
+  if (args.offload != OffloadMode::none) {
+    off = train(args, corpus, device, memory, mode, options, trace, tty, dp.get());
+    std::cout << "manager: " << off->manager << "\n";
+  }
+  std::vector<const RunResult*> pc;
+  for (const auto& r : checkpointed) pc.push_back(&r);
+
+  const std::string dp_line = dp ? ranks_line(*dp, none, off) : std::string();
+  if (!lead) return 0;
+  TORCH_CHECK(!dp || dp->wait_for_ranks(), "a rank that rank 0 started failed (its messages are above)");
   const RunResult* pn = none ? &*none : nullptr;
   const RunResult* po = off ? &*off : nullptr;
-  print_report(args, pn, po);
+  print_report(args, pn, po, pc);
+  std::cout << dp_line;
   if (args.plot) {
     std::vector<const RunResult*> traced;
     for (const auto* r : {pn, po}) {
       if (r && !r->trace.empty()) traced.push_back(r);
     }
+    for (const auto* r : pc) {
+      if (!r->trace.empty()) traced.push_back(r);
+    }
     const auto csv = write_plot(*args.plot, args, device, traced);
     std::cout << "plot: " << *args.plot << " (samples: " << csv << ")\n";
   }
   if (args.summary_json) {
-    write_summary(*args.summary_json, args, corpus, device, pn, po);
+    write_summary(*args.summary_json, args, corpus, device, pn, po, pc);
     std::cout << "summary: " << *args.summary_json << "\n";
   }
   remove_cap(args, device);
@@ -115,7 +177,7 @@ int main(int argc, char** argv) {
   using demo::program;
   try {
     const auto args = demo::parse_args(argc, argv);
-    return args ? demo::run(*args) : 0;
+    return args ? demo::run(*args, argv) : 0;
   } catch (const demo::UsageError& e) {
     std::cerr << program << ": " << e.what() << "\n";
     return 2;

@@ -12,9 +12,12 @@ namespace {
 class Gpt final : public CharModel {
  public:
   explicit Gpt(const ModelShape& s)
-      : model_(register_module(
-            "gpt", gpt::Model(gpt::Config{
-                       .vocab = s.vocab, .layers = s.layers, .width = s.width, .heads = s.heads, .seq = s.seq}))) {}
+      : model_(register_module("gpt", gpt::Model(gpt::Config{.vocab = s.vocab,
+                                                             .layers = s.layers,
+                                                             .width = s.width,
+                                                             .heads = s.heads,
+                                                             .seq = s.seq,
+                                                             .checkpoint = s.checkpoint}))) {}
 
   torch::Tensor loss(const torch::Tensor& tokens, const torch::Tensor& targets) override {
     return model_->loss(tokens, targets);

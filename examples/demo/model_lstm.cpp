@@ -41,6 +41,8 @@ class Lstm final : public CharModel {
     .default_layers = 2,
     .uses_heads = false,
     .make = [](const ModelShape& s) -> std::shared_ptr<CharModel> { return std::make_shared<Lstm>(s); },
+    .no_checkpoint = "--model lstm is one torch::nn::LSTM module whose layers run in one fused call, so there is "
+                     "no block to recompute on its own; use --model gpt",
 });
 
 }  // namespace

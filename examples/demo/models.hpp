@@ -13,13 +13,14 @@ namespace demo {
 
 class CharModel;  // char_model.hpp
 
-/// Shapes from the command line. Every field is >= 1.
+/// Shapes from the command line. Every integer field is >= 1.
 struct ModelShape {
-  std::int64_t vocab;   ///< distinct tokens (bytes of the text)
-  std::int64_t layers;  ///< transformer blocks or recurrent layers
-  std::int64_t width;   ///< embedding and hidden width
-  std::int64_t heads;   ///< attention heads (models with uses_heads only)
-  std::int64_t seq;     ///< context length in tokens
+  std::int64_t vocab;       ///< distinct tokens (bytes of the text)
+  std::int64_t layers;      ///< transformer blocks or recurrent layers
+  std::int64_t width;       ///< embedding and hidden width
+  std::int64_t heads;       ///< attention heads (models with uses_heads only)
+  std::int64_t seq;         ///< context length in tokens
+  bool checkpoint = false;  ///< each block through offload::checkpoint (kinds with an empty no_checkpoint)
 };
 
 /// One --model choice.
@@ -31,6 +32,8 @@ struct ModelKind {
   bool uses_heads;              ///< reads --heads (and needs width % heads == 0)
   /// The model on the CPU, initialised from LibTorch's current seed.
   std::shared_ptr<CharModel> (*make)(const ModelShape& shape);
+  /// Why --checkpoint does not apply to this model; empty when it does.
+  std::string_view no_checkpoint = {};
 };
 
 /// Every registered model, sorted by name. Filled before main() runs.

@@ -114,7 +114,9 @@ std::string write_plot(const std::string& png, const Args& args, const DeviceCho
     std::ofstream out(csv, std::ios::trunc);
     out << "run,event,t_ms,mib\n";
     for (const auto* r : runs) {
-      const std::string label = r->name == "none" ? "without offloading" : "with offloading (" + r->name + ")";
+      const std::string label = r->name == "none"         ? "without offloading"
+                                : r->name == "checkpoint" ? "checkpoint, without offloading"
+                                                          : "with offloading (" + r->name + ")";
       const std::string run = "\"" + label + ", step " + std::to_string(r->traced_step) +
                               (r->oom_step && *r->oom_step == r->traced_step ? " (ran out of memory)" : "") + "\"";
       for (const auto& s : r->trace) {

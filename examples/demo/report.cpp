@@ -35,11 +35,28 @@ std::string ratio_text(double a, double b) {
   return buf;
 }
 
-void print_table(const Args& args, const RunResult* none, const RunResult* off) {
+std::string column_title(const RunResult& r) {
+  if (r.name == "none") return "no offload";
+  if (r.name == "checkpoint") return "checkpoint";
+  if (r.name.rfind("checkpoint+", 0) == 0) return "checkpoint + offload (" + r.name.substr(11) + ")";
+  return "offload (" + r.name + ")";
+}
+
+// With checkpointed runs, the ratios against the run without offloading
+// follow the peak and the time in each cell instead of a column of their own.
+void print_table(const Args& args, const RunResult* none, const RunResult* off,
+                 const std::vector<const RunResult*>& checkpointed) {
   std::vector<std::pair<std::string, const RunResult*>> cols;
-  if (none) cols.emplace_back("no offload", none);
-  if (off) cols.emplace_back("offload (" + off->name + ")", off);
-  const bool ratio = none && off;
+  for (const auto* r : {none, off}) {
+    if (r) cols.emplace_back(column_title(*r), r);
+  }
+  for (const auto* r : checkpointed) cols.emplace_back(column_title(*r), r);
+  const bool ratio = none && off && checkpointed.empty();
+  const auto in_cell = [&](const RunResult& r, std::string text, double base, double value) {
+    if (ratio || !none || &r == none || none->oom_step) return text;
+    const auto x = ratio_text(base, value);
+    return x.empty() ? text : text + " (" + x + ")";
+  };
   std::vector<std::vector<std::string>> rows;
   auto row = [&](std::string label, const std::function<std::string(const RunResult&)>& cell, std::string r = "") {
     std::vector<std::string> out{std::move(label)};
@@ -61,14 +78,24 @@ void print_table(const Args& args, const RunResult* none, const RunResult* off) 
     return std::string(buf);
   });
   row(
-      "peak device memory", [](const RunResult& r) { return mib(r.peak_bytes); },
+      "peak device memory",
+      [&](const RunResult& r) {
+        return in_cell(r, mib(r.peak_bytes), none ? static_cast<double>(none->peak_bytes) : 0,
+                       static_cast<double>(r.peak_bytes));
+      },
       ratio && !none->oom_step ? ratio_text(static_cast<double>(none->peak_bytes), static_cast<double>(off->peak_bytes))
                                : "");
+  const auto offloads = [](const RunResult& r) { return r.name != "none" && r.name != "checkpoint"; };
   row("bytes offloaded",
-      [](const RunResult& r) { return r.name == "none" ? std::string("-") : mib(r.stats.bytes_offloaded); });
+      [&](const RunResult& r) { return offloads(r) ? mib(r.stats.bytes_offloaded) : std::string("-"); });
   row("bytes brought back",
-      [](const RunResult& r) { return r.name == "none" ? std::string("-") : mib(r.stats.bytes_reloaded); });
-  row("time per step", seconds_text, ratio ? ratio_text(none->seconds_per_step(), off->seconds_per_step()) : "");
+      [&](const RunResult& r) { return offloads(r) ? mib(r.stats.bytes_reloaded) : std::string("-"); });
+  row(
+      "time per step",
+      [&](const RunResult& r) {
+        return in_cell(r, seconds_text(r), none ? none->seconds_per_step() : 0, r.seconds_per_step());
+      },
+      ratio ? ratio_text(none->seconds_per_step(), off->seconds_per_step()) : "");
   std::vector<std::size_t> widths(rows.front().size(), 0);
   for (const auto& r : rows) {
     for (std::size_t i = 0; i < r.size(); ++i) widths[i] = std::max(widths[i], r[i].size());
@@ -90,8 +117,9 @@ void print_table(const Args& args, const RunResult* none, const RunResult* off) 
 
 }  // namespace
 
-void print_report(const Args& args, const RunResult* none, const RunResult* off) {
-  print_table(args, none, off);
+void print_report(const Args& args, const RunResult* none, const RunResult* off,
+                  const std::vector<const RunResult*>& checkpointed) {
+  print_table(args, none, off, checkpointed);
   if (none && off) {
     const auto cmp = compare(*none, *off);
     if (cmp.common == 0) {
@@ -114,11 +142,30 @@ void print_report(const Args& args, const RunResult* none, const RunResult* off)
     std::cout << "with offloading: ran out of device memory at step " << *off->oom_step << " of " << args.steps
               << (args.device_memory_cap > 0 ? "; the cap is below what offloading needs" : "") << "\n";
   }
+  for (const auto* r : checkpointed) {
+    const auto title = column_title(*r);
+    if (none) {
+      const auto cmp = compare(*none, *r);
+      if (cmp.common > 0) {
+        std::cout << title << ": losses of " << cmp.common << " steps "
+                  << (cmp.bitwise_equal ? "bitwise equal to the run without offloading" : "NOT bitwise equal") << "\n";
+      }
+    }
+    if (r->oom_step) {
+      std::cout << title << ": ran out of device memory at step " << *r->oom_step << " of " << args.steps << "\n";
+    } else if (args.device_memory_cap > 0 && ((off && off->oom_step) || (none && none->oom_step))) {
+      std::cout << title << ": trained all " << args.steps << " steps under the cap " << mib(args.device_memory_cap)
+                << "\n";
+    }
+  }
   if (off) std::cout << "offload stats: " << off->stats << "\n";
+  for (const auto* r : checkpointed) {
+    if (r->name != "checkpoint") std::cout << column_title(*r) << " stats: " << r->stats << "\n";
+  }
 }
 
 void write_summary(const std::string& path, const Args& args, const Corpus& corpus, const DeviceChoice& device,
-                   const RunResult* none, const RunResult* off) {
+                   const RunResult* none, const RunResult* off, const std::vector<const RunResult*>& checkpointed) {
   using Json = nlohmann::ordered_json;
   auto losses = [](const RunResult* r) { return r ? Json(r->losses) : Json(nullptr); };
   auto peak = [](const RunResult* r) { return r && r->peak_bytes >= 0 ? Json(r->peak_bytes) : Json(nullptr); };
@@ -131,7 +178,22 @@ void write_summary(const std::string& path, const Args& args, const Corpus& corp
   Json model{{"name", args.model}, {"layers", args.layers}, {"width", args.width}};
   model["heads"] = model_kind(args.model).uses_heads ? Json(args.heads) : Json(nullptr);
   model.update(Json{{"seq", args.seq}, {"batch", args.batch}, {"lr", args.lr}, {"seed", args.seed}});
-  const Json j{
+  Json runs = args.checkpoint ? Json::array() : Json(nullptr);
+  for (const auto* r : checkpointed) {
+    const bool offloaded = r->name != "checkpoint";
+    runs.push_back(Json{
+        {"name", r->name},
+        {"losses", r->losses},
+        {"losses_bitwise_equal_to_none", none ? Json(compare(*none, *r).bitwise_equal) : Json(nullptr)},
+        {"peak_device_bytes", peak(r)},
+        {"bytes_offloaded", offloaded ? Json(r->stats.bytes_offloaded) : Json(nullptr)},
+        {"bytes_reloaded", offloaded ? Json(r->stats.bytes_reloaded) : Json(nullptr)},
+        {"oom_step", oom_step(r)},
+        {"seconds_per_step", per_step(r)},
+        {"stats", offloaded ? offload_json::stats(r->stats) : Json(nullptr)},
+    });
+  }
+  Json j{
       {"device", device.label},
       {"data_files", corpus.files},
       {"data_bytes", corpus.bytes},
@@ -157,6 +219,7 @@ void write_summary(const std::string& path, const Args& args, const Corpus& corp
       {"seconds_per_step_offload", per_step(off)},
       {"stats_offload", off ? offload_json::stats(off->stats) : Json(nullptr)},
   };
+  j["checkpoint_runs"] = std::move(runs);
   std::ofstream out(path, std::ios::trunc);
   out << j.dump(2) << "\n";
   out.close();

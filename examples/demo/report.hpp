@@ -4,6 +4,7 @@
 // and the --summary-json file.
 
 #include <string>
+#include <vector>
 
 #include "data.hpp"
 #include "device.hpp"
@@ -12,13 +13,16 @@
 
 namespace demo {
 
-/// The table of both runs (either may be null) and the lines that say
-/// whether the losses are bitwise equal and which run ran out of memory.
-void print_report(const Args& args, const RunResult* none, const RunResult* off);
+/// The table of both runs (either may be null) and of the checkpointed
+/// runs (`checkpointed`, --checkpoint), and the lines that say whether the
+/// losses are bitwise equal and which run ran out of memory.
+void print_report(const Args& args, const RunResult* none, const RunResult* off,
+                  const std::vector<const RunResult*>& checkpointed = {});
 
 /// Writes the results to `path` as JSON (field names: examples/check_demo.py
 /// reads them). Throws std::runtime_error when the file cannot be written.
+/// `checkpointed` goes to "checkpoint_runs" (null without --checkpoint).
 void write_summary(const std::string& path, const Args& args, const Corpus& corpus, const DeviceChoice& device,
-                   const RunResult* none, const RunResult* off);
+                   const RunResult* none, const RunResult* off, const std::vector<const RunResult*>& checkpointed = {});
 
 }  // namespace demo

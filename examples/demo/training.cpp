@@ -8,6 +8,7 @@
 #include <cmath>
 #include <cstdio>
 #include <cstring>
+#include <functional>
 #include <iostream>
 #include <random>
 
@@ -19,6 +20,7 @@
 
 #include "char_model.hpp"
 #include "models.hpp"
+#include "parallel.hpp"
 
 namespace demo {
 namespace {
@@ -69,6 +71,15 @@ void progress(const Args& args, const RunResult& r, const DeviceMemory& memory, 
   }
 }
 
+/// After a step ran out of device memory in backward, the device's autograd
+/// thread still holds that backward's graph task (and the gradients it had
+/// buffered) until it runs its next one: a backward of a zero-element tensor
+/// on `device` lets it go, so the next run starts from what it owns.
+void release_failed_backward(c10::Device device) {
+  auto z = torch::zeros({0}, torch::TensorOptions().device(device).requires_grad(true));
+  z.sum().backward();
+}
+
 }  // namespace
 
 std::string mib(std::int64_t bytes) {
@@ -83,10 +94,13 @@ std::string mib(std::int64_t bytes) {
 }
 
 RunResult train(const Args& args, const Corpus& corpus, const DeviceChoice& device, const DeviceMemory& memory,
-                OffloadMode mode, const offload::Options& options, bool trace, bool tty) {
+                OffloadMode mode, const offload::Options& options, bool trace, bool tty, const DataParallel* dp,
+                bool checkpoint) {
   RunResult r;
   r.name = std::string(mode_name(mode));
-  const auto tokens = torch::tensor(corpus.ids, torch::kLong);
+  if (checkpoint) r.name = mode == OffloadMode::none ? "checkpoint" : "checkpoint+" + r.name;
+  auto tokens = torch::tensor(corpus.ids, torch::kLong);
+  if (dp) tokens = dp->shard(tokens);
   torch::manual_seed(static_cast<std::uint64_t>(args.seed));
   std::mt19937_64 rng(static_cast<std::uint64_t>(args.seed));
   const std::int64_t traced = std::min<std::int64_t>(2, args.steps);
@@ -99,10 +113,12 @@ RunResult train(const Args& args, const Corpus& corpus, const DeviceChoice& devi
                                             .layers = args.layers,
                                             .width = args.width,
                                             .heads = args.heads,
-                                            .seq = args.seq});
+                                            .seq = args.seq,
+                                            .checkpoint = checkpoint});
     std::optional<offload::AnyManager> manager;
     if (mode != OffloadMode::none) manager.emplace(make_manager(mode, device, options));
     model->to(device.device);
+    if (dp) dp->broadcast_parameters(model->parameters());
     if (manager) {
       manager->exclude(model->parameters());
       r.manager = manager->describe();
@@ -128,6 +144,7 @@ RunResult train(const Args& args, const Corpus& corpus, const DeviceChoice& devi
         }
         if (tracing) r.forward_end_ms = tracer.ms_since_start();
         loss.backward();
+        if (dp) dp->average_gradients(model->parameters());
         if (tracing) r.backward_end_ms = tracer.ms_since_start();
         optimizer.step();
         r.losses.push_back(loss.item<float>());
@@ -149,11 +166,20 @@ RunResult train(const Args& args, const Corpus& corpus, const DeviceChoice& devi
       progress(args, r, memory, step, seconds, step == args.steps, tty);
     }
     if (manager) r.stats = manager->stats();
+    if (dp) {
+      std::string bytes;
+      for (const auto& p : model->parameters()) {
+        const auto host = p.detach().cpu().contiguous();
+        bytes.append(static_cast<const char*>(host.data_ptr()), host.nbytes());
+      }
+      r.parameters_hash = std::hash<std::string>{}(bytes);
+    }
   } catch (const c10::OutOfMemoryError& e) {
     if (tty) std::cout << '\n';
     r.oom_step = step;
     r.oom_message = e.what_without_backtrace();
     std::cout << "[" << r.name << "] ran out of device memory at step " << step << " of " << args.steps << "\n";
+    release_failed_backward(device.device);
   }
   tracer.stop();
   r.peak_bytes = memory.peak();

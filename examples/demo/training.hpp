@@ -18,9 +18,11 @@
 
 namespace demo {
 
+class DataParallel;
+
 /// What one training run produced.
 struct RunResult {
-  std::string name;                      ///< "none" or the offload mode
+  std::string name;                      ///< "none" or the offload mode, after "checkpoint+" when checkpointed
   std::vector<float> losses;             ///< one per completed step
   std::optional<std::int64_t> oom_step;  ///< 1-based step that ran out of device memory
   std::string oom_message;
@@ -31,6 +33,7 @@ struct RunResult {
   std::vector<Sample> trace;  ///< device memory over the traced step
   double forward_end_ms = -1, backward_end_ms = -1, step_end_ms = -1, oom_ms = -1;  ///< marks on the trace
   std::int64_t traced_step = 0;                                                     ///< 1-based
+  std::size_t parameters_hash = 0;  ///< with --ranks > 1: a hash of the final parameters' bytes
 
   double seconds_per_step() const { return losses.empty() ? 0.0 : seconds / static_cast<double>(losses.size()); }
 };
@@ -41,9 +44,14 @@ struct RunResult {
 /// runs inside an offload::Scope. A c10::OutOfMemoryError ends the run and
 /// is recorded. With `trace`, device memory is traced over step
 /// min(2, --steps) (or over the step that ran out of memory, when that
-/// comes first). Shows progress on stdout (`tty`: one updated line).
+/// comes first). Shows progress on stdout (`tty`: one updated line). With
+/// `dp` (--ranks > 1) the run trains on the rank's shard of the text, starts
+/// from rank 0's weights and averages the gradients over the ranks after
+/// every backward. With `checkpoint` each block of the model runs through
+/// offload::checkpoint.
 RunResult train(const Args& args, const Corpus& corpus, const DeviceChoice& device, const DeviceMemory& memory,
-                OffloadMode mode, const offload::Options& options, bool trace, bool tty);
+                OffloadMode mode, const offload::Options& options, bool trace, bool tty,
+                const DataParallel* dp = nullptr, bool checkpoint = false);
 
 /// Bitwise comparison of the losses both runs completed.
 struct Comparison {

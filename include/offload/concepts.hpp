@@ -180,7 +180,9 @@ concept stream_device_policy =
     requirement::side_stream<P> && requirement::record_stream<P>;
 
 /// A device policy that reports device-memory statistics (used by tests,
-/// the demo and the benchmarks; the library itself never calls these).
+/// the demo and the benchmarks, and by a manager with
+/// Options::device_target_bytes: memory_allocated(), and memory_peak(index)
+/// where the policy has it).
 template <class P>
 concept memory_stats_device_policy =
     device_policy<P> && requirement::memory_allocated<P> && requirement::empty_cache<P>;

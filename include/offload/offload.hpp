@@ -2,7 +2,7 @@
 #pragma once
 /// @file
 /// Everything a user of torch-offload needs, in one include: options,
-/// stats, the manager and AnyManager, scopes, the runtime dispatcher
+/// stats, the manager and AnyManager, scopes, checkpoint, the runtime dispatcher
 /// (make_manager, builtin_devices), and every device, storage and sync
 /// policy this build ships (device::Cuda only when OFFLOAD_HAS_CUDA).
 /// The simulated device's functions (offload::sim::install) are in
@@ -10,6 +10,7 @@
 /// lists the narrower headers and what each costs to include.
 
 #include <offload/any_manager.hpp>
+#include <offload/checkpoint.hpp>
 #include <offload/concepts.hpp>
 #include <offload/config.hpp>
 #include <offload/dispatch.hpp>

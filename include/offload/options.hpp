@@ -26,6 +26,7 @@ inline constexpr Range max_fwd_stash{1, 1024};                       ///< offloa
 inline constexpr Range prefetch_depth{0, 1024};                      ///< largest offloaded storages
 inline constexpr Range host_budget_bytes{0, std::int64_t{1} << 50};  ///< bytes; 0 = unlimited
 inline constexpr Range prefetch_bytes{0, std::int64_t{1} << 50};  ///< bytes; 0 = prefetch_depth x the largest storage
+inline constexpr Range device_target_bytes{0, std::int64_t{1} << 50};  ///< bytes; 0 = off (offload every eligible)
 }  // namespace ranges
 
 /// Settings of one offload manager. Plain data: copy freely. A manager
@@ -82,6 +83,24 @@ struct Options {
   /// Accepted: ranges::host_budget_bytes, [0, 2^50]. Default 0.
   std::int64_t host_budget_bytes = 0;
 
+  /// A device-memory target: the peak of allocated device memory (what the
+  /// device allocator reports, e.g. torch.cuda.memory_allocated) a step
+  /// should stay under, in bytes. 0 = off: every eligible saved tensor is
+  /// offloaded. Otherwise each Scope of the manager is one step: the manager
+  /// records what the step saved (pack order, storage bytes, eligibility)
+  /// and the allocated memory at each pack, at scope exit and at each
+  /// unpack, and plans the next step to offload the fewest bytes that keep
+  /// it under the target, offloading the tensors saved earliest and keeping
+  /// the latest. The first step offloads every eligible tensor. A guard
+  /// offloads a tensor the plan keeps when allocated memory plus what the
+  /// plan still keeps would exceed the target. sync::Streamed's prefetch
+  /// window grows to the headroom under the target. A target that cannot be
+  /// met warns once and offloads everything. A device policy without memory
+  /// statistics counts only the saved bytes the manager keeps on the device
+  /// (docs/guide.md, "A device-memory target").
+  /// Accepted: ranges::device_target_bytes, [0, 2^50]. Default 0.
+  std::int64_t device_target_bytes = 0;
+
   /// Throws c10::ValueError naming the first field out of range, its value
   /// and the accepted range, e.g.
   /// "offload::Options: max_fwd_stash must be in [1, 1024], got 0".
@@ -93,7 +112,7 @@ struct Options {
 /// Python package's keyword), the member, its accepted range and its unit.
 struct OptionField {
   std::string_view name;
-  std::int64_t Options::*member;
+  std::int64_t Options::* member;
   Range range;
   std::string_view unit;
 };
@@ -107,6 +126,7 @@ inline constexpr std::array option_fields{
     OptionField{"prefetch_depth", &Options::prefetch_depth, ranges::prefetch_depth, "largest offloaded storages"},
     OptionField{"prefetch_bytes", &Options::prefetch_bytes, ranges::prefetch_bytes, "bytes"},
     OptionField{"host_budget_bytes", &Options::host_budget_bytes, ranges::host_budget_bytes, "bytes"},
+    OptionField{"device_target_bytes", &Options::device_target_bytes, ranges::device_target_bytes, "bytes"},
 };
 static_assert(sizeof(Options) == (option_fields.size() + 1) * sizeof(std::int64_t),
               "offload::option_fields must list every integer field of offload::Options");

@@ -28,6 +28,7 @@ struct Stats {
   std::int64_t passed_leaf = 0;
   std::int64_t passed_layout = 0;
   std::int64_t passed_budget = 0;
+  std::int64_t passed_target = 0;
   std::int64_t bytes_offloaded = 0;
   std::int64_t bytes_reloaded = 0;
   std::int64_t tensors_reloaded = 0;
@@ -39,10 +40,16 @@ struct Stats {
   std::int64_t stash_reuses = 0;
   std::int64_t prefetches = 0;
   std::int64_t prefetch_peak = 0;
+  std::int64_t target_kept_bytes = 0;
+  std::int64_t target_guard_offloads = 0;
+  std::int64_t target_planned_offload_bytes = 0;
+  std::int64_t target_min_offload_bytes = 0;
+  std::int64_t target_steps_planned = 0;
 
   /// Saved tensors that stayed on their device or host, all reasons.
   std::int64_t passed_through() const noexcept {
-    return passed_other_device + passed_small + passed_excluded + passed_leaf + passed_layout + passed_budget;
+    return passed_other_device + passed_small + passed_excluded + passed_leaf + passed_layout + passed_budget +
+           passed_target;
   }
 };
 
@@ -50,7 +57,7 @@ struct Stats {
 /// what it counts (one line, for help texts and generated docs).
 struct StatField {
   std::string_view name;
-  std::int64_t Stats::*member;
+  std::int64_t Stats::* member;
   std::string_view doc;
 };
 
@@ -66,10 +73,14 @@ inline constexpr std::array stat_fields{
               "not on the manager's device type (e.g. CPU tensors), or undefined"},
     StatField{"passed_small", &Stats::passed_small, "storage under Options::min_offload_bytes"},
     StatField{"passed_excluded", &Stats::passed_excluded, "registered with exclude() (parameters, buffers)"},
-    StatField{"passed_leaf", &Stats::passed_leaf, "parameters: floating-point or complex leaf tensors, trainable or frozen (also the model input), and views of "
-              "them"},
+    StatField{
+        "passed_leaf", &Stats::passed_leaf,
+        "parameters: floating-point or complex leaf tensors, trainable or frozen (also the model input), and views of "
+        "them"},
     StatField{"passed_layout", &Stats::passed_layout, "sparse, quantized, nested or other non-strided tensors"},
     StatField{"passed_budget", &Stats::passed_budget, "would have exceeded Options::host_budget_bytes"},
+    StatField{"passed_target", &Stats::passed_target,
+              "kept on the device by the Options::device_target_bytes plan (eligible, not needed off it)"},
     StatField{"bytes_offloaded", &Stats::bytes_offloaded, "bytes copied device -> host"},
     StatField{"bytes_reloaded", &Stats::bytes_reloaded, "bytes copied host -> device"},
     StatField{"tensors_reloaded", &Stats::tensors_reloaded, "host -> device copies made"},
@@ -85,6 +96,16 @@ inline constexpr std::array stat_fields{
     StatField{"prefetch_peak", &Stats::prefetch_peak,
               "most prefetched buffers outstanding at once (tensors; their bytes stay within the prefetch window, +1 "
               "on demand)"},
+    StatField{"target_kept_bytes", &Stats::target_kept_bytes,
+              "storage bytes of the saved tensors the device-memory plan kept on the device"},
+    StatField{"target_guard_offloads", &Stats::target_guard_offloads,
+              "saved tensors the plan kept that the target's guard offloaded"},
+    StatField{"target_planned_offload_bytes", &Stats::target_planned_offload_bytes,
+              "storage bytes the last step's plan offloads (eligible ones it does not keep)"},
+    StatField{"target_min_offload_bytes", &Stats::target_min_offload_bytes,
+              "fewest eligible bytes whose offloading meets the target, from the step the last plan was made from"},
+    StatField{"target_steps_planned", &Stats::target_steps_planned,
+              "steps planned from the step before (the first step offloads every eligible tensor)"},
 };
 static_assert(sizeof(Stats) == stat_fields.size() * sizeof(std::int64_t),
               "offload::stat_fields must list every field of offload::Stats");

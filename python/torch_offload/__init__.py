@@ -21,7 +21,10 @@ torchtune 0.6.1's ``torchtune.training`` (``OffloadActivations``,
 ``NoOpManager``, ``get_act_offloading_ctx_manager``, each with its peer's
 signature). The top-level names of the same three follow TRL, with every
 argument on which the two peers' positional orders disagree taken by name
-only. The simulated accelerator: ``torch_offload.sim``. See docs/python.md.
+only. Checkpointing with offloaded inputs, as a Hugging Face
+``gradient_checkpointing_func``: ``CheckpointOffload``,
+``enable_gradient_checkpointing``. The simulated accelerator:
+``torch_offload.sim``. See docs/python.md.
 """
 
 import torch
@@ -35,6 +38,7 @@ if torch.__version__ != _BUILT_WITH:
     )
 
 from ._manager import Manager, Stats, no_offload  # noqa: E402
+from ._checkpoint import CheckpointOffload, enable_gradient_checkpointing, plain_checkpoint  # noqa: E402
 from ._peers import NoOpManager, OffloadActivations, get_act_offloading_ctx_manager  # noqa: E402
 from . import torchtune, trl  # noqa: E402,F401  (torch_offload.trl / torch_offload.torchtune)
 
@@ -42,6 +46,9 @@ __all__ = [
     "Manager",
     "Stats",
     "no_offload",
+    "CheckpointOffload",
+    "enable_gradient_checkpointing",
+    "plain_checkpoint",
     "OffloadActivations",
     "NoOpManager",
     "get_act_offloading_ctx_manager",

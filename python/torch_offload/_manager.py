@@ -16,7 +16,7 @@ Stats = dataclasses.make_dataclass(
     namespace={
         "passed_through": property(
             lambda self: self.passed_other_device + self.passed_small + self.passed_excluded
-            + self.passed_leaf + self.passed_layout + self.passed_budget,
+            + self.passed_leaf + self.passed_layout + self.passed_budget + self.passed_target,
             doc="Saved tensors that stayed on their device or host, all reasons.",
         ),
         "__module__": __name__,
@@ -108,6 +108,11 @@ class Manager(_HookRegion):
             0 = follow prefetch_depth, [0, 2**50].
         pin_memory: whether pinned_host may page-lock (a bool).
         host_budget_bytes: most host bytes held, 0 = unlimited, [0, 2**50].
+        device_target_bytes: a device-memory target: the allocated device
+            memory (``memory_allocated``) each ``with`` (one step) should
+            stay under; the manager offloads only what the previous step
+            showed is needed, the earliest saved first (the first step
+            offloads everything), 0 = off, [0, 2**50].
         fallback: when the device is not there (``"auto"`` finding no
             usable accelerator, or a named device this build or machine
             lacks), ``"error"`` raises RuntimeError, ``"pass_through"``
@@ -128,7 +133,7 @@ class Manager(_HookRegion):
 
     def __init__(self, device="auto", storage="pinned_host", sync="streamed", *, min_offload_bytes=1024,
                  max_fwd_stash=5, prefetch_depth=2, prefetch_bytes=0, pin_memory=True, host_budget_bytes=0,
-                 fallback="error"):
+                 device_target_bytes=0, fallback="error"):
         if isinstance(device, torch.device):
             device = device.type
         elif isinstance(device, str) and device.partition(":")[2].isdigit():
@@ -140,7 +145,7 @@ class Manager(_HookRegion):
                 raise TypeError(f"torch_offload.Manager: {name} must be a str, got {type(value).__name__}")
         options = {"min_offload_bytes": min_offload_bytes, "max_fwd_stash": max_fwd_stash,
                    "prefetch_depth": prefetch_depth, "prefetch_bytes": prefetch_bytes,
-                   "host_budget_bytes": host_budget_bytes}
+                   "host_budget_bytes": host_budget_bytes, "device_target_bytes": device_target_bytes}
         for name, lo, hi, _ in _C.option_fields():
             value = options[name]
             if isinstance(value, bool):

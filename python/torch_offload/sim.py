@@ -2,16 +2,17 @@
 """The simulated accelerator (offload::sim) inside a Python process.
 
     import torch_offload.sim
-    torch_offload.sim.install(copy_delay_us=300, poison_freed=True)
+    torch_offload.sim.install(copy_latency_us=300, poison_freed=True)
     x = torch.randn(4, device="sim")
     torch.get_device_module("sim").max_memory_allocated()
 
 ``install`` registers the PrivateUse1 backend under ``name`` for the whole
 process (device memory from a counting allocator, one worker thread per
-stream, events, asynchronous copies with an optional delay, poisoning of
-freed memory), generates the ``Tensor.<name>()`` methods, and registers a
-device module, so that ``torch.get_device_module(name)`` and
-``torch.<name>`` give device-generic code what it calls: is_available,
+stream, events, asynchronous copies, a link that makes every CPU<->device
+copy take latency + bytes / bandwidth, poisoning of freed memory),
+generates the ``Tensor.<name>()`` methods, and registers a device module,
+so that ``torch.get_device_module(name)`` and ``torch.<name>`` give
+device-generic code what it calls: is_available,
 device_count, current_device, set_device, synchronize, current_stream,
 stream(s), Stream, Event, empty_cache, memory_allocated,
 max_memory_allocated, reset_peak_memory_stats, manual_seed(_all).
@@ -40,12 +41,15 @@ ctypes.CDLL(_C.__file__, mode=os.RTLD_NOLOAD | os.RTLD_GLOBAL)
 from . import _sim  # noqa: E402
 
 __all__ = [
-    "install", "installed", "config", "set_copy_delay_us", "set_poison_freed", "set_capacity_bytes",
+    "install", "installed", "config", "set_copy_latency_us", "set_copy_bandwidth_gbps", "set_poison_freed",
+    "set_capacity_bytes",
     "device_memory", "reset_peak", "host_memory", "reset_host_peak", "synchronize", "device_module",
+    "collective_backend",
 ]
 
 
-def install(name="sim", num_devices=2, capacity_bytes=0, copy_delay_us=0, poison_freed=False):
+def install(name="sim", num_devices=2, capacity_bytes=0, copy_latency_us=10, copy_bandwidth_gbps=25.0,
+            poison_freed=False):
     """Registers the simulated accelerator for this process (see the module doc).
 
     Args:
@@ -55,8 +59,13 @@ def install(name="sim", num_devices=2, capacity_bytes=0, copy_delay_us=0, poison
         num_devices: [1, 16].
         capacity_bytes: device memory per device, 0 = unlimited; an
             allocation beyond it raises torch.OutOfMemoryError.
-        copy_delay_us: every queued (non_blocking) CPU<->sim copy sleeps this
-            long on its stream first, [0, 10_000_000] microseconds.
+        copy_latency_us: link latency: every CPU<->sim copy, blocking or
+            not, takes this long plus its bytes over the bandwidth, on the
+            stream it runs on (a blocking one makes the host wait),
+            [0, 10_000_000] microseconds. The default (10) is the order of
+            a PCIe DMA transfer's fixed cost.
+        copy_bandwidth_gbps: link bandwidth, (0, 10_000] GB/s (1e9 bytes a
+            second). The default (25) is a pinned copy over PCIe 4.0 x16.
         poison_freed: fill device blocks with 0xFF (NaN) when allocated and
             when released.
 
@@ -66,13 +75,14 @@ def install(name="sim", num_devices=2, capacity_bytes=0, copy_delay_us=0, poison
     Installing the same configuration again does nothing. Thread-safe.
     """
     first = not _sim.installed()
-    _sim.install(name, num_devices, capacity_bytes, copy_delay_us, bool(poison_freed))
+    _sim.install(name, num_devices, capacity_bytes, copy_latency_us, copy_bandwidth_gbps, bool(poison_freed))
     if first or not hasattr(torch, name):
         torch.utils.rename_privateuse1_backend(name)
         torch.utils.generate_methods_for_privateuse1_backend(for_tensor=True, for_module=True,
                                                              for_storage=True)
         torch._register_device_module(name, device_module)
         atexit.register(_drain_at_exit)
+    _register_collectives(name)
 
 
 def _drain_at_exit():
@@ -90,15 +100,33 @@ def _drain_at_exit():
 
 installed = _sim.installed
 
+#: The torch.distributed backend that install() registers for the sim device
+#: (see docs/distributed.md): init_process_group("cpu:gloo,sim:offload_sim"),
+#: or init_process_group() with no backend.
+collective_backend = _sim.collective_backend_name
+
+
+def _register_collectives(device_name):
+    import torch.distributed as dist
+    if not dist.is_available() or collective_backend in dist.Backend.backend_list:
+        return
+    dist.Backend.register_backend(collective_backend, _sim.make_collective_backend, extended_api=False,
+                                  devices=[device_name])
+
 
 def config():
     """The installed configuration (dict), with the runtime knobs' current values."""
     return _sim.config()
 
 
-def set_copy_delay_us(us):
-    """Delay of copies queued from now on, [0, 10_000_000] microseconds."""
-    _sim.set_copy_delay_us(us)
+def set_copy_latency_us(us):
+    """Link latency of copies issued from now on, [0, 10_000_000] microseconds."""
+    _sim.set_copy_latency_us(us)
+
+
+def set_copy_bandwidth_gbps(gbps):
+    """Link bandwidth of copies issued from now on, (0, 10_000] GB/s."""
+    _sim.set_copy_bandwidth_gbps(gbps)
 
 
 def set_poison_freed(on):

@@ -21,6 +21,9 @@
 #include <c10/util/Exception.h>
 
 #include <unistd.h>
+#ifdef __linux__
+#include <sys/prctl.h>
+#endif
 
 #include <algorithm>
 #include <array>
@@ -47,6 +50,11 @@ namespace {
 using c10::DeviceIndex;
 using c10::StreamId;
 constexpr auto kSimType = c10::DeviceType::PrivateUse1;
+
+// How long wait_until_ns() spins before its deadline rather than sleep: a
+// sleeping thread wakes up to a timer slack (50 us by default on Linux)
+// late. Stream workers ask for a slack of 1 ns and spin less.
+thread_local std::int64_t t_spin_ns = 60'000;
 
 std::int64_t now_ns() {
   return std::chrono::duration_cast<std::chrono::nanoseconds>(std::chrono::steady_clock::now().time_since_epoch())
@@ -166,6 +174,11 @@ class SimStream {
 
   void run() {
     t_in_task = true;
+#ifdef __linux__
+    if (prctl(PR_SET_TIMERSLACK, 1UL, 0UL, 0UL, 0UL) == 0) {
+      t_spin_ns = 15'000;
+    }
+#endif
     for (;;) {
       std::function<void()> task;
       {
@@ -227,7 +240,8 @@ struct SimEvent {
 
 struct Runtime {
   Config installed;  // backend_name and num_devices never change
-  std::atomic<std::int64_t> copy_delay_us{0};
+  std::atomic<std::int64_t> copy_latency_us{0};
+  std::atomic<double> copy_bandwidth_gbps{1.0};
   std::atomic<bool> poison{false};
   std::array<std::array<std::unique_ptr<SimStream>, kStreamsPerDevice>, kMaxDevices> streams;
   std::array<std::atomic<std::uint32_t>, kMaxDevices> next_pool{};
@@ -1071,11 +1085,15 @@ bool valid_backend_name(const std::string& name) {
   return std::none_of(in_tree.begin(), in_tree.end(), [&](const char* t) { return name == t; });
 }
 
-constexpr std::int64_t kMaxCopyDelayUs = 10'000'000;
-
-void check_delay(std::int64_t us, const char* where) {
-  TORCH_CHECK_VALUE(us >= 0 && us <= kMaxCopyDelayUs, where, ": copy_delay_us must be in [0, ", kMaxCopyDelayUs,
+void check_latency(std::int64_t us, const char* where) {
+  TORCH_CHECK_VALUE(us >= 0 && us <= kMaxCopyLatencyUs, where, ": copy_latency_us must be in [0, ", kMaxCopyLatencyUs,
                     "], got ", us);
+}
+
+void check_bandwidth(double gbps, const char* where) {
+  // Written so that NaN fails too.
+  TORCH_CHECK_VALUE(gbps > 0.0 && gbps <= kMaxCopyBandwidthGbps, where, ": copy_bandwidth_gbps must be in (0, ",
+                    kMaxCopyBandwidthGbps, "], got ", gbps);
 }
 
 void check_capacity(std::int64_t bytes, const char* where) {
@@ -1091,7 +1109,8 @@ void validate(const Config& c) {
   TORCH_CHECK_VALUE(c.num_devices >= 1 && c.num_devices <= kMaxDevices, where, ": num_devices must be in [1, ",
                     kMaxDevices, "], got ", c.num_devices);
   check_capacity(c.capacity_bytes, where);
-  check_delay(c.copy_delay_us, where);
+  check_latency(c.copy_latency_us, where);
+  check_bandwidth(c.copy_bandwidth_gbps, where);
 }
 
 std::string differences(const Config& have, const Config& want) {
@@ -1106,7 +1125,8 @@ std::string differences(const Config& have, const Config& want) {
   field("backend_name", "'" + have.backend_name + "'", "'" + want.backend_name + "'");
   field("num_devices", have.num_devices, want.num_devices);
   field("capacity_bytes", have.capacity_bytes, want.capacity_bytes);
-  field("copy_delay_us", have.copy_delay_us, want.copy_delay_us);
+  field("copy_latency_us", have.copy_latency_us, want.copy_latency_us);
+  field("copy_bandwidth_gbps", have.copy_bandwidth_gbps, want.copy_bandwidth_gbps);
   field("poison_freed", have.poison_freed, want.poison_freed);
   return out.str();
 }
@@ -1152,7 +1172,36 @@ void enqueue(DeviceIndex index, StreamId id, std::function<void()> task) {
 
 void drain_current(DeviceIndex index) { stream_ref(index, current_stream_id(index)).synchronize(); }
 
-std::int64_t copy_delay_us_now() { return runtime().copy_delay_us.load(); }
+std::int64_t link_time_ns(std::size_t bytes) {
+  auto& rt = runtime();
+  const auto latency_ns = rt.copy_latency_us.load(std::memory_order_relaxed) * 1000;
+  // 1 GB/s moves one byte per nanosecond.
+  const double transfer_ns = static_cast<double>(bytes) / rt.copy_bandwidth_gbps.load(std::memory_order_relaxed);
+  return latency_ns + static_cast<std::int64_t>(transfer_ns);
+}
+
+void wait_until_ns(std::int64_t deadline_ns) {
+  // Sleeping is only as precise as the scheduler's wake-up: sleep to just
+  // before the deadline, spin the rest.
+  for (;;) {
+    const auto left = deadline_ns - now_ns();
+    if (left <= 0) {
+      return;
+    }
+    if (left > t_spin_ns) {
+      std::this_thread::sleep_for(std::chrono::nanoseconds(left - t_spin_ns));
+    }
+  }
+}
+
+std::int64_t steady_now_ns() { return now_ns(); }
+
+std::int64_t link_slot_end_ns(std::int64_t link_ns) {
+  // Each stream is one worker thread: its link's timeline is thread-local.
+  thread_local std::int64_t link_free_ns = 0;
+  link_free_ns = std::max(now_ns(), link_free_ns) + link_ns;
+  return link_free_ns;
+}
 
 }  // namespace detail
 
@@ -1174,7 +1223,8 @@ void install(const Config& config) {
 
   auto* rt = new detail::Runtime();
   rt->installed = config;
-  rt->copy_delay_us.store(config.copy_delay_us);
+  rt->copy_latency_us.store(config.copy_latency_us);
+  rt->copy_bandwidth_gbps.store(config.copy_bandwidth_gbps);
   rt->poison.store(config.poison_freed);
   for (int d = 0; d < config.num_devices; ++d) {
     for (int id = 0; id < detail::kStreamsPerDevice; ++id) {
@@ -1199,15 +1249,21 @@ bool installed() noexcept { return detail::g_runtime.load(std::memory_order_acqu
 Config config() {
   auto& rt = detail::runtime();
   Config out = rt.installed;
-  out.copy_delay_us = rt.copy_delay_us.load();
+  out.copy_latency_us = rt.copy_latency_us.load();
+  out.copy_bandwidth_gbps = rt.copy_bandwidth_gbps.load();
   out.poison_freed = rt.poison.load();
   out.capacity_bytes = detail::device_allocator().capacity();
   return out;
 }
 
-void set_copy_delay_us(std::int64_t us) {
-  detail::check_delay(us, "offload::sim::set_copy_delay_us");
-  detail::runtime().copy_delay_us.store(us);
+void set_copy_latency_us(std::int64_t us) {
+  detail::check_latency(us, "offload::sim::set_copy_latency_us");
+  detail::runtime().copy_latency_us.store(us);
+}
+
+void set_copy_bandwidth_gbps(double gbps) {
+  detail::check_bandwidth(gbps, "offload::sim::set_copy_bandwidth_gbps");
+  detail::runtime().copy_bandwidth_gbps.store(gbps);
 }
 
 void set_poison_freed(bool on) { detail::runtime().poison.store(on); }
@@ -1220,14 +1276,16 @@ void set_capacity_bytes(std::int64_t bytes) {
 
 ScopedKnobs::ScopedKnobs() {
   const auto c = config();
-  copy_delay_us_ = c.copy_delay_us;
+  copy_latency_us_ = c.copy_latency_us;
+  copy_bandwidth_gbps_ = c.copy_bandwidth_gbps;
   capacity_bytes_ = c.capacity_bytes;
   poison_freed_ = c.poison_freed;
 }
 
 ScopedKnobs::~ScopedKnobs() {
   auto* rt = detail::g_runtime.load();
-  rt->copy_delay_us.store(copy_delay_us_);
+  rt->copy_latency_us.store(copy_latency_us_);
+  rt->copy_bandwidth_gbps.store(copy_bandwidth_gbps_);
   rt->poison.store(poison_freed_);
   detail::device_allocator().set_capacity(capacity_bytes_);
 }

@@ -26,12 +26,11 @@
 #include <c10/core/DeviceGuard.h>
 #include <torch/library.h>
 
-#include <chrono>
 #include <cstring>
 #include <optional>
 #include <string>
 #include <string_view>
-#include <thread>
+#include <utility>
 
 namespace offload::sim::detail {
 namespace {
@@ -40,6 +39,23 @@ constexpr auto kSimType = c10::DeviceType::PrivateUse1;
 constexpr c10::DispatchKeySet kSimKeys(c10::DispatchKey::PrivateUse1);
 
 bool is_sim(const at::Tensor& t) { return t.device().type() == kSimType; }
+
+// True while the sim runs an operator on the CPU on this thread: the copies
+// that move its arguments and results between sim memory and the CPU are
+// the sim's own mechanism (its memory is host memory), not traffic over the
+// link, so they take no link time.
+thread_local bool t_inside_kernel = false;
+
+class InsideKernel {
+ public:
+  InsideKernel() : previous_(std::exchange(t_inside_kernel, true)) {}
+  ~InsideKernel() { t_inside_kernel = previous_; }
+  InsideKernel(const InsideKernel&) = delete;
+  InsideKernel& operator=(const InsideKernel&) = delete;
+
+ private:
+  bool previous_;
+};
 
 c10::Allocator* sim_allocator() { return c10::GetAllocator(kSimType); }
 
@@ -166,20 +182,26 @@ at::Tensor copy_from(const at::Tensor& self, const at::Tensor& dst, bool non_blo
     copy_host(dst_host, src_host);
     return dst;
   }
+  // Either way the copy crosses the link and takes its link time. A blocking
+  // copy runs once the current stream has drained (it is next on it): it
+  // moves its bytes, then holds the host until the link time has passed.
   const auto index = src_sim ? self.device().index() : dst.device().index();
+  const auto link_ns = t_inside_kernel ? 0 : link_time_ns(dst.nbytes());
   if (!non_blocking) {
     drain_current(index);
+    const auto start_ns = steady_now_ns();
     copy_host(dst_host, src_host);
+    wait_until_ns(start_ns + link_ns);
     return dst;
   }
-  // Queued on the current stream of the sim device. The CPU tensor is kept
-  // alive by the task (as a pinned host block is by CUDA's host allocator);
-  // the sim memory is not: freeing it early is the fault this must expose.
-  const auto delay_us = copy_delay_us_now();
-  enqueue(index, current_stream_id(index), [dst_host, src_host, delay_us] {
-    if (delay_us > 0) {
-      std::this_thread::sleep_for(std::chrono::microseconds(delay_us));
-    }
+  // Queued on the current stream of the sim device; its bytes move at the
+  // end of its link time, so a reader that does not wait for the copy sees
+  // the old destination, and a source freed too early is read poisoned.
+  // The CPU tensor is kept alive by the task (as a pinned host block is by
+  // CUDA's host allocator); the sim memory is not: freeing it early is the
+  // fault this must expose.
+  enqueue(index, current_stream_id(index), [dst_host, src_host, link_ns] {
+    wait_until_ns(link_slot_end_ns(link_ns));
     copy_host(dst_host, src_host);
   });
   return dst;
@@ -214,6 +236,7 @@ std::tuple<at::Tensor, at::Tensor, at::Tensor> native_batch_norm(const at::Tenso
   };
   const c10::DeviceGuard guard(input.device());
   drain_current(input.device().index());
+  const InsideKernel inside;
   const auto [out, mean, invstd] = at::native_batch_norm(host_view(input), host(weight), host(bias), host(running_mean),
                                                          host(running_var), training, momentum, eps);
   return {out.to(input.device()), mean.to(input.device()), invstd.to(input.device())};
@@ -273,6 +296,7 @@ void sim_fallback(const c10::OperatorHandle& op, torch::jit::Stack* stack) {
       "offload::sim: operator ", schema.name(), schema.overload_name().empty() ? "" : ".", schema.overload_name(),
       " cannot run on ", sim_device ? sim_device->str() : c10::get_privateuse1_backend(),
       ": it has no kernel for this device, and none for the CPU that the sim could run instead");
+  const InsideKernel inside;
   at::native::cpu_fallback(op, stack, /*error_on_views=*/true);
 }
 

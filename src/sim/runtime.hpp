@@ -8,6 +8,7 @@
 #include <c10/core/Device.h>
 #include <c10/core/Stream.h>
 
+#include <cstddef>
 #include <cstdint>
 #include <functional>
 
@@ -36,8 +37,24 @@ void enqueue(c10::DeviceIndex index, c10::StreamId id, std::function<void()> tas
 /// run everything queued on it so far ("drain"); rethrows a task's error.
 void drain_current(c10::DeviceIndex index);
 
-/// Delay of copies queued now, microseconds.
-std::int64_t copy_delay_us_now();
+/// Link time of a copy of `bytes` between the CPU and a sim device issued
+/// now: copy_latency_us + bytes / copy_bandwidth_gbps, in nanoseconds.
+std::int64_t link_time_ns(std::size_t bytes);
+
+/// Steady-clock time in nanoseconds (the clock wait_until_ns() reads).
+std::int64_t steady_now_ns();
+
+/// On a stream's worker thread: the end of the link time of a copy of
+/// `link_ns` that starts now, or when the link of this stream is free
+/// (the end of the previous copy's link time) if that is later. So the
+/// host memcpy a queued copy does after its link time overlaps the next
+/// copy's link time, and copies queued back to back move at the link's
+/// rate rather than at the link's plus memcpy's.
+std::int64_t link_slot_end_ns(std::int64_t link_ns);
+
+/// Returns at `deadline_ns` (steady_now_ns() time) or just after: sleeps,
+/// then spins the last tens of microseconds for precision.
+void wait_until_ns(std::int64_t deadline_ns);
 
 /// Registers the native kernels and the boxed fallback (kernels.cpp).
 void register_kernels();

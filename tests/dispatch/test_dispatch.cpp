@@ -228,7 +228,7 @@ TEST_SUITE("dispatch-installed") {
   TEST_CASE("dispatch: a model trains bit-identically through the dispatched manager (copy delay, poison)") {
     if (!backend_installed()) return;
     const offload::sim::ScopedKnobs knobs;
-    offload::sim::set_copy_delay_us(200);
+    offload::sim::set_copy_latency_us(200);
     offload::sim::set_poison_freed(true);
     const auto manager = offload::make_manager<offload::storage::PinnedHost, offload::sync::Blocking>();
     const auto stats = train_both(harness::ModelKind::block, kDevice, manager);
@@ -267,7 +267,7 @@ TEST_SUITE("dispatch-installed") {
   TEST_CASE("dispatch: sync::Streamed through the dispatcher: kept with events, blocking without") {
     if (!backend_installed()) return;
     const offload::sim::ScopedKnobs knobs;
-    offload::sim::set_copy_delay_us(200);
+    offload::sim::set_copy_latency_us(200);
     offload::sim::set_poison_freed(true);
     const auto manager = offload::make_manager<offload::storage::PinnedHost, offload::sync::Streamed>();
     CHECK(manager.describe().find("Manager<" + expected_policy() + ", pinned_host, streamed>") == 0);
@@ -292,7 +292,7 @@ TEST_SUITE("dispatch-installed") {
   TEST_CASE("dispatch: a backend without streams/events at run time gets blocking copies, counted") {
     if (!backend_installed()) return;
     const offload::sim::ScopedKnobs knobs;
-    offload::sim::set_copy_delay_us(200);
+    offload::sim::set_copy_latency_us(200);
     offload::sim::set_poison_freed(true);
     const auto devices = hana::prepend(offload::builtin_devices, hana::type_c<NoRuntimeEvents>);
     const auto manager = offload::make_manager<offload::storage::PinnedHost, NeedsEvents>({}, devices);

@@ -96,7 +96,7 @@ int main() {
   // delayed queued copies and NaN-poisoned device memory.
   offload::sim::install();
   offload::install_hooks();
-  offload::sim::set_copy_delay_us(200);
+  offload::sim::set_copy_latency_us(200);
   offload::sim::set_poison_freed(true);
   const c10::Device sim(c10::DeviceType::PrivateUse1, 0);
   const offload::Options options{.min_offload_bytes = 256, .max_fwd_stash = 2, .prefetch_depth = 2};

@@ -1,7 +1,7 @@
 # SPDX-License-Identifier: MIT
 """pytest setup: the package from the build tree (PYTHONPATH, set by
 tests/meson.build) and the simulated device, installed once per process
-with checking mode on and a copy delay that widens race windows."""
+with checking mode on and a link latency that widens race windows."""
 
 import os
 import sys
@@ -13,8 +13,8 @@ sys.path.insert(0, os.path.dirname(__file__))
 
 import torch_offload.sim  # noqa: E402
 
-DELAY_US = 50
-torch_offload.sim.install(copy_delay_us=DELAY_US, poison_freed=True)
+LATENCY_US = 50
+torch_offload.sim.install(copy_latency_us=LATENCY_US, poison_freed=True)
 torch.set_num_threads(1)
 
 

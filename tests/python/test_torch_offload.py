@@ -1,5 +1,5 @@
 # SPDX-License-Identifier: MIT
-"""torch_offload from Python, on the simulated device with a copy delay and
+"""torch_offload from Python, on the simulated device with a link latency and
 poisoning of freed memory (conftest.py): bitwise parity of losses and
 gradients with the same run without offloading, for Blocking and Streamed,
 over a GPT and the bug classes of DESIGN.md section 1; the peers' names;
@@ -68,6 +68,56 @@ def test_bitwise_parity(case, sync):
     assert stats.tensors_offloaded >= 1, stats  # something was offloaded: the case can fail
     assert stats.bytes_reloaded > 0 or stats.stash_reuses > 0, stats
     assert EXPECT.get(case, lambda s: True)(stats), stats
+
+
+def _stack_steps(region, steps=4):
+    """Per step: (loss, weight grads, sim:0 peak) of a Linear-tanh stack,
+    forward inside ``region()``, backward after it."""
+    torch.manual_seed(0)
+    weights = [(torch.randn(64, 64) / 8).to(DEV).requires_grad_() for _ in range(8)]
+    x = torch.randn(1024, 64).to(DEV)
+    out = []
+    for _ in range(steps):
+        for w in weights:
+            w.grad = None
+        torch_offload.sim.synchronize(0)
+        torch_offload.sim.reset_peak(0)
+        with region():
+            h = x
+            for w in weights:
+                h = torch.tanh(h @ w)
+            loss = h.pow(2).mean()
+        loss.backward()
+        torch_offload.sim.synchronize(0)
+        out.append((loss.detach(), [w.grad.clone() for w in weights], torch_offload.sim.device_memory(0)["peak_bytes"]))
+    return out
+
+
+@pytest.mark.parametrize("sync", SYNCS)
+def test_device_target_keeps_steps_under_it_bitwise_equal(sync):
+    plain = _stack_steps(contextlib.nullcontext)
+    # Streamed's forward stash (freed blocks wait for the side stream's
+    # copies) needs more room with everything offloaded: 0.8 of the peak is
+    # below that, so it gets a target that still leaves a tensor to keep.
+    target = int((0.8 if sync == "blocking" else 0.95) * max(p for _, _, p in plain))
+    manager = torch_offload.Manager(DEV, sync=sync, device_target_bytes=target)
+    assert manager.options["device_target_bytes"] == target
+
+    @contextlib.contextmanager
+    def step():  # one step's counters
+        manager.reset_stats()
+        with manager:
+            yield
+
+    got = _stack_steps(step)
+    for (l0, g0, _), (l1, g1, _) in zip(plain, got):
+        assert_bitwise([l0] + g0, [l1] + g1)
+    for _, _, p in got[1:]:
+        assert p <= target, (p, target)
+    stats = manager.stats()  # of the last step
+    assert stats.tensors_offloaded > 0 and stats.passed_target > 0, stats
+    assert stats.target_steps_planned == 1 and stats.target_kept_bytes > 0, stats
+    assert stats.passed_through >= stats.passed_target, stats
 
 
 @pytest.mark.parametrize("region", ["blocking", "streamed", "no_offload"])
@@ -142,7 +192,8 @@ def test_options_round_trip_every_field():
     import inspect
 
     names = [name for name, _, _, _ in torch_offload._C.option_fields()]
-    assert names == ["min_offload_bytes", "max_fwd_stash", "prefetch_depth", "prefetch_bytes", "host_budget_bytes"]
+    assert names == ["min_offload_bytes", "max_fwd_stash", "prefetch_depth", "prefetch_bytes", "host_budget_bytes",
+                     "device_target_bytes"]
     # Each is a keyword of Manager with the C++ default, and options() returns what was given.
     params = inspect.signature(torch_offload.Manager).parameters
     defaults = torch_offload.Manager("sim").options

@@ -22,6 +22,7 @@
 #include <cstdlib>
 #include <filesystem>
 #include <functional>
+#include <limits>
 #include <string>
 #include <thread>
 #include <tuple>
@@ -177,10 +178,18 @@ TEST_CASE("sim: install validates, is idempotent and names what differs") {
   CHECK(msg.find("num_devices must be in [1, 16], got 0") != std::string::npos);
   msg = bad([](sim::Config& c) { c.num_devices = 17; });
   CHECK(msg.find("num_devices must be in [1, 16], got 17") != std::string::npos);
-  msg = bad([](sim::Config& c) { c.copy_delay_us = -1; });
-  CHECK(msg.find("copy_delay_us must be in [0, 10000000], got -1") != std::string::npos);
-  msg = bad([](sim::Config& c) { c.copy_delay_us = 10'000'001; });
-  CHECK(msg.find("copy_delay_us") != std::string::npos);
+  msg = bad([](sim::Config& c) { c.copy_latency_us = -1; });
+  CHECK(msg.find("copy_latency_us must be in [0, 10000000], got -1") != std::string::npos);
+  msg = bad([](sim::Config& c) { c.copy_latency_us = sim::kMaxCopyLatencyUs + 1; });
+  CHECK(msg.find("copy_latency_us must be in [0, 10000000], got 10000001") != std::string::npos);
+  msg = bad([](sim::Config& c) { c.copy_bandwidth_gbps = 0.0; });
+  CHECK(msg.find("copy_bandwidth_gbps must be in (0, 10000], got 0") != std::string::npos);
+  msg = bad([](sim::Config& c) { c.copy_bandwidth_gbps = -3.0; });
+  CHECK(msg.find("copy_bandwidth_gbps must be in (0, 10000], got -3") != std::string::npos);
+  msg = bad([](sim::Config& c) { c.copy_bandwidth_gbps = 2 * sim::kMaxCopyBandwidthGbps; });
+  CHECK(msg.find("copy_bandwidth_gbps must be in (0, 10000], got 20000") != std::string::npos);
+  msg = bad([](sim::Config& c) { c.copy_bandwidth_gbps = std::numeric_limits<double>::quiet_NaN(); });
+  CHECK(msg.find("copy_bandwidth_gbps must be in (0, 10000], got nan") != std::string::npos);
   msg = bad([](sim::Config& c) { c.capacity_bytes = -5; });
   CHECK(msg.find("capacity_bytes must be >= 0 (0 = unlimited), got -5") != std::string::npos);
   msg = bad([](sim::Config& c) { c.backend_name = "cuda"; });
@@ -196,17 +205,26 @@ TEST_CASE("sim: install validates, is idempotent and names what differs") {
   CHECK(msg.find("backend_name: installed 'sim', requested 'npu'") != std::string::npos);
   CHECK(msg.find("num_devices: installed 2, requested 3") != std::string::npos);
 
-  CHECK_THROWS_AS(sim::set_copy_delay_us(-1), c10::ValueError);
+  CHECK_THROWS_AS(sim::set_copy_latency_us(-1), c10::ValueError);
+  CHECK_THROWS_AS(sim::set_copy_latency_us(sim::kMaxCopyLatencyUs + 1), c10::ValueError);
+  CHECK(error_of([] {
+          sim::set_copy_bandwidth_gbps(0.0);
+        }).find("offload::sim::set_copy_bandwidth_gbps: copy_bandwidth_gbps must be in (0, 10000], got 0") !=
+        std::string::npos);
+  CHECK_THROWS_AS(sim::set_copy_bandwidth_gbps(-1.0), c10::ValueError);
+  CHECK_THROWS_AS(sim::set_copy_bandwidth_gbps(sim::kMaxCopyBandwidthGbps * 1.5), c10::ValueError);
   CHECK_THROWS_AS(sim::set_capacity_bytes(-1), c10::ValueError);
   CHECK_THROWS_AS((void)sim::device_memory(2), c10::Error);
   CHECK(sim::config() == sim::Config{});  // nothing changed by the failures
 
   {
     sim::ScopedKnobs knobs;
-    sim::set_copy_delay_us(7);
+    sim::set_copy_latency_us(7);
+    sim::set_copy_bandwidth_gbps(0.5);
     sim::set_poison_freed(true);
     sim::set_capacity_bytes(1 << 20);
-    CHECK(sim::config().copy_delay_us == 7);
+    CHECK(sim::config().copy_latency_us == 7);
+    CHECK(sim::config().copy_bandwidth_gbps == 0.5);
     CHECK(sim::config().poison_freed);
     CHECK_NOTHROW(sim::install());  // knobs moved; the installed Config did not
     CHECK(sim::config().capacity_bytes == (1 << 20));
@@ -438,19 +456,13 @@ TEST_CASE("sim: every trainable torch::nn module matches the CPU, forward and ba
   check("AvgPool2d", unary([] { return nn::AvgPool2d(nn::AvgPool2dOptions(2).ceil_mode(true)); }, {2, 3, 5, 5}));
   check("AvgPool3d", unary([] { return nn::AvgPool3d(nn::AvgPool3dOptions(2)); }, {1, 2, 4, 4, 4}));
   check("AdaptiveAvgPool1d", unary([] { return nn::AdaptiveAvgPool1d(nn::AdaptiveAvgPool1dOptions(3)); }, {2, 3, 7}));
-  check("AdaptiveAvgPool2d", unary(
-                                 [] {
-                                   return nn::AdaptiveAvgPool2d(nn::AdaptiveAvgPool2dOptions({1, 1}));
-                                 },
-                                 {2, 3, 5, 5}));
+  check("AdaptiveAvgPool2d",
+        unary([] { return nn::AdaptiveAvgPool2d(nn::AdaptiveAvgPool2dOptions({1, 1})); }, {2, 3, 5, 5}));
   check("AdaptiveAvgPool3d",
         unary([] { return nn::AdaptiveAvgPool3d(nn::AdaptiveAvgPool3dOptions(2)); }, {1, 2, 5, 5, 5}));
   check("AdaptiveMaxPool1d", unary([] { return nn::AdaptiveMaxPool1d(nn::AdaptiveMaxPool1dOptions(3)); }, {2, 3, 7}));
-  check("AdaptiveMaxPool2d", unary(
-                                 [] {
-                                   return nn::AdaptiveMaxPool2d(nn::AdaptiveMaxPool2dOptions({2, 3}));
-                                 },
-                                 {2, 3, 5, 7}));
+  check("AdaptiveMaxPool2d",
+        unary([] { return nn::AdaptiveMaxPool2d(nn::AdaptiveMaxPool2dOptions({2, 3})); }, {2, 3, 5, 7}));
   check("AdaptiveMaxPool3d",
         unary([] { return nn::AdaptiveMaxPool3d(nn::AdaptiveMaxPool3dOptions(2)); }, {1, 2, 5, 5, 5}));
   check("LPPool1d", unary([] { return nn::LPPool1d(nn::LPPool1dOptions(2, 2)); }, {2, 3, 8}));
@@ -540,13 +552,11 @@ TEST_CASE("sim: every trainable torch::nn module matches the CPU, forward and ba
   check("Bilinear",
         module_piece([] { return nn::Bilinear(3, 4, 5); }, {{2, 3}, {2, 4}},
                      [](auto& m, std::vector<torch::Tensor>& x) { return std::vector<torch::Tensor>{m(x[0], x[1])}; }));
-  check(
-      "Identity, Flatten, Unflatten",
-      module_piece(
-          [] { return nn::Flatten(); }, {{2, 3, 4}},
-          [](auto& m, std::vector<torch::Tensor>& x) {
-            return std::vector<torch::Tensor>{nn::Unflatten(nn::UnflattenOptions(1, {4, 3}))(m(nn::Identity()(x[0])))};
-          }));
+  check("Identity, Flatten, Unflatten", module_piece([] { return nn::Flatten(); }, {{2, 3, 4}},
+                                                     [](auto& m, std::vector<torch::Tensor>& x) {
+                                                       return std::vector<torch::Tensor>{nn::Unflatten(
+                                                           nn::UnflattenOptions(1, {4, 3}))(m(nn::Identity()(x[0])))};
+                                                     }));
   check("Embedding", [](const c10::Device& d) {
     nn::Embedding m(nn::EmbeddingOptions(10, 4).padding_idx(0).max_norm(2.0));
     m->to(d);
@@ -625,11 +635,8 @@ TEST_CASE("sim: every trainable torch::nn module matches the CPU, forward and ba
 
   // padding, upsampling, pixel shuffle, fold/unfold
   check("ReflectionPad1d", unary([] { return nn::ReflectionPad1d(2); }, {2, 3, 6}));
-  check("ReflectionPad2d", unary(
-                               [] {
-                                 return nn::ReflectionPad2d(nn::ReflectionPad2dOptions({1, 2, 2, 1}));
-                               },
-                               {2, 3, 5, 5}));
+  check("ReflectionPad2d",
+        unary([] { return nn::ReflectionPad2d(nn::ReflectionPad2dOptions({1, 2, 2, 1})); }, {2, 3, 5, 5}));
   check("ReflectionPad3d", unary([] { return nn::ReflectionPad3d(1); }, {1, 2, 3, 3, 3}));
   check("ReplicationPad1d", unary([] { return nn::ReplicationPad1d(2); }, {2, 3, 6}));
   check("ReplicationPad2d", unary([] { return nn::ReplicationPad2d(2); }, {2, 3, 5, 5}));
@@ -697,9 +704,7 @@ TEST_CASE("sim: every trainable torch::nn module matches the CPU, forward and ba
         loss_piece([] { return nn::CrossEntropyLoss(nn::CrossEntropyLossOptions().label_smoothing(0.1)); }, {6, 5},
                    [] { return classes({6}, 5); }));
   check("CrossEntropyLoss probabilities", loss_piece([] { return nn::CrossEntropyLoss(); }, {6, 5},
-                                                     [] {
-                                                       return torch::softmax(torch::randn({6, 5}), 1);
-                                                     }));
+                                                     [] { return torch::softmax(torch::randn({6, 5}), 1); }));
   check("NLLLoss weighted", [](const c10::Device& d) {
     nn::NLLLoss m(nn::NLLLossOptions().weight(torch::rand({5})).ignore_index(2));
     m->to(d);
@@ -714,30 +719,18 @@ TEST_CASE("sim: every trainable torch::nn module matches the CPU, forward and ba
   check(
       "BCEWithLogitsLoss",
       loss_piece([] { return nn::BCEWithLogitsLoss(nn::BCEWithLogitsLossOptions().pos_weight(torch::full({5}, 2.0))); },
-                 {4, 5},
-                 [] {
-                   return rand01({4, 5});
-                 }));
-  check("KLDivLoss",
-        loss_piece([] { return nn::KLDivLoss(nn::KLDivLossOptions().reduction(torch::kBatchMean)); }, {4, 5},
-                   [] {
-                     return torch::softmax(torch::randn({4, 5}), 1);
-                   }));
+                 {4, 5}, [] { return rand01({4, 5}); }));
+  check("KLDivLoss", loss_piece([] { return nn::KLDivLoss(nn::KLDivLossOptions().reduction(torch::kBatchMean)); },
+                                {4, 5}, [] { return torch::softmax(torch::randn({4, 5}), 1); }));
   check("PoissonNLLLoss", loss_piece([] { return nn::PoissonNLLLoss(); }, {4, 5}, [] { return rand01({4, 5}) * 3; }));
   check("SoftMarginLoss", loss_piece([] { return nn::SoftMarginLoss(); }, {4, 5}, [] { return signs({4, 5}); }));
-  check("HingeEmbeddingLoss", loss_piece([] { return nn::HingeEmbeddingLoss(); }, {4, 5},
-                                         [] {
-                                           return signs({4, 5});
-                                         }));
+  check("HingeEmbeddingLoss",
+        loss_piece([] { return nn::HingeEmbeddingLoss(); }, {4, 5}, [] { return signs({4, 5}); }));
   check("MultiLabelSoftMarginLoss", loss_piece([] { return nn::MultiLabelSoftMarginLoss(); }, {4, 5},
-                                               [] {
-                                                 return torch::randint(2, {4, 5}, torch::kFloat);
-                                               }));
+                                               [] { return torch::randint(2, {4, 5}, torch::kFloat); }));
   check("MultiLabelMarginLoss",
         loss_piece([] { return nn::MultiLabelMarginLoss(); }, {3, 4},
-                   [] {
-                     return torch::tensor({{3, 0, -1, 1}, {1, 2, 3, -1}, {0, -1, 0, 0}}, torch::kLong);
-                   }));
+                   [] { return torch::tensor({{3, 0, -1, 1}, {1, 2, 3, -1}, {0, -1, 0, 0}}, torch::kLong); }));
   check("MultiMarginLoss", loss_piece([] { return nn::MultiMarginLoss(); }, {6, 5}, [] { return classes({6}, 5); }));
   check("CosineEmbeddingLoss",
         loss_piece<2>([] { return nn::CosineEmbeddingLoss(); }, {4, 6}, [] { return signs({4}); }));
@@ -924,7 +917,7 @@ TEST_CASE("sim: a non_blocking copy is queued on the current stream") {
   sim::ScopedKnobs knobs;
   const auto src = torch::arange(1000, torch::kFloat);
   const auto dev = src.to(d);
-  sim::set_copy_delay_us(150'000);
+  sim::set_copy_latency_us(150'000);
 
   // Device to host: the host sees the destination unchanged right after the
   // call, and correct once the stream (here: an event on it) has completed.
@@ -960,6 +953,58 @@ TEST_CASE("sim: a non_blocking copy is queued on the current stream") {
   CHECK(bitwise_equal(host, src * 3));
 }
 
+TEST_CASE("sim: every CPU<->sim copy crosses the link: latency + bytes / bandwidth, blocking or not") {
+  const auto d = sim_device();
+  sim::ScopedKnobs knobs;
+  const auto src = torch::arange(1 << 18, torch::kFloat);  // 1 MiB
+  const auto dev = src.to(d);
+  const auto elapsed_ms = [](auto&& f) {
+    const auto t0 = std::chrono::steady_clock::now();
+    f();
+    return std::chrono::duration<double, std::milli>(std::chrono::steady_clock::now() - t0).count();
+  };
+
+  SUBCASE("a blocking copy makes the host wait for the latency") {
+    sim::set_copy_latency_us(100'000);
+    CHECK(elapsed_ms([&] { CHECK(bitwise_equal(dev.cpu(), src)); }) >= 100.0);
+    const auto back = torch::empty({1 << 18}, torch::TensorOptions().device(d));
+    CHECK(elapsed_ms([&] { back.copy_(src); }) >= 100.0);
+    sim::set_copy_latency_us(0);
+    CHECK(bitwise_equal(back.cpu(), src));
+  }
+  SUBCASE("a blocking copy makes the host wait for bytes / bandwidth") {
+    sim::set_copy_latency_us(0);
+    sim::set_copy_bandwidth_gbps(0.01);  // 10 MB/s: 1 MiB takes 105 ms
+    CHECK(elapsed_ms([&] { (void)dev.cpu(); }) >= 100.0);
+    sim::set_copy_bandwidth_gbps(0.1);                          // ten times faster: 10.5 ms
+    const auto small = torch::arange(16, torch::kFloat).to(d);  // 64 bytes: 6.4 us
+    CHECK(bitwise_equal(small.cpu(), torch::arange(16, torch::kFloat)));
+  }
+  SUBCASE("a queued copy takes its link time on its stream, and its bytes land at the end") {
+    sim::set_copy_latency_us(0);
+    sim::set_copy_bandwidth_gbps(0.005);  // 1 MiB takes 210 ms: wide enough for a loaded machine
+    auto host = torch::zeros({1 << 18}).pin_memory();
+    c10::Event done(kSim, c10::EventFlag::BACKEND_DEFAULT);
+    c10::Event start(kSim, c10::EventFlag::BACKEND_DEFAULT);
+    start.record(current_stream());
+    CHECK(elapsed_ms([&] { host.copy_(dev, /*non_blocking=*/true); }) < 100.0);
+    done.record(current_stream());
+    CHECK(bitwise_equal(host, torch::zeros({1 << 18})));  // not there yet
+    done.synchronize();
+    CHECK(start.elapsedTime(done) >= 200.0);
+    CHECK(bitwise_equal(host, src));
+  }
+  SUBCASE("copies within the device do not cross the link") {
+    sim::set_copy_latency_us(sim::kMaxCopyLatencyUs);  // 10 s
+    const auto other = torch::empty_like(dev);
+    CHECK(elapsed_ms([&] {
+            other.copy_(dev);
+            CHECK(torch::equal(other, dev.clone()));
+            CHECK(other.sum().item<double>() == src.sum().item<double>());  // a scalar read is no copy
+          }) < 5000.0);
+  }
+}
+
 TEST_CASE("sim: a stream blocked on an event waits for that recording") {
   const auto d = sim_device();
   sim::ScopedKnobs knobs;
@@ -969,7 +1014,7 @@ TEST_CASE("sim: a stream blocked on an event waits for that recording") {
 
   SUBCASE("without block: the main stream races ahead (negative control)") {
     const auto dst = torch::zeros({256}, torch::TensorOptions().device(d));
-    sim::set_copy_delay_us(100'000);
+    sim::set_copy_latency_us(100'000);
     {
       const c10::StreamGuard guard(side);
       dst.copy_(src, /*non_blocking=*/true);
@@ -979,7 +1024,7 @@ TEST_CASE("sim: a stream blocked on an event waits for that recording") {
   }
   SUBCASE("with block: the main stream waits") {
     const auto dst = torch::zeros({256}, torch::TensorOptions().device(d));
-    sim::set_copy_delay_us(100'000);
+    sim::set_copy_latency_us(100'000);
     c10::Event copied(kSim);
     {
       const c10::StreamGuard guard(side);
@@ -993,14 +1038,14 @@ TEST_CASE("sim: a stream blocked on an event waits for that recording") {
   SUBCASE("a later re-record does not change what an earlier block waits for") {
     const auto dst = torch::zeros({256}, torch::TensorOptions().device(d));
     c10::Event ev(kSim);
-    sim::set_copy_delay_us(20'000);
+    sim::set_copy_latency_us(20'000);
     {
       const c10::StreamGuard guard(side);
       dst.copy_(src, /*non_blocking=*/true);
       ev.record(side);
     }
     ev.block(main);
-    sim::set_copy_delay_us(800'000);
+    sim::set_copy_latency_us(800'000);
     const auto host = torch::zeros({256}).pin_memory();
     {
       const c10::StreamGuard guard(side);
@@ -1024,7 +1069,7 @@ TEST_CASE("sim: a stream blocked on an event waits for that recording") {
     c10::Event a(kSim, c10::EventFlag::BACKEND_DEFAULT);  // "enable_timing"
     c10::Event b(kSim, c10::EventFlag::BACKEND_DEFAULT);
     a.record(main);
-    sim::set_copy_delay_us(30'000);
+    sim::set_copy_latency_us(30'000);
     const auto host = torch::zeros({4}).pin_memory();
     host.copy_(torch::ones({4}, torch::TensorOptions().device(d)), /*non_blocking=*/true);
     b.record(main);
@@ -1037,7 +1082,7 @@ TEST_CASE("sim: poison makes a prematurely freed block read as NaN") {
   const auto d = sim_device();
   sim::ScopedKnobs knobs;
   sim::set_poison_freed(true);
-  sim::set_copy_delay_us(100'000);
+  sim::set_copy_latency_us(100'000);
   const auto side = pool_stream();
 
   SUBCASE("freed while a copy on another stream still reads it") {
@@ -1115,7 +1160,7 @@ TEST_CASE("sim: device memory is counted, capped and released in stream order") 
     CHECK(sim::device_memory(0).current_bytes == base.current_bytes);
   }
   SUBCASE("a block allocated on a busy stream is released when the stream gets there") {
-    sim::set_copy_delay_us(100'000);
+    sim::set_copy_latency_us(100'000);
     const auto side = pool_stream();
     const auto host = torch::zeros({mib / 4}).pin_memory();
     {
@@ -1156,7 +1201,7 @@ TEST_CASE("sim: device memory is counted, capped and released in stream order") 
   }
   SUBCASE("a cached block is reused only after the work queued on its stream") {
     sim::set_poison_freed(false);
-    sim::set_copy_delay_us(100'000);
+    sim::set_copy_latency_us(100'000);
     sim::empty_cache();
     const auto side = pool_stream();
     const auto host = torch::zeros({mib / 4}).pin_memory();
@@ -1192,7 +1237,9 @@ TEST_CASE("sim: device memory is counted, capped and released in stream order") 
   }
   SUBCASE("trace of device 0") {
     sim::set_trace(true);
-    { const auto a = torch::empty({256}, torch::TensorOptions().device(d)); }
+    {
+      const auto a = torch::empty({256}, torch::TensorOptions().device(d));
+    }
     sim::set_trace(false);
     const auto trace = sim::take_trace();
     REQUIRE(trace.size() == 2);
@@ -1249,7 +1296,7 @@ TEST_CASE("sim: pinned host memory is counted") {
 TEST_CASE("sim: threads and streams share the allocator safely") {
   const auto d = sim_device();
   sim::ScopedKnobs knobs;
-  sim::set_copy_delay_us(200);
+  sim::set_copy_latency_us(200);
   const auto base = sim::device_memory(0);
   const auto src = torch::arange(4096, torch::kFloat);
   std::vector<std::thread> threads;
@@ -1292,9 +1339,9 @@ TEST_CASE("sim: threads and streams share the allocator safely") {
 }
 
 // Run only as the child process of the case below (skipped otherwise): the
-// process ends while non-blocking copies wait out their delay on a stream.
+// process ends while non-blocking copies wait out their link time on a stream.
 TEST_CASE("sim: exit child: std::exit with copies still queued" * doctest::skip()) {
-  sim::set_copy_delay_us(20'000);
+  sim::set_copy_latency_us(20'000);
   const auto x = torch::randn({10000}).to(sim_device());
   std::vector<at::Tensor> copies;
   for (int i = 0; i < 8; ++i) copies.push_back(x.to(at::kCPU, /*non_blocking=*/true));
@@ -1303,8 +1350,7 @@ TEST_CASE("sim: exit child: std::exit with copies still queued" * doctest::skip(
 
 TEST_CASE("sim: a process that exits with copies in flight exits with its own status") {
   const auto self = std::filesystem::read_symlink("/proc/self/exe").string();
-  const std::string command =
-      "'" + self + "' --no-skip --no-intro -tc='sim: exit child: *' > /dev/null 2>&1";
+  const std::string command = "'" + self + "' --no-skip --no-intro -tc='sim: exit child: *' > /dev/null 2>&1";
   for (int run = 0; run < 5; ++run) {
     CAPTURE(run);
     const int status = std::system(command.c_str());

@@ -1,7 +1,7 @@
 # SPDX-License-Identifier: MIT
 """Hugging Face transformers models built from configs (random init, tiny
 sizes): Llama, GPT-2, Qwen2 (causal LM) and BERT (masked LM), 3 AdamW
-steps on sim with a copy delay and poisoning, under torch_offload.Manager
+steps on sim with a link latency and poisoning, under torch_offload.Manager
 (blocking and streamed, backward inside and after the ``with``) and both
 drop-ins: every step's loss and gradients and the final parameters
 bitwise those of the run without offloading, a lower peak, something

@@ -31,6 +31,7 @@
 #include <offload/concepts.hpp>
 #include <offload/detail/entry.hpp>
 #include <offload/detail/hook_source.hpp>
+#include <offload/detail/planner.hpp>
 #include <offload/entry.hpp>
 #include <offload/options.hpp>
 #include <offload/stats.hpp>
@@ -101,6 +102,7 @@ struct Packed {
   bool versioned = false;                       ///< whether its version counter is enabled
   WeakNode grad_fn;                             ///< for the error message only
   std::int64_t output_nr = 0;
+  PlanTicket ticket;  ///< with a device-memory target: which saved tensor of its step
 };
 
 /// Whether `t` is (a view of) a parameter as far as autograd can tell: its
@@ -245,7 +247,8 @@ class Core final : public HookSource, public std::enable_shared_from_this<Core<D
   /// Whether the sync policy opted into the step callbacks.
   static constexpr bool steps = requirement::declares_steps<SyncState>;
 
-  Core(const Options& options, Storage storage) : options_(options), storage_(std::move(storage)), sync_(options_) {}
+  Core(const Options& options, Storage storage)
+      : options_(options), storage_(std::move(storage)), sync_(options_), planner_(options_.device_target_bytes) {}
 
   std::unique_ptr<torch::autograd::SavedVariableHooks> make_hooks() override {
     return std::make_unique<Hooks<Core>>(this->shared_from_this());
@@ -299,6 +302,7 @@ class Core final : public HookSource, public std::enable_shared_from_this<Core<D
     const Piece piece = piece_for(t);
 
     const std::lock_guard lock(mutex_);
+    if (planner_.active() && keep_for_target(t, key, nbytes, version, packed)) return pass(pass_.target);
     if (auto found = aliases_.find(key); found != aliases_.end()) {
       // The entry's weak reference to its source keeps the StorageImpl's
       // address from being reused, so a live entry with this key is this
@@ -350,6 +354,12 @@ class Core final : public HookSource, public std::enable_shared_from_this<Core<D
 
   at::Tensor unpack(const Packed& packed) {
     if (!packed.offloaded) {
+      if (packed.ticket.index >= 0) {
+        const std::lock_guard lock(mutex_);
+        const auto allocated = allocated_on(packed.passthrough.device().index());
+        planner_.at_unpack(packed.ticket, allocated < 0 ? -1 : allocated - floor_prefetched_bytes());
+        watch_backward_end();
+      }
       if (packed.versioned) {
         check_version(packed, packed.passthrough,
                       packed.passthrough.unsafeGetTensorImpl()->version_counter().current_version());
@@ -389,6 +399,7 @@ class Core final : public HookSource, public std::enable_shared_from_this<Core<D
           entry->unpacked = 0;
         }
       }
+      if (planner_.active()) plan_unpack(packed.ticket, entry->device.index());
       if constexpr (steps) sync_.on_unpack(Transfer(*entry));
       watch_backward_end();
     }
@@ -411,7 +422,9 @@ class Core final : public HookSource, public std::enable_shared_from_this<Core<D
     out.passed_small = pass_.small.load(std::memory_order_relaxed);
     out.passed_excluded = pass_.excluded.load(std::memory_order_relaxed);
     out.passed_budget = pass_.budget.load(std::memory_order_relaxed);
+    out.passed_target = pass_.target.load(std::memory_order_relaxed);
     if constexpr (steps) sync_.add_stats(out);
+    planner_.add_stats(out);
     return out;
   }
   void reset_stats() override {
@@ -419,6 +432,7 @@ class Core final : public HookSource, public std::enable_shared_from_this<Core<D
     const auto in_use = stats_.host_bytes_in_use;
     stats_ = Stats{};
     pass_.reset();
+    planner_.reset_stats();
     stats_.host_bytes_in_use = in_use;
     stats_.host_bytes_peak = in_use;
   }
@@ -433,11 +447,16 @@ class Core final : public HookSource, public std::enable_shared_from_this<Core<D
   const Options& options() const noexcept override { return options_; }
   ScopeMark on_scope_enter() noexcept override {
     const std::lock_guard lock(mutex_);
+    if (planner_.active()) {
+      kept_.clear();
+      if (const auto warning = planner_.begin_step(peak_on(target_index_)); !warning.empty()) warn(warning);
+    }
     return ScopeMark{seen_defined_.load(std::memory_order_relaxed), seen_on_device_.load(std::memory_order_relaxed)};
   }
   void on_scope_exit(const ScopeMark& opened, bool in_order) noexcept override {
     const std::lock_guard lock(mutex_);
     if constexpr (steps) sync_.end_forward();
+    if (planner_.active()) planner_.end_forward(allocated_on(target_index_));
     // Scopes on other threads may pack meanwhile: a tensor on the device
     // seen by any of them silences the first warning (never a false alarm
     // from this scope's own tensors).
@@ -475,8 +494,65 @@ class Core final : public HookSource, public std::enable_shared_from_this<Core<D
           }
         }
         if constexpr (steps) core->sync_.end_backward();
+        if (core->planner_.active()) core->planner_.end_backward(peak_on(core->target_index_));
       }
     });
+  }
+  // Device bytes allocated on `index` now, or -1 when the device policy
+  // reports no memory statistics.
+  static std::int64_t allocated_on(c10::DeviceIndex index) {
+    if constexpr (memory_stats_device_policy<Device>) {
+      return Device::memory_allocated(index);
+    } else {
+      return -1;
+    }
+  }
+  // The most bytes allocated on `index` at once so far, or -1.
+  static std::int64_t peak_on(c10::DeviceIndex index) {
+    if constexpr (requires { Device::memory_peak(index); }) {
+      return Device::memory_peak(index);
+    } else {
+      return -1;
+    }
+  }
+  // Device bytes the sync policy brought back ahead of need into the
+  // headroom under the target (beyond its own window), not yet used.
+  std::int64_t floor_prefetched_bytes() const {
+    if constexpr (requires { sync_.floor_prefetched_bytes(); }) {
+      return sync_.floor_prefetched_bytes();
+    } else {
+      return 0;
+    }
+  }
+  // With a device-memory target, for a tensor that would be offloaded:
+  // whether it stays on the device (a storage the plan kept earlier in
+  // this step, or the plan keeps it now). Sets its ticket.
+  bool keep_for_target(const at::Tensor& t, const c10::StorageImpl* key, std::int64_t nbytes, std::int64_t version,
+                       Packed& packed) {
+    target_index_ = t.device().index();
+    bool offload = true;
+    const auto allocated = allocated_on(target_index_);
+    if (auto found = kept_.find(key); found != kept_.end() && !found->second.expired()) {
+      packed.ticket = planner_.at_pack(0, /*eligible=*/false, allocated, offload);
+      return true;
+    }
+    const auto alias = aliases_.find(key);
+    const auto entry = alias != aliases_.end() ? alias->second.lock() : nullptr;
+    const bool aliased = entry && entry->version == version;  // offloaded already: no new storage
+    packed.ticket = planner_.at_pack(nbytes, !aliased, allocated, offload);
+    if (offload || aliased) return false;
+    kept_.insert_or_assign(key,
+                           c10::weak_intrusive_ptr<c10::StorageImpl>(
+                               c10::intrusive_ptr<c10::StorageImpl>::reclaim_copy(t.storage().unsafeGetStorageImpl())));
+    return true;
+  }
+  // With a device-memory target, at the unpack of an offloaded tensor now
+  // on the device: records the memory, and lets the sync policy bring back
+  // as much ahead as the headroom under the target allows.
+  void plan_unpack(const PlanTicket& ticket, c10::DeviceIndex index) {
+    const auto allocated = allocated_on(index);
+    planner_.at_unpack(ticket, allocated < 0 ? -1 : allocated - floor_prefetched_bytes());
+    if constexpr (requires { sync_.set_headroom(std::int64_t{0}); }) sync_.set_headroom(planner_.headroom(allocated));
   }
   template <class... Args>
   static void warn(const Args&... args) noexcept {
@@ -561,9 +637,9 @@ class Core final : public HookSource, public std::enable_shared_from_this<Core<D
   // Pass-through counters: atomics, so a tensor that stays where it is
   // never takes the lock.
   struct PassCounters {
-    std::atomic<std::int64_t> seen{0}, other_device{0}, layout{0}, leaf{0}, small{0}, excluded{0}, budget{0};
+    std::atomic<std::int64_t> seen{0}, other_device{0}, layout{0}, leaf{0}, small{0}, excluded{0}, budget{0}, target{0};
     void reset() {
-      for (auto* c : {&seen, &other_device, &layout, &leaf, &small, &excluded, &budget}) c->store(0);
+      for (auto* c : {&seen, &other_device, &layout, &leaf, &small, &excluded, &budget, &target}) c->store(0);
     }
   };
 
@@ -573,6 +649,7 @@ class Core final : public HookSource, public std::enable_shared_from_this<Core<D
   Options options_;
   Storage storage_;
   SyncState sync_;
+  Planner planner_;  // Options::device_target_bytes
   Stats stats_;
   std::atomic<std::int64_t> seen_defined_{0};    // defined saved tensors packed (for the scope warnings)
   std::atomic<std::int64_t> seen_on_device_{0};  // of them, on Device's device type
@@ -583,6 +660,10 @@ class Core final : public HookSource, public std::enable_shared_from_this<Core<D
   std::size_t prune_at_ = 64;
   std::unordered_map<const c10::StorageImpl*, std::weak_ptr<Entry>> aliases_;
   std::unordered_map<const c10::StorageImpl*, c10::weak_intrusive_ptr<c10::StorageImpl>> excluded_;
+  // Storages the plan kept on the device in this step (another saved view
+  // of one stays too), and the device index of the planned tensors.
+  std::unordered_map<const c10::StorageImpl*, c10::weak_intrusive_ptr<c10::StorageImpl>> kept_;
+  c10::DeviceIndex target_index_ = 0;
 };
 
 }  // namespace offload::detail

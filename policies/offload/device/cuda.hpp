@@ -36,6 +36,9 @@ struct Cuda {
   static void record_stream(const at::Tensor& t, c10::Stream stream);
   /// Bytes allocated by the caching allocator on `index` now.
   static std::int64_t memory_allocated(c10::DeviceIndex index);
+  /// The most bytes allocated on `index` at once since the allocator's
+  /// peak was last reset.
+  static std::int64_t memory_peak(c10::DeviceIndex index);
   /// CUDACachingAllocator::emptyCache().
   static void empty_cache();
 };

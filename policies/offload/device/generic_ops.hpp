@@ -61,6 +61,14 @@ struct GenericOps {
     const auto stats = allocator->getDeviceStats(index);
     return stats.allocated_bytes[static_cast<std::size_t>(c10::CachingAllocator::StatType::AGGREGATE)].current;
   }
+  /// The most bytes the device allocator had handed out on `index` at once
+  /// since its peak was last reset, or -1 without statistics.
+  static std::int64_t memory_peak(c10::DeviceIndex index) {
+    auto* allocator = dynamic_cast<c10::DeviceAllocator*>(c10::GetAllocator(Type));
+    if (allocator == nullptr) return -1;
+    const auto stats = allocator->getDeviceStats(index);
+    return stats.allocated_bytes[static_cast<std::size_t>(c10::CachingAllocator::StatType::AGGREGATE)].peak;
+  }
   /// Returns cached, unused device memory to the system (no-op when the
   /// allocator does not cache).
   static void empty_cache() {

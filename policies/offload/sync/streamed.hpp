@@ -183,6 +183,7 @@ struct Streamed {
     /// Called when a backward pass that unpacked through this manager ends:
     /// drops prefetches nobody consumed and the forward stash.
     void end_backward() {
+      window_floor_ = 0;
       for (auto& [seq, ref] : order_) {
         auto t = ref.lock();
         if (!t) continue;
@@ -217,6 +218,18 @@ struct Streamed {
       track(t);
     }
 
+    /// Device bytes brought back ahead of need and not yet used, beyond
+    /// the window the options give (what a window floor added).
+    std::int64_t floor_prefetched_bytes() const noexcept {
+      return std::max<std::int64_t>(0, outstanding_bytes_ - options_window_bytes());
+    }
+
+    /// Device memory free for prefetching now (the manager passes the
+    /// headroom under Options::device_target_bytes): until the next call
+    /// the window is at least what is prefetched now plus `bytes`, else the
+    /// one the options give. Reset at the end of a backward pass.
+    void set_headroom(std::int64_t bytes) noexcept { window_floor_ = outstanding_bytes_ + bytes; }
+
     /// Adds this policy's counters to a Stats snapshot.
     void add_stats(Stats& stats) const {
       stats.blocking_fallbacks += blocking_fallbacks_;
@@ -246,8 +259,12 @@ struct Streamed {
     // The prefetch window in device bytes: Options::prefetch_bytes, or
     // prefetch_depth times the largest offloaded storage backward has not
     // needed yet (the window shrinks once the large ones, e.g. the logits,
-    // came back).
-    std::int64_t window_bytes() const {
+    // came back); at least the floor the manager set.
+    std::int64_t window_bytes() const noexcept {
+      if (options_.prefetch_bytes == 0 && sizes_.empty()) return 0;
+      return std::max(options_window_bytes(), window_floor_);
+    }
+    std::int64_t options_window_bytes() const noexcept {
       if (options_.prefetch_bytes > 0) return options_.prefetch_bytes;
       if (sizes_.empty()) return 0;
       return options_.prefetch_depth * sizes_.rbegin()->first;
@@ -352,6 +369,7 @@ struct Streamed {
     std::deque<Ref> stash_;                       // forward stash, oldest first
     std::int64_t outstanding_ = 0;                // prefetched, not yet consumed
     std::int64_t outstanding_bytes_ = 0;          // their device bytes
+    std::int64_t window_floor_ = 0;               // set_headroom()
     std::map<std::int64_t, std::int64_t> sizes_;  // device bytes -> entries not needed yet that have them
     std::int64_t blocking_fallbacks_ = 0;
     std::int64_t stash_reuses_ = 0;

@@ -11,11 +11,13 @@
 // in checking mode, filled with 0xFF bytes (NaN for floating types) when it
 // is handed out and when it is released. Every stream of every device is one
 // worker thread with a FIFO queue: a `non_blocking` copy between the CPU and
-// a sim device is queued on the current stream of the sim device (after an
-// optional delay that widens race windows on purpose), events complete when
-// their stream's worker reaches them, and every other operator first waits
-// for the current stream of its device to drain, then runs inline on the
-// calling thread. A missing wait or an early free therefore shows up as wrong
+// a sim device is queued on the current stream of the sim device, events
+// complete when their stream's worker reaches them, and every other operator
+// first waits for the current stream of its device to drain, then runs
+// inline on the calling thread. Every copy between the CPU and a sim device
+// crosses a simulated link: it takes `latency + bytes / bandwidth` (the two
+// link knobs) on the stream it runs on (a queued copy's bytes move at the
+// end of that time; a blocking one holds the host for it). A missing wait or an early free therefore shows up as wrong
 // numbers (NaN) rather than going unnoticed.
 //
 // Semantics worth knowing (each is a deliberate choice):
@@ -29,8 +31,12 @@
 //   pinned or pageable (stricter than CUDA, where pageable copies are
 //   partly synchronous). The CPU tensor is kept alive until the copy has
 //   run; the sim memory is not (as with CUDA's caching allocator). A
-//   blocking copy first drains the device's current stream. Copies between
-//   sim devices (or within one) drain the current streams and run inline.
+//   blocking copy first drains the device's current stream, copies, and
+//   holds the host until its link time has passed. Both kinds cost the link
+//   time, copy_latency_us + bytes / copy_bandwidth_gbps; a queued copy's
+//   host memcpy comes on top, after its link time (so its bytes land last).
+//   Copies between sim devices (or within one) drain the current streams
+//   and run inline, with no link time.
 // - Compute: every other operator drains its device's current stream and
 //   runs on the calling thread with the CPU kernel (boxed CPU fallback), so
 //   results are bitwise those of the CPU; random operators use the CPU
@@ -51,6 +57,9 @@
 //   counters drop at release; the reserved counters only when a block goes
 //   back to malloc.
 //
+// A c10d collective backend for sim (DDP, FSDP2 and c10d process groups
+// across processes) is declared in <offload/sim_collectives.hpp>.
+//
 // Users on real hardware never link this library; it is a test substrate and
 // a CPU demo device. It is modelled on how PyTorch tests its own out-of-tree
 // device support (test/cpp_extensions/open_registration_extension).
@@ -63,6 +72,12 @@
 
 namespace offload::sim {
 
+/// Largest accepted Config::copy_latency_us (10 s).
+inline constexpr std::int64_t kMaxCopyLatencyUs = 10'000'000;
+/// Largest accepted Config::copy_bandwidth_gbps (10 TB/s, above any
+/// device's memory bandwidth).
+inline constexpr double kMaxCopyBandwidthGbps = 10'000.0;
+
 /// What install() registers. Fields are validated by install(); see there.
 struct Config {
   /// Name of the PrivateUse1 backend ("sim", "npu", "neuron", ...): lower-case
@@ -74,10 +89,17 @@ struct Config {
   /// Device-memory capacity per device in bytes; 0 means unlimited. An
   /// allocation that would exceed it throws c10::OutOfMemoryError.
   std::int64_t capacity_bytes = 0;
-  /// Delay in microseconds that every queued (non_blocking) copy between the
-  /// CPU and a sim device sleeps on its stream before copying, in
-  /// [0, 10'000'000].
-  std::int64_t copy_delay_us = 0;
+  /// Link latency in microseconds: the fixed part of the time every copy
+  /// between the CPU and a sim device takes, blocking or not, in
+  /// [0, kMaxCopyLatencyUs]. The default, 10 us, is the order of a PCIe DMA
+  /// transfer's launch and completion; the test suites raise it to widen
+  /// race windows.
+  std::int64_t copy_latency_us = 10;
+  /// Link bandwidth in GB/s (1e9 bytes per second): a copy of n bytes
+  /// takes n / copy_bandwidth_gbps nanoseconds on top of the latency, in
+  /// (0, kMaxCopyBandwidthGbps]. The default, 25 GB/s, is what a pinned copy
+  /// achieves over PCIe 4.0 x16.
+  double copy_bandwidth_gbps = 25.0;
   /// Checking mode: fill device blocks with 0xFF bytes when they are
   /// allocated and when they are released (reads of memory that is not yet
   /// written, or already freed, see NaN for floating types).
@@ -106,15 +128,21 @@ void install(const Config& config = {});
 bool installed() noexcept;
 
 /// The installed Config, with the current values of the runtime knobs
-/// (copy_delay_us, poison_freed, capacity_bytes). Throws c10::Error if not
-/// installed. Thread-safe.
+/// (copy_latency_us, copy_bandwidth_gbps, poison_freed, capacity_bytes).
+/// Throws c10::Error if not installed. Thread-safe.
 Config config();
 
-/// Runtime knob: delay in microseconds of every copy queued from now on, in
-/// [0, 10'000'000] (c10::ValueError otherwise). Copies already queued keep the
-/// delay they were queued with. Throws c10::Error if not installed.
-/// Thread-safe.
-void set_copy_delay_us(std::int64_t us);
+/// Runtime knob: link latency in microseconds of every copy issued from now
+/// on, in [0, kMaxCopyLatencyUs] (c10::ValueError naming it otherwise,
+/// nothing changed). Copies already queued keep the link time they were
+/// queued with. Throws c10::Error if not installed. Thread-safe.
+void set_copy_latency_us(std::int64_t us);
+
+/// Runtime knob: link bandwidth in GB/s of every copy issued from now on,
+/// in (0, kMaxCopyBandwidthGbps] (c10::ValueError naming it otherwise,
+/// nothing changed). Copies already queued keep the link time they were
+/// queued with. Throws c10::Error if not installed. Thread-safe.
+void set_copy_bandwidth_gbps(double gbps);
 
 /// Runtime knob: checking mode (see Config::poison_freed) for blocks
 /// allocated or released from now on. Throws c10::Error if not installed.
@@ -127,7 +155,7 @@ void set_poison_freed(bool on);
 /// c10::Error if not installed. Thread-safe.
 void set_capacity_bytes(std::int64_t bytes);
 
-/// Saves the three runtime knobs on construction and restores them on
+/// Saves the four runtime knobs on construction and restores them on
 /// destruction, so that a test that changes them cannot leak its settings
 /// into the next one, even when it throws. Requires install().
 class ScopedKnobs {
@@ -138,7 +166,8 @@ class ScopedKnobs {
   ScopedKnobs& operator=(const ScopedKnobs&) = delete;
 
  private:
-  std::int64_t copy_delay_us_;
+  std::int64_t copy_latency_us_;
+  double copy_bandwidth_gbps_;
   std::int64_t capacity_bytes_;
   bool poison_freed_;
 };

@@ -1,0 +1,379 @@
+// SPDX-License-Identifier: MIT
+// offload::checkpoint: a block's inputs saved through the current scope, a
+// hook source that keeps only a record of what the block saves, and in
+// backward a recomputation under a hook source that collects those tensors.
+
+#include <offload/checkpoint.hpp>
+
+#include <algorithm>
+#include <atomic>
+#include <cstdint>
+#include <memory>
+#include <mutex>
+#include <optional>
+#include <sstream>
+#include <string>
+#include <unordered_map>
+#include <utility>
+#include <vector>
+
+#include <ATen/Context.h>
+#include <ATen/autocast_mode.h>
+#include <ATen/core/Generator.h>
+#include <c10/util/Exception.h>
+#include <c10/util/SmallVector.h>
+#include <torch/csrc/autograd/grad_mode.h>
+#include <torch/csrc/autograd/saved_variable.h>
+#include <torch/csrc/autograd/saved_variable_hooks.h>
+
+#include <offload/any_manager.hpp>
+#include <offload/detail/core.hpp>
+#include <offload/detail/hook_source.hpp>
+#include <offload/scope.hpp>
+
+namespace offload {
+namespace {
+
+// Thrown by the recording hooks once the recomputation saved all it must;
+// caught around the recomputation (nothing else sees it).
+struct StopRecomputation {};
+
+// What the forward saw of one saved tensor, to compare with the recomputation.
+struct Meta {
+  c10::SmallVector<std::int64_t, 6> sizes;
+  c10::ScalarType dtype = c10::ScalarType::Undefined;
+  c10::Device device{c10::DeviceType::CPU};
+  bool defined = false;
+
+  static Meta of(const at::Tensor& t) {
+    Meta m;
+    m.defined = t.defined();
+    if (m.defined) {
+      m.sizes.assign(t.sizes().begin(), t.sizes().end());
+      m.dtype = t.scalar_type();
+      m.device = t.device();
+    }
+    return m;
+  }
+  bool operator==(const Meta& o) const {
+    return defined == o.defined && (!defined || (sizes == o.sizes && dtype == o.dtype && device == o.device));
+  }
+  friend std::ostream& operator<<(std::ostream& os, const Meta& m) {
+    if (!m.defined) return os << "undefined";
+    return os << c10::IntArrayRef(m.sizes) << ' ' << m.dtype << " on " << m.device;
+  }
+};
+
+// A generator and its state at forward.
+struct RngState {
+  at::Generator generator;
+  at::Tensor state;
+};
+
+// Autocast state of one device type at forward.
+struct AutocastState {
+  c10::DeviceType type;
+  bool enabled;
+  c10::ScalarType dtype;
+};
+
+// The tensors one backward pass got back from the recomputation.
+struct Recomputed {
+  std::vector<at::Tensor> tensors;  // by pack index; reset when handed out
+  std::vector<bool> handed;         // whether index i was handed out
+  std::int64_t count = 0;           // saved so far by the recomputation
+};
+
+class Frame : public std::enable_shared_from_this<Frame> {
+ public:
+  Frame(Block block, const CheckpointOptions& options)
+      : block_(std::move(block)),
+        name_(options.name.empty() ? "checkpoint" : options.name),
+        preserve_rng_(options.preserve_rng_state),
+        early_stop_(options.early_stop) {}
+
+  const std::string& name() const noexcept { return name_; }
+
+  // Forward, before the block runs: the inputs go through the current
+  // scope's hooks (a SavedVariable asks the default engine, like any node's),
+  // and the generator and autocast states are taken.
+  void save_inputs(const std::vector<at::Tensor>& inputs) {
+    inputs_.reserve(inputs.size());
+    c10::SmallVector<c10::Device, 2> devices;
+    for (const auto& t : inputs) {
+      inputs_.emplace_back(t, /*is_output=*/false);
+      if (t.defined() && !t.is_cpu() && std::find(devices.begin(), devices.end(), t.device()) == devices.end()) {
+        devices.push_back(t.device());
+      }
+    }
+    if (preserve_rng_) {
+      add_rng(at::globalContext().defaultGenerator(c10::Device(c10::DeviceType::CPU)));
+      for (const auto& d : devices) add_rng(at::globalContext().defaultGenerator(d));
+    }
+    c10::SmallVector<c10::DeviceType, 2> types{c10::DeviceType::CPU};
+    for (const auto& d : devices) {
+      if (std::find(types.begin(), types.end(), d.type()) == types.end()) types.push_back(d.type());
+    }
+    for (auto type : types) {
+      if (!at::autocast::is_autocast_available(type)) continue;
+      autocast_.push_back({type, at::autocast::is_autocast_enabled(type), at::autocast::get_autocast_dtype(type)});
+    }
+    autocast_cache_ = at::autocast::is_autocast_cache_enabled();
+  }
+
+  // Forward: the block saved `t` (not kept); returns its index.
+  std::size_t record(const at::Tensor& t) {
+    const std::lock_guard lock(mutex_);
+    metas_.push_back(Meta::of(t));
+    return metas_.size() - 1;
+  }
+
+  // Forward: runs the block (under the recording scope the caller opened).
+  std::vector<at::Tensor> run(const std::vector<at::Tensor>& inputs) { return block_(inputs); }
+  void forward_done() { forward_done_ = true; }
+
+  // Backward: the recomputed tensor `index` for the running backward pass
+  // (recomputing the block first if this pass has not yet).
+  at::Tensor take(std::size_t index);
+
+  // Recomputation: the block saved `t` again.
+  void collect(std::int64_t pass, const at::Tensor& t);
+
+ private:
+  void add_rng(at::Generator generator) {
+    for (const auto& r : rng_) {
+      if (r.generator.unsafeGetGeneratorImpl() == generator.unsafeGetGeneratorImpl()) return;  // sim shares the CPU's
+    }
+    const std::lock_guard lock(generator.mutex());
+    rng_.push_back({generator, generator.get_state()});
+  }
+  void recompute(std::int64_t pass, Recomputed& out);
+  void check(const Recomputed& out) const;
+
+  Block block_;
+  std::string name_;
+  bool preserve_rng_;
+  bool early_stop_;
+  bool forward_done_ = false;
+  std::vector<torch::autograd::SavedVariable> inputs_;
+  std::vector<RngState> rng_;
+  std::vector<AutocastState> autocast_;
+  bool autocast_cache_ = true;
+  std::vector<Meta> metas_;  // by pack index, in forward
+  std::recursive_mutex mutex_;
+  bool recomputing_ = false;
+  std::unordered_map<std::int64_t, Recomputed> passes_;  // by backward pass id
+};
+
+// What the block's nodes hold for each tensor it saved in forward.
+class RecordHooks final : public torch::autograd::SavedVariableHooks {
+ public:
+  explicit RecordHooks(std::shared_ptr<Frame> frame) : frame_(std::move(frame)) {}
+  void call_pack_hook(const at::Tensor& tensor) override { index_ = frame_->record(tensor); }
+  at::Tensor call_unpack_hook() override { return frame_->take(index_); }
+
+ private:
+  std::shared_ptr<Frame> frame_;
+  std::size_t index_ = 0;
+};
+
+// What the recomputation's nodes hold: the tensor itself (used only if
+// someone runs backward through the recomputed graph).
+class CollectHooks final : public torch::autograd::SavedVariableHooks {
+ public:
+  CollectHooks(std::shared_ptr<Frame> frame, std::int64_t pass) : frame_(std::move(frame)), pass_(pass) {}
+  void call_pack_hook(const at::Tensor& tensor) override {
+    // Detached: an output saved by its own node would otherwise hold that node.
+    kept_ = tensor.requires_grad() ? tensor.detach() : tensor;
+    frame_->collect(pass_, kept_);
+  }
+  at::Tensor call_unpack_hook() override { return kept_; }
+
+ private:
+  std::shared_ptr<Frame> frame_;
+  std::int64_t pass_;
+  at::Tensor kept_;
+};
+
+// A hook source that is not a manager: the parts of HookSource a Scope
+// does not use answer "nothing".
+class BlockSource : public detail::HookSource {
+ public:
+  std::string describe() const override { return "offload::checkpoint"; }
+  Stats stats() const override { return {}; }
+  void reset_stats() override {}
+  void exclude(at::TensorList /*tensors*/) override {}
+  const Options& options() const noexcept override { return options_; }
+
+ private:
+  Options options_;
+};
+
+class RecordSource final : public BlockSource {
+ public:
+  explicit RecordSource(std::shared_ptr<Frame> frame) : frame_(std::move(frame)) {}
+  std::unique_ptr<torch::autograd::SavedVariableHooks> make_hooks() override {
+    return std::make_unique<RecordHooks>(frame_);
+  }
+
+ private:
+  std::shared_ptr<Frame> frame_;
+};
+
+class CollectSource final : public BlockSource {
+ public:
+  CollectSource(std::shared_ptr<Frame> frame, std::int64_t pass) : frame_(std::move(frame)), pass_(pass) {}
+  std::unique_ptr<torch::autograd::SavedVariableHooks> make_hooks() override {
+    return std::make_unique<CollectHooks>(frame_, pass_);
+  }
+
+ private:
+  std::shared_ptr<Frame> frame_;
+  std::int64_t pass_;
+};
+
+// Ids for unpacks outside any backward pass (each its own recomputation).
+std::atomic<std::int64_t> g_outside_pass{-2};
+
+at::Tensor Frame::take(std::size_t index) {
+  std::int64_t pass = detail::current_backward_id();
+  if (pass < 0) pass = g_outside_pass.fetch_sub(1, std::memory_order_relaxed);
+  const std::lock_guard lock(mutex_);
+  TORCH_CHECK(!recomputing_, "offload::checkpoint: block '", name_,
+              "': a backward pass inside the block's own recomputation needs what the block saved; "
+              "backward inside a checkpointed block is not supported");
+  auto found = passes_.find(pass);
+  if (found == passes_.end()) {
+    found = passes_.emplace(pass, Recomputed{}).first;
+    try {
+      recompute(pass, found->second);
+    } catch (...) {
+      passes_.erase(found);
+      throw;
+    }
+    if (pass >= 0) {
+      // The recomputed tensors belong to this pass: whatever it did not
+      // use is released when it ends.
+      std::weak_ptr<Frame> weak = weak_from_this();
+      detail::at_backward_end([weak, pass] {
+        if (auto frame = weak.lock()) {
+          const std::lock_guard relock(frame->mutex_);
+          frame->passes_.erase(pass);
+        }
+      });
+    }
+  }
+  auto& got = found->second;
+  TORCH_CHECK(index < got.tensors.size() && !got.handed[index], "offload::checkpoint: block '", name_,
+              "': saved tensor ", index,
+              " was unpacked a second time in one backward pass; each is handed out once per pass");
+  got.handed[index] = true;
+  auto out = std::move(got.tensors[index]);
+  if (pass < 0) passes_.erase(found);
+  return out;
+}
+
+void Frame::collect(std::int64_t pass, const at::Tensor& t) {
+  // Called from recompute(), which holds mutex_ on this thread.
+  auto& got = passes_.at(pass);
+  const auto index = got.count++;
+  TORCH_CHECK(static_cast<std::size_t>(index) < metas_.size(), "offload::checkpoint: block '", name_,
+              "': the recomputation saved more tensors than the forward (", metas_.size(),
+              "); the block must run the same operations each time");
+  const auto meta = Meta::of(t);
+  if (!(meta == metas_[index])) {
+    std::ostringstream message;
+    message << "offload::checkpoint: block '" << name_ << "': saved tensor " << index << " is " << meta
+            << " in the recomputation but was " << metas_[index]
+            << " in the forward; the block must run the same operations each time";
+    TORCH_CHECK(false, message.str());
+  }
+  got.tensors[index] = t;
+  if (early_stop_ && static_cast<std::size_t>(got.count) == metas_.size()) throw StopRecomputation{};
+}
+
+void Frame::recompute(std::int64_t pass, Recomputed& out) {
+  TORCH_CHECK(forward_done_, "offload::checkpoint: block '", name_,
+              "': its saved tensors were needed before the block returned (backward inside the block); not "
+              "supported");
+  out.tensors.resize(metas_.size());
+  out.handed.assign(metas_.size(), false);
+  std::vector<at::Tensor> inputs;
+  inputs.reserve(inputs_.size());
+  for (const auto& saved : inputs_) inputs.push_back(saved.unpack());
+
+  // The forward's generator and autocast states, the current ones restored after.
+  std::vector<at::Tensor> now;
+  now.reserve(rng_.size());
+  for (auto& r : rng_) {
+    const std::lock_guard lock(r.generator.mutex());
+    now.push_back(r.generator.get_state());
+    r.generator.set_state(r.state);
+  }
+  std::vector<AutocastState> autocast_now;
+  for (const auto& a : autocast_) {
+    autocast_now.push_back(
+        {a.type, at::autocast::is_autocast_enabled(a.type), at::autocast::get_autocast_dtype(a.type)});
+    at::autocast::set_autocast_enabled(a.type, a.enabled);
+    at::autocast::set_autocast_dtype(a.type, a.dtype);
+  }
+  const bool cache_now = at::autocast::is_autocast_cache_enabled();
+  at::autocast::set_autocast_cache_enabled(autocast_cache_);
+  const auto restore = [&] {
+    for (std::size_t i = 0; i < rng_.size(); ++i) {
+      const std::lock_guard lock(rng_[i].generator.mutex());
+      rng_[i].generator.set_state(now[i]);
+    }
+    for (const auto& a : autocast_now) {
+      at::autocast::set_autocast_enabled(a.type, a.enabled);
+      at::autocast::set_autocast_dtype(a.type, a.dtype);
+    }
+    at::autocast::set_autocast_cache_enabled(cache_now);
+  };
+
+  recomputing_ = true;
+  try {
+    const torch::autograd::AutoGradMode grad(true);
+    const Scope collecting(detail::make_any_manager(std::make_shared<CollectSource>(shared_from_this(), pass)));
+    try {
+      (void)block_(inputs);
+    } catch (const StopRecomputation&) {  // saved all it must
+    }
+  } catch (...) {
+    recomputing_ = false;
+    restore();
+    throw;
+  }
+  recomputing_ = false;
+  restore();
+  TORCH_CHECK(static_cast<std::size_t>(out.count) == metas_.size(), "offload::checkpoint: block '", name_,
+              "': the recomputation saved ", out.count, " tensors, the forward ", metas_.size(),
+              "; the block must run the same operations each time");
+}
+
+}  // namespace
+
+std::vector<at::Tensor> checkpoint(Block block, const std::vector<at::Tensor>& inputs,
+                                   const CheckpointOptions& options) {
+  TORCH_CHECK_VALUE(static_cast<bool>(block), "offload::checkpoint: block must be a callable, got an empty function");
+  if (!torch::autograd::GradMode::is_enabled()) return block(inputs);
+  auto frame = std::make_shared<Frame>(std::move(block), options);
+  frame->save_inputs(inputs);
+  std::vector<at::Tensor> outputs;
+  {
+    const Scope recording(detail::make_any_manager(std::make_shared<RecordSource>(frame)));
+    outputs = frame->run(inputs);
+  }
+  frame->forward_done();
+  return outputs;
+}
+
+at::Tensor checkpoint(std::function<at::Tensor(const at::Tensor&)> fn, const at::Tensor& input,
+                      const CheckpointOptions& options) {
+  TORCH_CHECK_VALUE(static_cast<bool>(fn), "offload::checkpoint: block must be a callable, got an empty function");
+  return checkpoint(
+      [fn = std::move(fn)](const std::vector<at::Tensor>& in) { return std::vector<at::Tensor>{fn(in[0])}; }, {input},
+      options)[0];
+}
+
+}  // namespace offload

@@ -1,0 +1,137 @@
+# SPDX-License-Identifier: MIT
+"""torch_offload.CheckpointOffload as a Hugging Face gradient_checkpointing_func:
+a tiny model built from torch.nn modules that calls its layers the way
+transformers' GradientCheckpointingLayer does, on the slow, poisoned sim
+(conftest.py). Bitwise parity with torch.utils.checkpoint without
+offloading (dropout on), only the layers' inputs reach the manager, and a
+lower peak of device memory. transformers' own models: tests/thirdparty/
+test_checkpoint_hf.py."""
+
+import functools
+
+import pytest
+import torch
+from torch import nn
+from torch.nn import functional as F
+
+import torch_offload
+import torch_offload.sim
+
+DEV = "sim:0"
+
+
+class Layer(nn.Module):
+    """One decoder-like layer: called as layer(hidden_states, attention_mask=...)."""
+
+    def __init__(self, width):
+        super().__init__()
+        self.gradient_checkpointing = False  # what _set_gradient_checkpointing looks for
+        self.norm = nn.LayerNorm(width)
+        self.up = nn.Linear(width, 4 * width)
+        self.down = nn.Linear(4 * width, width)
+        self.drop = nn.Dropout(0.2)
+
+    def __call__(self, *args, **kwargs):
+        # transformers.modeling_layers.GradientCheckpointingLayer.__call__
+        if self.gradient_checkpointing and self.training:
+            return self._gradient_checkpointing_func(functools.partial(super().__call__, **kwargs), *args)
+        return super().__call__(*args, **kwargs)
+
+    def forward(self, hidden_states, attention_mask=None):
+        h = self.drop(self.down(F.gelu(self.up(self.norm(hidden_states)))))
+        if attention_mask is not None:
+            h = h * attention_mask
+        return hidden_states + h
+
+
+class TinyLM(nn.Module):
+    def __init__(self, vocab=64, width=64, layers=6):
+        super().__init__()
+        self.embed = nn.Embedding(vocab, width)
+        self.layers = nn.ModuleList(Layer(width) for _ in range(layers))
+        self.head = nn.Linear(width, vocab)
+
+    def forward(self, input_ids, labels):
+        h = self.embed(input_ids)
+        mask = torch.ones(h.shape[:2] + (1,), device=h.device)
+        for layer in self.layers:
+            h = layer(h, attention_mask=mask)
+        logits = self.head(h)
+        return F.cross_entropy(logits.reshape(-1, logits.size(-1)), labels.reshape(-1))
+
+
+def train(func, steps=3, layers=6, width=64, seq=32):
+    """Losses, last gradients, the device peak above what was allocated
+    before, and the layers' checkpoint function, of `steps` AdamW steps with
+    each layer checkpointed by `func` (None: no checkpoint; "offload":
+    enable_gradient_checkpointing with a streamed manager)."""
+    torch_offload.sim.synchronize(0)
+    base = torch_offload.sim.device_memory(0)["current_bytes"]
+    torch.manual_seed(0)
+    model = TinyLM(width=width, layers=layers).to(DEV).train()
+    if func == "offload":
+        torch_offload.enable_gradient_checkpointing(model, torch_offload.Manager(DEV, sync="streamed", max_fwd_stash=1))
+    elif func is not None:
+        for module in model.modules():
+            if isinstance(module, Layer):
+                module._gradient_checkpointing_func = func
+                module.gradient_checkpointing = True
+    g = torch.Generator().manual_seed(1)
+    data = torch.randint(0, 64, (8, seq + 1), generator=g)
+    ids, labels = data[:, :-1].to(DEV), data[:, 1:].to(DEV)
+    optimizer = torch.optim.AdamW(model.parameters(), lr=1e-2)
+    losses = []
+    torch_offload.sim.synchronize(0)
+    torch_offload.sim.reset_peak(0)
+    for _ in range(steps):
+        optimizer.zero_grad()
+        loss = model(ids, labels)
+        loss.backward()
+        optimizer.step()
+        losses.append(loss.item())
+    torch_offload.sim.synchronize(0)
+    peak = torch_offload.sim.device_memory(0)["peak_bytes"] - base
+    grads = [p.grad.cpu() for p in model.parameters()]
+    return losses, grads, peak, model.layers[0]._gradient_checkpointing_func if func else None
+
+
+def assert_same(a, b):
+    assert a[0] == b[0]
+    assert all(torch.equal(x, y) for x, y in zip(a[1], b[1], strict=True))
+
+
+@pytest.mark.parametrize("sync", ["streamed", "blocking"])
+def test_bitwise_parity_with_torch_checkpoint_and_only_layer_inputs_offloaded(sync):
+    plain = train(torch_offload.plain_checkpoint)
+    manager = torch_offload.Manager(DEV, sync=sync, min_offload_bytes=0)
+    got = train(torch_offload.CheckpointOffload(manager))
+    assert_same(plain, got)
+    assert_same(train(None), got)  # and with no checkpoint at all
+    stats = manager.stats()
+    # on the device: each layer's hidden_states, nothing the layers save (torch.utils.checkpoint
+    # also saves one CPU tensor per call, which stays where it is)
+    assert stats.tensors_seen - stats.passed_other_device == 3 * 6, stats
+    assert stats.tensors_offloaded == 3 * 6, stats
+    assert stats.bytes_offloaded == 3 * 6 * 8 * 32 * 64 * 4, stats
+    assert stats.tensors_reloaded + stats.stash_reuses == 3 * 6, stats
+
+
+def test_enable_gradient_checkpointing_offloads_through_streamed_and_lowers_the_peak():
+    # Many narrow layers on long sequences: the layers' inputs, not one
+    # layer's recomputation, are what checkpointing alone keeps at its peak.
+    shape = {"steps": 2, "layers": 24, "width": 32, "seq": 256}
+    plain = train(torch_offload.plain_checkpoint, **shape)
+    got = train("offload", **shape)
+    assert_same(plain, got)
+    func = got[3]
+    assert isinstance(func, torch_offload.CheckpointOffload)
+    assert "streamed" in repr(func)
+    assert func.manager.stats().tensors_offloaded == 2 * 24
+    assert got[2] < plain[2], (got[2], plain[2])
+
+
+def test_bad_input():
+    with pytest.raises(ValueError, match="use_reentrant must be False"):
+        torch_offload.CheckpointOffload(use_reentrant=True)
+    with pytest.raises(TypeError, match="manager must be a torch_offload.Manager, got str"):
+        torch_offload.CheckpointOffload("sim")

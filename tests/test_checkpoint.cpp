@@ -1,0 +1,221 @@
+// SPDX-License-Identifier: MIT
+// offload::checkpoint: bitwise parity with the block run without
+// checkpoint and without offloading (dropout on, nested, several outputs,
+// an input without grad, torch::autograd::grad), only block inputs reach
+// the manager, and the errors of a block that recomputes differently.
+
+#include "doctest.hpp"
+
+#include <optional>
+#include <string>
+#include <vector>
+
+#include <ATen/ATen.h>
+#include <torch/csrc/autograd/autograd.h>
+#include <torch/csrc/autograd/grad_mode.h>
+
+#include <offload/checkpoint.hpp>
+#include <offload/offload.hpp>
+#include <offload/sim.hpp>
+
+#include "fixture.hpp"
+#include "harness.hpp"
+
+namespace {
+
+using fixture::sim0;
+constexpr int kLayers = 4;
+constexpr int kSteps = 3;
+
+using fixture::SlowPoisonedSim;
+
+// A residual MLP stack with dropout, parameters as leaf tensors on sim:
+// block i is x + dropout(gelu(x W1_i)) W2_i.
+struct Stack {
+  std::vector<at::Tensor> w1, w2;
+  at::Tensor x;
+  Stack() {
+    at::manual_seed(0);
+    for (int i = 0; i < kLayers; ++i) {
+      w1.push_back((at::randn({64, 128}) * 0.1).to(sim0).requires_grad_());
+      w2.push_back((at::randn({128, 64}) * 0.1).to(sim0).requires_grad_());
+    }
+    x = at::randn({32, 64}).to(sim0);
+  }
+  std::vector<at::Tensor> params() const {
+    auto out = w1;
+    out.insert(out.end(), w2.begin(), w2.end());
+    return out;
+  }
+  at::Tensor block(int i, const at::Tensor& h) const {
+    return h + at::dropout(at::gelu(h.matmul(w1[i])), 0.2, /*train=*/true).matmul(w2[i]);
+  }
+  // plain: no checkpoint; nested: blocks in checkpointed pairs of checkpointed blocks.
+  enum class Mode { plain, flat, nested };
+  at::Tensor loss(Mode mode, const offload::CheckpointOptions& options = {}) const {
+    // Blocks are kept until backward: they capture by value.
+    const auto one = [this, mode, options](int i, const at::Tensor& in) {
+      if (mode == Mode::plain) return block(i, in);
+      return offload::checkpoint([this, i](const at::Tensor& t) { return block(i, t); }, in, options);
+    };
+    at::Tensor h = x;
+    for (int i = 0; i < kLayers; i += 2) {
+      if (mode == Mode::nested) {
+        h = offload::checkpoint([one, i](const at::Tensor& t) { return one(i + 1, one(i, t)); }, h, options);
+      } else {
+        h = one(i + 1, one(i, h));
+      }
+    }
+    return h.sum();
+  }
+};
+
+harness::RunResult run(Stack::Mode mode, const harness::Wrap& wrap = {},
+                       const offload::CheckpointOptions& options = {}) {
+  const Stack stack;  // seeds the generator: every run draws the same masks
+  return harness::train_params(stack.params(), [&] { return stack.loss(mode, options); }, kSteps, wrap);
+}
+
+template <class Sync>
+using SimManager = offload::Manager<offload::device::Sim, offload::storage::PinnedHost, Sync>;
+
+}  // namespace
+
+TEST_CASE_TEMPLATE("checkpoint: bitwise parity with no checkpoint and no offload, dropout on", Sync,
+                   offload::sync::Blocking, offload::sync::Streamed) {
+  const SlowPoisonedSim sim;
+  const auto plain = run(Stack::Mode::plain);
+  for (auto mode : {Stack::Mode::flat, Stack::Mode::nested}) {
+    CAPTURE(static_cast<int>(mode));
+    std::string why;
+    // checkpoint alone
+    CHECK_MESSAGE(harness::bitwise_equal(plain, run(mode), &why), why);
+    // checkpoint + offload: only the block inputs (the stack's input and
+    // each pair's output, or each block's) reach the manager; all but the
+    // stack's input (a leaf: it stays, like a parameter) are offloaded.
+    SimManager<Sync> manager(offload::Options{.min_offload_bytes = 0});
+    CHECK_MESSAGE(harness::bitwise_equal(plain, run(mode, harness::with_scope(manager)), &why), why);
+    const auto stats = manager.stats();
+    const int inputs = mode == Stack::Mode::flat ? kLayers : kLayers / 2;
+    CHECK(stats.tensors_seen == kSteps * inputs);
+    CHECK(stats.passed_leaf == kSteps);
+    CHECK(stats.tensors_offloaded == kSteps * (inputs - 1));
+    CHECK(stats.bytes_offloaded == kSteps * (inputs - 1) * 32 * 64 * 4);
+    CHECK(stats.tensors_reloaded + stats.stash_reuses == kSteps * (inputs - 1));
+  }
+}
+
+TEST_CASE("checkpoint: without the generator state restored, dropout differs (the parity test can fail)") {
+  const SlowPoisonedSim sim;
+  const auto plain = run(Stack::Mode::plain);
+  std::string why;
+  CHECK_FALSE(
+      harness::bitwise_equal(plain, run(Stack::Mode::flat, {}, {.name = "block", .preserve_rng_state = false}), &why));
+  // and early stop off changes nothing but the work done
+  CHECK_MESSAGE(
+      harness::bitwise_equal(
+          plain, run(Stack::Mode::flat, {}, {.name = "block", .preserve_rng_state = true, .early_stop = false}), &why),
+      why);
+}
+
+TEST_CASE("checkpoint: several outputs, an input without grad, torch::autograd::grad, retain_graph") {
+  const SlowPoisonedSim sim;
+  at::manual_seed(1);
+  const auto x = at::randn({16, 32}).to(sim0).requires_grad_();
+  const auto y = at::randn({16, 32}).to(sim0).requires_grad_();
+  const auto c = at::randn({16, 32}).to(sim0);  // no grad
+  const auto fn = [](const std::vector<at::Tensor>& in) -> std::vector<at::Tensor> {
+    const auto& [a, b, k] = std::tie(in[0], in[1], in[2]);
+    return {a * b.sin(), (a * k).tanh(), k * 2};
+  };
+  const auto loss_of = [](const std::vector<at::Tensor>& out) { return out[0].pow(2).sum() + out[1].exp().sum(); };
+  const auto plain = torch::autograd::grad({loss_of(fn({x * 1, y * 1, c}))}, {x, y});
+
+  SimManager<offload::sync::Streamed> manager(offload::Options{.min_offload_bytes = 0});
+  std::vector<at::Tensor> out;
+  {
+    const offload::Scope scope(manager);
+    out = offload::checkpoint(fn, {x * 1, y * 1, c}, {.name = "three"});
+  }
+  CHECK(out.size() == 3);
+  CHECK_FALSE(out[2].requires_grad());
+  const auto loss = loss_of(out);
+  for (int pass = 0; pass < 2; ++pass) {  // a second backward pass recomputes again
+    CAPTURE(pass);
+    const auto got = torch::autograd::grad({loss}, {x, y}, {}, /*retain_graph=*/pass == 0);
+    CHECK(at::equal(got[0].cpu(), plain[0].cpu()));
+    CHECK(at::equal(got[1].cpu(), plain[1].cpu()));
+  }
+  // the three inputs went through the manager, nothing the block saved did;
+  // c, a leaf, stays (like a parameter)
+  CHECK(manager.stats().tensors_seen == 3);
+  CHECK(manager.stats().passed_leaf == 1);
+  CHECK(manager.stats().tensors_offloaded == 2);
+}
+
+TEST_CASE("checkpoint: a module-like handle's forward, grad mode off, an empty block") {
+  const SlowPoisonedSim sim;
+  struct Doubler {
+    at::Tensor forward(const at::Tensor& t) const { return (t * 2).sin(); }
+  };
+  const auto handle = std::make_shared<Doubler>();
+  const auto x = at::randn({8, 8}).to(sim0).requires_grad_();
+  offload::checkpoint_forward(handle, x).sum().backward();
+  const auto got = x.grad().cpu();
+  x.mutable_grad() = at::Tensor();
+  handle->forward(x).sum().backward();
+  CHECK(at::equal(got, x.grad().cpu()));
+  {
+    const torch::autograd::AutoGradMode no_grad(false);
+    CHECK_FALSE(offload::checkpoint_forward(handle, x).requires_grad());
+  }
+  CHECK_THROWS_WITH_AS(offload::checkpoint(offload::Block{}, {x}),
+                       doctest::Contains("offload::checkpoint: block must be a callable, got an empty function"),
+                       c10::ValueError);
+}
+
+// docs/bad-input.md, "offload::checkpoint": each row's message.
+TEST_CASE("checkpoint: bad input (docs/bad-input.md)") {
+  const SlowPoisonedSim sim;
+  const auto x = at::randn({4, 8}).to(sim0).requires_grad_();
+
+  SUBCASE("a block that returns no tensor: returned as is, as torch.utils.checkpoint does") {
+    const auto out = offload::checkpoint([](const std::vector<at::Tensor>&) { return std::vector<at::Tensor>{}; }, {x});
+    CHECK(out.empty());
+  }
+  SUBCASE("an output that does not require grad while an input does: autograd's own error at backward") {
+    const auto out = offload::checkpoint([](const at::Tensor& t) { return t.detach() * 2; }, x);
+    CHECK_FALSE(out.requires_grad());
+    CHECK_THROWS_WITH_AS(out.sum().backward(),
+                         doctest::Contains("element 0 of tensors does not require grad and does not have a grad_fn"),
+                         c10::Error);
+  }
+  SUBCASE("a recomputation that saves fewer tensors") {
+    bool first = true;
+    auto out = offload::checkpoint(
+        [&first](const at::Tensor& t) {
+          auto h = t.sin();
+          if (std::exchange(first, false)) h = h.sin();
+          return h;
+        },
+        x, {.name = "flaky"});
+    CHECK_THROWS_WITH_AS(out.sum().backward(),
+                         doctest::Contains("offload::checkpoint: block 'flaky': the recomputation saved 1 tensors, "
+                                           "the forward 2; the block must run the same operations each time"),
+                         c10::Error);
+  }
+  SUBCASE("a recomputation that saves a tensor of other sizes") {
+    bool first = true;
+    auto out = offload::checkpoint(
+        [&first](const at::Tensor& t) {
+          const auto h = std::exchange(first, false) ? t : t.narrow(1, 0, 7);
+          return h.sin().sum();
+        },
+        x, {.name = "shapes"});
+    CHECK_THROWS_WITH_AS(out.backward(),
+                         doctest::Contains("offload::checkpoint: block 'shapes': saved tensor 0 is [4, 7] Float on "
+                                           "sim:0 in the recomputation but was [4, 8] Float on sim:0 in the forward; "
+                                           "the block must run the same operations each time"),
+                         c10::Error);
+  }
+}
