@@ -25,7 +25,7 @@ transformers has it) and torch_offload.enable_gradient_checkpointing with a
 streamed Manager (each layer's input offloaded, copies overlapped,
 prefetched ahead of the recomputation).
 Peers that cannot be imported are listed with the reason. The models: the
-GPT of examples/gpt.hpp (tests/python/gpt.py; 4, 8, 16 layers), and
+GPT of models/gpt.hpp (tests/python/gpt.py; 4, 8, 16 layers), and
 Hugging Face transformers' GPT-2 and Llama built from configs of the same
 width, heads, sequence and vocabulary (random init, dropout off; 4 layers,
 and 16 without --quick); AdamW. On sim every tool's copies cross the same
@@ -163,7 +163,7 @@ MODELS = {"gpt": ([4, 8, 16], [4, 8, 16]), "transformers gpt2": ([4, 16], [4]),
 
 def make_model(kind, device, layers, shape):
     """-> (model, loss() running its forward on a fixed batch): the GPT of
-    examples/gpt.hpp, or transformers' GPT-2 / Llama from a config with the
+    models/gpt.hpp, or transformers' GPT-2 / Llama from a config with the
     same width, heads, sequence and vocabulary (dropout off: every tool sees
     the same run)."""
     m, idx_targets = shape["model"], gpt.batch(device, batch_size=shape["batch"], seq=shape["model"]["seq"])
