@@ -4,7 +4,7 @@ same model in the same run: no offloading; torch.autograd.graph.save_on_cpu
 (pin_memory=True); TRL's OffloadActivations (use_streams True and False);
 torchtune's OffloadActivations; ours Blocking and Streamed.
 
-    python3 bench/peers.py --device sim|cuda --out DIR [--quick] [--models NAME,...]
+    python3 bench/peers.py --device sim|cuda --out DIR [--quick] [--models NAME,...] [--hooks-only]
 
 Writes DIR/peers.json (sim) or DIR/peers-cuda.json (cuda), with -quick
 before .json for --quick, and prints markdown tables: per (model, layers,
@@ -245,6 +245,58 @@ def matrix_cell(case, factory, device, reference):
     return "exact" if same else "differs"
 
 
+def hook_cost(device, quick):
+    """The hook cost per saved tensor of the Python route (prints a table;
+    returns name -> row)."""
+    # Hook cost: what the Python route adds per saved tensor, measured as
+    # bench/hook_overhead.py measures the identity hooks (256 saved
+    # float32[16] tensors per run, process CPU time, alternating rounds): CPU
+    # tensors (passed through), and tensors of the manager's device that it
+    # offloads (min_offload_bytes 0; on sim over a free link: the host cost
+    # of the route and the copies' issue, not the link's time).
+    warmup, rounds = (5, 100) if quick else (20, 400)
+    manager = torch_offload.Manager(device)
+    offloading = torch_offload.Manager(device, sync="blocking", min_offload_bytes=0)
+    hook_rows = {
+        "python identity hooks (floor)": (hook_overhead.identity_hooks, "cpu"),
+        "torch_offload.Manager (passed through in C++)": (lambda: manager, "cpu"),
+        "torch_offload.no_offload": (torch_offload.no_offload, "cpu"),
+        "python identity hooks": (hook_overhead.identity_hooks, device),
+        "torch_offload.Manager, sync blocking (offloaded)": (lambda: offloading, device),
+    }
+    if device == "sim":
+        torch_offload.sim.set_copy_latency_us(0)
+        torch_offload.sim.set_copy_bandwidth_gbps(10_000)
+    print("\n## Hook cost per saved tensor (host CPU time)\n")
+    print("| hooks | tensors on | ns per saved tensor (median) | IQR | / identity hooks, same device |")
+    print("|---|---|---|---|---|")
+    rows = {}
+    threads = torch.get_num_threads()
+    torch.set_num_threads(1)  # tiny tensors, as bench/hook_overhead.py
+    # The rows take turns in blocks of rounds, so that a change in machine
+    # load hits all of them alike.
+    blocks = 4
+    samples = {name: [] for name in hook_rows}
+    for _ in range(blocks):
+        for name, (make_ctx, where) in hook_rows.items():
+            samples[name] += hook_overhead.measure(make_ctx, warmup, rounds // blocks, device=where)[0]
+    floors = {}
+    for name, (make_ctx, where) in hook_rows.items():
+        median = statistics.median(samples[name])
+        q = statistics.quantiles(samples[name], n=4)
+        floor = floors.setdefault(where, median)  # each device's identity row comes first
+        rows[name] = {"ns_per_tensor": median, "q1": q[0], "q3": q[2], "rounds": rounds, "device": where,
+                      "ratio_to_identity": median / floor}
+        print(f"| {name} | {where} | {median:.0f} | {q[0]:.0f}..{q[2]:.0f} | {median / floor:.2f} |")
+    torch.set_num_threads(threads)
+    if device == "sim":
+        torch_offload.sim.set_copy_latency_us(10)
+        torch_offload.sim.set_copy_bandwidth_gbps(25.0)
+    if offloading.stats().tensors_offloaded == 0:
+        sys.exit("bench/peers.py: the offloaded hook-cost row offloaded nothing")
+    return rows
+
+
 def main():
     parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     parser.add_argument("--device", choices=["sim", "cuda"], required=True)
@@ -252,6 +304,8 @@ def main():
     parser.add_argument("--quick", action="store_true", help="fewer steps, a smaller model")
     parser.add_argument("--models", default=",".join(MODELS),
                         help=f"comma-separated, from {', '.join(MODELS)} (default: all)")
+    parser.add_argument("--hooks-only", action="store_true",
+                        help="only the hook cost per saved tensor (writes DIR/peers-hooks[-cuda].json)")
     args = parser.parse_args()
 
     device = args.device
@@ -264,6 +318,11 @@ def main():
         if not torch.cuda.is_available():
             sys.exit("bench/peers.py: --device cuda but torch.cuda.is_available() is False")
         bandwidths = [None]
+    if args.hooks_only:
+        results = {"device": device, "quick": args.quick, "torch": torch.__version__,
+                   "hook_cost": hook_cost(device, args.quick)}
+        write(results, os.path.join(args.out, f"peers-hooks{'' if device == 'sim' else '-cuda'}.json"))
+        return
     torch.set_num_threads(max(1, (os.cpu_count() or 2) // 2))
     dm = torch.get_device_module(device)
     steps = 3 if args.quick else 7
@@ -322,47 +381,11 @@ def main():
                 cell["target_time"] = all(ours["time_ratio"] < r["time_ratio"] for r in peer_rows)
             results["cells"].append(cell)
 
-    # Hook cost: what the Python route adds per saved tensor, measured as
-    # bench/hook_overhead.py measures the identity hooks (256 saved
-    # float32[16] tensors per run, process CPU time, alternating rounds): CPU
-    # tensors (passed through), and tensors of the manager's device that it
-    # offloads (min_offload_bytes 0; on sim over a free link: the host cost
-    # of the route and the copies' issue, not the link's time).
-    warmup, rounds = (5, 100) if args.quick else (20, 400)
-    manager = torch_offload.Manager(device)
-    offloading = torch_offload.Manager(device, sync="blocking", min_offload_bytes=0)
-    hook_rows = {
-        "python identity hooks (floor)": (hook_overhead.identity_hooks, "cpu"),
-        "torch_offload.Manager (CPU tensors: passed through in C++)": (lambda: manager, "cpu"),
-        "torch_offload.no_offload": (torch_offload.no_offload, "cpu"),
-        f"python identity hooks, {device} tensors": (hook_overhead.identity_hooks, device),
-        f"torch_offload.Manager (blocking), {device} tensors offloaded": (lambda: offloading, device),
-    }
-    if device == "sim":
-        torch_offload.sim.set_copy_latency_us(0)
-        torch_offload.sim.set_copy_bandwidth_gbps(10_000)
-    print("\n## Hook cost per saved tensor (host CPU time)\n")
-    print("| hooks | ns per saved tensor (median) | IQR | / identity hooks |")
-    print("|---|---|---|---|")
-    results["hook_cost"] = {}
-    floor = None
-    threads = torch.get_num_threads()
-    torch.set_num_threads(1)  # tiny tensors, as bench/hook_overhead.py
-    for name, (make_ctx, where) in hook_rows.items():
-        per_tensor, _ = hook_overhead.measure(make_ctx, warmup, rounds, device=where)
-        median = statistics.median(per_tensor)
-        q = statistics.quantiles(per_tensor, n=4)
-        floor = floor or median
-        results["hook_cost"][name] = {"ns_per_tensor": median, "q1": q[0], "q3": q[2], "rounds": rounds,
-                                      "device": where}
-        print(f"| {name} | {median:.0f} | {q[0]:.0f}..{q[2]:.0f} | {median / floor:.2f} |")
-    torch.set_num_threads(threads)
-    if offloading.stats().tensors_offloaded == 0:
-        sys.exit("bench/peers.py: the offloaded hook-cost row offloaded nothing")
+    results["hook_cost"] = hook_cost(device, args.quick)
+
 
     # Correctness matrix: poison and a slow link on, as in the tests.
     if device == "sim":
-        torch_offload.sim.set_copy_bandwidth_gbps(25.0)
         torch_offload.sim.set_poison_freed(True)
         torch_offload.sim.set_copy_latency_us(300)
     names = [n for n in tools if n != "none"]
@@ -390,8 +413,12 @@ def main():
           f"{sum(bool(x) for x in peak_ok)}/{len(peak_ok)} cells; step-time ratio below every peer's: "
           f"{sum(bool(x) for x in time_ok)}/{len(time_ok)} cells; ours exact in every matrix cell: "
           f"{'yes' if exact else 'no'}")
-    os.makedirs(args.out, exist_ok=True)
-    path = os.path.join(args.out, f"peers{'' if device == 'sim' else '-cuda'}{'-quick' if args.quick else ''}.json")
+    name = f"peers{'' if device == 'sim' else '-cuda'}{'-quick' if args.quick else ''}.json"
+    write(results, os.path.join(args.out, name))
+
+
+def write(results, path):
+    os.makedirs(os.path.dirname(path) or ".", exist_ok=True)
     with open(path + ".tmp", "w", encoding="utf-8") as f:
         json.dump(results, f, indent=1)
     os.replace(path + ".tmp", path)
