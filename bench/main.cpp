@@ -118,7 +118,8 @@ int main(int argc, char** argv) {
     return 2;
   }
   if (args.name.empty()) {
-    std::cerr << "offload-bench: name a benchmark: hook, memory, checkpoint, copy, sim, overlap, target or gpu (see --help)\n";
+    std::cerr << "offload-bench: name a benchmark: hook, memory, checkpoint, copy, sim, overlap, target or gpu "
+                 "(see --help)\n";
     return 2;
   }
   try {

@@ -102,12 +102,12 @@ offload::AnyManager make_manager(Policy policy, const offload::Options& options)
 
 // What one run of `steps` training steps measured, per step.
 struct Run {
-  std::vector<std::int64_t> peaks;  // sim:0 allocated bytes, most over forward and backward
+  std::vector<std::int64_t> peaks;          // sim:0 allocated bytes, most over forward and backward
   std::vector<std::int64_t> forward_peaks;  // ... over forward (to the Scope's end)
-  std::vector<std::int64_t> moved;  // bytes offloaded
-  std::vector<std::int64_t> least;  // Stats::target_min_offload_bytes: the recorded step's minimum
-  std::vector<std::int64_t> kept;   // Stats::passed_target: tensors the plan kept on the device
-  std::vector<double> seconds;      // forward + backward + optimizer step
+  std::vector<std::int64_t> moved;          // bytes offloaded
+  std::vector<std::int64_t> least;          // Stats::target_min_offload_bytes: the recorded step's minimum
+  std::vector<std::int64_t> kept;           // Stats::passed_target: tensors the plan kept on the device
+  std::vector<double> seconds;              // forward + backward + optimizer step
   std::vector<float> losses;
   std::int64_t guard = 0;  // Stats::target_guard_offloads, all steps
 };
@@ -167,7 +167,8 @@ int run_target(const Args& args) {
                "everything (nothing learned yet), so every figure below is of steps 2 on: max peak / target the "
                "worst step from step 2 on / from step 4 on (steps 2 and 3 follow the first optimizer step, "
                "which adds its state: a step unlike the one it was planned from; \"cannot be met\": offloading "
-               "everything peaks above the target, the manager warned and offloaded everything); moved the mean bytes offloaded per step; / minimum the worst step's "
+               "everything peaks above the target, the manager warned and offloaded everything); moved the mean bytes "
+               "offloaded per step; / minimum the worst step's "
                "bytes moved over the analytical minimum of that step's record (Stats::target_min_offload_bytes of "
                "the step after it, which is planned from it: the fewest eligible bytes whose offloading keeps "
                "every recorded point under the target less the reserve; steps 2 / 4 to " +
@@ -175,8 +176,7 @@ int run_target(const Args& args) {
                    "); / floor the mean over peak(none) - target, the bytes that must be off the device at the "
                    "peak without offloading; kept: tensors the plan kept on the device per step.\n\n";
   Table table({"model", "sync", "run", "target MiB", "max peak / target: steps 2+ / 4+", "moved MiB/step",
-               "/ minimum: 2+ / 4+", "/ floor",
-               "/ everything", "kept", "step s", "/ everything", "/ none", "losses"});
+               "/ minimum: 2+ / 4+", "/ floor", "/ everything", "kept", "step s", "/ everything", "/ none", "losses"});
   std::vector<Json> rows;
   bool met = true;       // steps 2 on
   bool met_late = true;  // steps 4 on
@@ -225,27 +225,27 @@ int run_target(const Args& args) {
                    equal(r) ? "bitwise equal" : "DIFFER"});
         if (!equal(r) || (targeted && ((feasible && worst > 1.02) || worst_min > 1.10))) met = false;
         if (!equal(r) || (targeted && ((feasible && worst_late > 1.02) || worst_min_late > 1.10))) met_late = false;
-        rows.push_back(Json::object({{"model", Json(name)},
-                                     {"sync", run == "none" ? Json(nullptr) : Json(sync)},
-                                     {"run", Json(run)},
-                                     {"target_bytes", Json(target)},
-                                     {"peak_none_bytes", Json(peak_none)},
-                                     {"peaks", Json(r.peaks)},
-                                     {"forward_peaks", Json(r.forward_peaks)},
-                                     {"bytes_moved", Json(r.moved)},
-                                     {"minimum_bytes", Json(r.least)},
-                                     {"kept_tensors", Json(r.kept)},
-                                     {"floor_bytes", Json(floor)},
-                                     {"seconds", Json(r.seconds)},
-                                     {"max_peak_over_target", targeted ? Json(worst) : Json(nullptr)},
-                                     {"max_peak_over_target_from_step_4", targeted ? Json(worst_late) : Json(nullptr)},
-                                     {"feasible", targeted ? Json(feasible) : Json(nullptr)},
-                                     {"max_moved_over_minimum", targeted ? Json(worst_min) : Json(nullptr)},
-                                     {"max_moved_over_minimum_from_step_4",
-                                      targeted ? Json(worst_min_late) : Json(nullptr)},
-                                     {"moved_over_everything", Json(moved_all > 0 ? moved / moved_all : 0.0)},
-                                     {"guard_offloads", Json(r.guard)},
-                                     {"losses_bitwise_equal", Json(equal(r))}}));
+        rows.push_back(
+            Json::object({{"model", Json(name)},
+                          {"sync", run == "none" ? Json(nullptr) : Json(sync)},
+                          {"run", Json(run)},
+                          {"target_bytes", Json(target)},
+                          {"peak_none_bytes", Json(peak_none)},
+                          {"peaks", Json(r.peaks)},
+                          {"forward_peaks", Json(r.forward_peaks)},
+                          {"bytes_moved", Json(r.moved)},
+                          {"minimum_bytes", Json(r.least)},
+                          {"kept_tensors", Json(r.kept)},
+                          {"floor_bytes", Json(floor)},
+                          {"seconds", Json(r.seconds)},
+                          {"max_peak_over_target", targeted ? Json(worst) : Json(nullptr)},
+                          {"max_peak_over_target_from_step_4", targeted ? Json(worst_late) : Json(nullptr)},
+                          {"feasible", targeted ? Json(feasible) : Json(nullptr)},
+                          {"max_moved_over_minimum", targeted ? Json(worst_min) : Json(nullptr)},
+                          {"max_moved_over_minimum_from_step_4", targeted ? Json(worst_min_late) : Json(nullptr)},
+                          {"moved_over_everything", Json(moved_all > 0 ? moved / moved_all : 0.0)},
+                          {"guard_offloads", Json(r.guard)},
+                          {"losses_bitwise_equal", Json(equal(r))}}));
       };
       if (policy == Policy::blocking) add("none", none, 0);
       add("everything", all, 0);

@@ -164,8 +164,9 @@ void print_report(const Args& args, const RunResult* none, const RunResult* off,
     std::cout << "target " << mib(args.device_target) << ": peak " << mib(r->peak_bytes) << ", moved "
               << mib(r->stats.bytes_offloaded);
     if (off && off->stats.bytes_offloaded > 0) {
-      std::cout << " (" << ratio_text(static_cast<double>(off->stats.bytes_offloaded),
-                                      static_cast<double>(r->stats.bytes_offloaded))
+      std::cout << " ("
+                << ratio_text(static_cast<double>(off->stats.bytes_offloaded),
+                              static_cast<double>(r->stats.bytes_offloaded))
                 << " of offloading everything)";
     }
     std::cout << ", kept " << mib(r->stats.target_kept_bytes) << " on the device by the plan, "
