@@ -126,7 +126,13 @@ TEST_CASE_TEMPLATE("target: each step from the second stays under the target, bi
         CHECK(stats.bytes_offloaded == moved_all);  // nothing learned: everything
         continue;
       }
-      CHECK(stats.target_guard_offloads == 0);
+      // sync::Blocking's steps are alike, so its plans need no guard.
+      // sync::Streamed's forward stash differs from step to step (how fast
+      // the side stream runs); where this step's stash outgrew the one it
+      // was planned from, the guard offloads what the plan kept, and a step
+      // that offloaded everything peaks where offloading everything does.
+      if (std::is_same_v<M, Blocking>) CHECK(stats.target_guard_offloads == 0);
+      if (stats.target_guard_offloads > 0 && stats.bytes_offloaded == moved_all) continue;
       // The plan from the step before offloads everything only where the
       // target cannot be met (its minimum: every eligible byte).
       const bool possible = stats.target_min_offload_bytes < moved_all;
@@ -142,8 +148,10 @@ TEST_CASE_TEMPLATE("target: each step from the second stays under the target, bi
       // The step peak within 2 % of the target.
       CHECK(run.peak <= target + target / 50);
       // The minimum of the recorded step, within one storage (a plan keeps
-      // whole storages).
-      CHECK(stats.bytes_offloaded <= stats.target_min_offload_bytes + 1024 * 64 * 4);
+      // whole storages), unless the guard offloaded more.
+      if (stats.target_guard_offloads == 0) {
+        CHECK(stats.bytes_offloaded <= stats.target_min_offload_bytes + 1024 * 64 * 4);
+      }
       // Something kept where the target leaves room. sync::Streamed's own
       // peak (its forward stash, whose freed blocks wait for the side
       // stream's copies) depends on how fast those copies run, so on a
@@ -182,7 +190,7 @@ TEST_CASE_TEMPLATE("target: a step whose tensors double mid-run stays under the 
                      << " guard " << stats.target_guard_offloads << " kept " << stats.target_kept_bytes);
     guarded += stats.target_guard_offloads;
     if (s > 0) CHECK(run.peak <= target + target / 50);  // within 2 %
-    if (s == 1) CHECK(stats.passed_target > 0);  // the short step keeps some on the device
+    if (s == 1) CHECK(stats.passed_target > 0);          // the short step keeps some on the device
   }
   CHECK(guarded > 0);  // the first long step followed the short step's plan until the guard stopped it
 }
