@@ -58,20 +58,20 @@ struct HookCase {
   std::string key;   // JSON name
   std::string what;  // what the row measures
   c10::Device device;
-  std::shared_ptr<offload::detail::HookSource> source;
+  std::shared_ptr<offload::ManagerInterface> source;
   int rounds_divisor;  // slow cases run fewer rounds
 };
 
 template <class Sync>
-std::shared_ptr<offload::detail::HookSource> sim_manager(std::int64_t min_offload_bytes) {
+std::shared_ptr<offload::ManagerInterface> sim_manager(std::int64_t min_offload_bytes) {
   offload::AnyManager manager = offload::Manager<offload::device::Sim, offload::storage::PinnedHost, Sync>(
       offload::Options{.min_offload_bytes = min_offload_bytes});
-  return offload::detail::source_of(manager);
+  return offload::interface_of(manager);
 }
 
 /// The C++ twin of Python's identity hooks: what the engine's hook path
 /// costs with hooks that only keep the tensor (no manager at all).
-class IdentitySource final : public offload::detail::HookSource {
+class IdentitySource final : public offload::ManagerInterface {
   struct Hooks final : torch::autograd::SavedVariableHooks {
     explicit Hooks(IdentitySource* src) : source(src) {}
     void call_pack_hook(const at::Tensor& t) override {
@@ -104,7 +104,7 @@ class IdentitySource final : public offload::detail::HookSource {
 /// CPU ns per saved tensor of the hooks alone, engine not involved: one
 /// hooks object made, packed with `t` (under no-grad, as the engine does),
 /// unpacked and destroyed per iteration. Median of `reps` batches.
-Summary direct_ns(offload::detail::HookSource& source, const at::Tensor& t, int iterations, int reps) {
+Summary direct_ns(offload::ManagerInterface& source, const at::Tensor& t, int iterations, int reps) {
   std::vector<double> per;
   for (int r = 0; r < reps + 1; ++r) {
     const double ns = cpu_ns([&] {
@@ -184,7 +184,7 @@ int run_hook(const Args& args) {
   for (const auto& c : cases) {
     auto leaf = at::ones({kNumel}, at::TensorOptions().dtype(at::kFloat).device(c.device)).requires_grad_();
     auto hooked = [&] {
-      offload::Scope scope(offload::detail::make_any_manager(c.source));
+      offload::Scope scope(offload::any_manager_of(c.source));
       at::Tensor x = leaf.mul(1.0);
       for (int i = 0; i < kOps; ++i) x = x.sin();
       scope.close();

@@ -1,5 +1,5 @@
 // SPDX-License-Identifier: MIT
-// offload-bench: the benchmarks that train the demo model (examples/gpt.hpp):
+// offload-bench: the benchmarks that train the demo model (models/gpt.hpp):
 // peak device memory against the analytical floor, copy/compute overlap on
 // sim, and the GPU run. The one translation unit with <torch/torch.h>.
 
@@ -19,7 +19,7 @@
 #include <offload/offload.hpp>
 #include <offload/sim.hpp>
 
-#include "../examples/gpt.hpp"
+#include "../models/gpt.hpp"
 
 namespace bench {
 
@@ -130,7 +130,7 @@ struct Trainer {
 // ---------------------------------------------------------------- the analytical model
 //
 // fp32 everywhere (4 bytes). P parameters; B batch, T seq, W width, H heads,
-// V vocab, L blocks. What one block saves for backward (examples/gpt.hpp):
+// V vocab, L blocks. What one block saves for backward (models/gpt.hpp):
 //   ln1: x, mean, rstd            BTW + 2BT
 //   qkv: ln1(x)                   BTW
 //   q @ k^T (bmm of copies)       2 BTW
@@ -367,7 +367,7 @@ int run_checkpoint(const Args& args) {
   std::cout << "## Checkpoint + offload: peak sim device memory and bytes moved of the demo model\n\n"
             << "Model " << base.describe() << " (L = 4, 8, 16), fp32, AdamW; one training step measured after one "
             << "warm-up step. Options: " << describe(options) << ". Manager: Streamed. Checkpoint: each block "
-            << "through offload::checkpoint (examples/gpt.hpp, Config::checkpoint).\n\n"
+            << "through offload::checkpoint (models/gpt.hpp, Config::checkpoint).\n\n"
             << "analytical peak (16P: weights, grads, AdamW state; A_blk, A_top, W_blk as in `memory`; "
             << "s_in = 4BTW, one block input):\n"
             << "  none                 16P + L A_blk + A_top + W_blk\n"

@@ -18,7 +18,7 @@ what was allocated when the step began. Then the hook cost per saved tensor
 of the Python route against identity hooks, and the
 correctness matrix (tests/python/cases.py x tool: exact / differs / raises).
 Peers that cannot be imported are listed with the reason. The models: the
-GPT of examples/gpt.hpp (tests/python/gpt.py; 4, 8, 16 layers), and
+GPT of models/gpt.hpp (tests/python/gpt.py; 4, 8, 16 layers), and
 Hugging Face transformers' GPT-2 and Llama built from configs of the same
 width, heads, sequence and vocabulary (random init, dropout off; 4 layers,
 and 16 without --quick); AdamW. On sim every tool's copies cross the same
@@ -120,7 +120,7 @@ MODELS = {"gpt": ([4, 8, 16], [4, 8, 16]), "transformers gpt2": ([4, 16], [4]),
 
 def make_model(kind, device, layers, shape):
     """-> (model, loss() running its forward on a fixed batch): the GPT of
-    examples/gpt.hpp, or transformers' GPT-2 / Llama from a config with the
+    models/gpt.hpp, or transformers' GPT-2 / Llama from a config with the
     same width, heads, sequence and vocabulary (dropout off: every tool sees
     the same run)."""
     m, idx_targets = shape["model"], gpt.batch(device, batch_size=shape["batch"], seq=shape["model"]["seq"])

@@ -29,7 +29,7 @@ checkpoint --checkpoint on a 4-block tiny model: the checkpointed runs'
 bad-input  an unavailable --device exits with status 2, prints exactly one
            line on stderr naming the flag, and trains nothing (inputs with
            a fixed message are rows of docs/bad-input.md, checked verbatim
-           by tests/bad_input.py).
+           by tests/tools/bad_input.py).
 
 The training text is this file (a small ASCII text), so the checks do not
 depend on what the machine ships. Only the standard library is needed.
@@ -204,7 +204,7 @@ def check_checkpoint(demo):
 
 def check_bad_input(demo):
     # Every input with a fixed message is a row of docs/bad-input.md, checked
-    # verbatim by tests/bad_input.py. Here: the ones whose line depends on
+    # verbatim by tests/tools/bad_input.py. Here: the ones whose line depends on
     # the machine (the devices accepted on it).
     # (arguments, a word the one stderr line must contain)
     cases = [

@@ -17,8 +17,6 @@
 #include <utility>
 #include <vector>
 
-#include <boost/hana/for_each.hpp>
-
 #include <c10/util/Exception.h>
 #include <torch/csrc/autograd/saved_variable_hooks.h>
 #include <torch/csrc/utils/pybind.h>
@@ -34,47 +32,23 @@ namespace {
 // ---------------------------------------------------------------- handles
 
 /// What pack returns to Python for one saved tensor: the manager's hooks
-/// object after its pack ran, or (no_offload, pass-through managers) the
-/// tensor itself with its version, checked at unpack as autograd would.
+/// object after its pack ran, or (no_offload, pass-through managers)
+/// offload::make_plain_hooks(), which keeps the tensor itself and checks its
+/// version at unpack as autograd would.
 class Packed {
  public:
   static std::unique_ptr<Packed> with_hooks(std::unique_ptr<torch::autograd::SavedVariableHooks> hooks,
                                             const at::Tensor& tensor) {
-    if (!hooks) return plain(tensor);
     auto out = std::make_unique<Packed>();
-    hooks->call_pack_hook(tensor);
-    out->hooks_ = std::move(hooks);
+    out->hooks_ = hooks ? std::move(hooks) : offload::make_plain_hooks();
+    out->hooks_->call_pack_hook(tensor);
     return out;
   }
-  static std::unique_ptr<Packed> plain(const at::Tensor& tensor) {
-    auto out = std::make_unique<Packed>();
-    out->tensor_ = tensor;
-    if (tensor.defined()) {
-      out->version_ = tensor.unsafeGetTensorImpl()->version_counter();
-      out->saved_version_ = out->version_.enabled() ? out->version_.current_version() : 0;
-      if (auto fn = tensor.grad_fn()) {
-        out->grad_fn_ = fn;
-        out->output_nr_ = tensor.output_nr();
-      }
-    }
-    return out;
-  }
-  at::Tensor unpack() {
-    if (hooks_) return hooks_->call_unpack_hook();
-    if (version_.enabled() && version_.current_version() != saved_version_) {
-      offload::detail::throw_modified_inplace(tensor_, version_.current_version(), saved_version_, grad_fn_,
-                                              output_nr_);
-    }
-    return tensor_;
-  }
+  static std::unique_ptr<Packed> plain(const at::Tensor& tensor) { return with_hooks(nullptr, tensor); }
+  at::Tensor unpack() { return hooks_->call_unpack_hook(); }
 
  private:
   std::unique_ptr<torch::autograd::SavedVariableHooks> hooks_;
-  at::Tensor tensor_;
-  c10::VariableVersion version_;  // disabled until a tensor is saved
-  std::uint32_t saved_version_ = 0;
-  offload::detail::WeakNode grad_fn_;
-  std::int64_t output_nr_ = 0;
 };
 
 // ---------------------------------------------------------------- choosing
@@ -101,31 +75,17 @@ offload::AnyManager build_for(const std::string& device, const offload::Options&
                   "; pass device='sim' after torch_offload.sim.install(), or fallback='pass_through' to run "
                   "without offloading");
     }
-    return offload::detail::dispatch_manager<Storage, Sync, offload::sync::Blocking>(options, offload::builtin_devices,
-                                                                                     fallback);
+    return offload::make_manager_unhooked<Storage, Sync, offload::sync::Blocking>(options, offload::builtin_devices,
+                                                                                  fallback);
   }
-  std::optional<offload::AnyManager> chosen;
-  bool known = false;
-  std::string unavailable;
-  auto try_policy = [&](auto t) {
-    using P = typename decltype(t)::type;
-    if (chosen || !unavailable.empty()) return;
-    const bool generic = P::name == std::string_view("generic");
-    const bool named = generic ? (c10::is_privateuse1_backend_registered() &&
-                                  c10::get_privateuse1_backend(/*lower_case=*/true) == device)
-                               : P::name == device;
-    if (!named) return;
-    known = true;
-    if (!P::available()) {
-      unavailable = std::string(P::name);
-      return;
-    }
-    chosen.emplace(offload::detail::build<P, Storage, Sync, offload::sync::Blocking>(
-        options, offload::DetectedAccelerator{P::device_type, device, {}}));
-  };
-  boost::hana::for_each(offload::builtin_devices, try_policy);
+  // "generic" is the policy for a PrivateUse1 backend of another name, not a device name.
+  auto outcome = offload::NamedDevice::unknown;
+  auto chosen = device == "generic" ? std::nullopt
+                                    : offload::make_manager_named<Storage, Sync, offload::sync::Blocking>(
+                                          device, options, offload::builtin_devices, outcome);
   if (chosen) return *std::move(chosen);
-  TORCH_CHECK_VALUE(known, "torch_offload.Manager: device must be one of ", accepted_devices(), ", got '", device, "'");
+  TORCH_CHECK_VALUE(outcome != offload::NamedDevice::unknown, "torch_offload.Manager: device must be one of ",
+                    accepted_devices(), ", got '", device, "'");
   std::string why = "device '" + device + "' is not available in this process" +
                     (device == "sim" ? " (call torch_offload.sim.install() first)" : "");
   if (fallback == offload::Fallback::pass_through) return offload::make_pass_through_manager(options, why);
@@ -175,7 +135,7 @@ PYBIND11_MODULE(_C, m) {
 
   py::class_<Packed>(m, "Packed", "One saved tensor held by torch_offload (opaque).");
 
-  py::class_<offload::detail::ScopeMark>(m, "_ScopeMark");
+  py::class_<offload::ScopeMark>(m, "_ScopeMark");
   py::class_<offload::AnyManager>(m, "Manager")
       // options: every key of offload::option_fields (an int each); the
       // Python Manager passes them all.
@@ -204,13 +164,12 @@ PYBIND11_MODULE(_C, m) {
       .def_static(
           "unpack", [](Packed& packed) { return packed.unpack(); }, py::call_guard<py::gil_scoped_release>())
       // What the manager had seen when a `with` opened (for its warnings at exit).
-      .def("on_scope_enter",
-           [](offload::AnyManager& self) { return offload::detail::source_of(self)->on_scope_enter(); })
+      .def("on_scope_enter", [](offload::AnyManager& self) { return offload::interface_of(self)->on_scope_enter(); })
       // Streamed settles its forward stash here: it may wait for copies.
       .def(
           "on_scope_exit",
-          [](offload::AnyManager& self, const offload::detail::ScopeMark& opened, bool in_order) {
-            offload::detail::source_of(self)->on_scope_exit(opened, in_order);
+          [](offload::AnyManager& self, const offload::ScopeMark& opened, bool in_order) {
+            offload::interface_of(self)->on_scope_exit(opened, in_order);
           },
           py::arg("opened"), py::arg("in_order"), py::call_guard<py::gil_scoped_release>())
       .def("stats", [](const offload::AnyManager& self) { return stat_values(self.stats()); })

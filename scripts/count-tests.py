@@ -11,7 +11,7 @@ import re
 import sys
 
 SUMMARY = re.compile(r"test cases:\s*(\d+)\s*\|\s*(\d+) passed\s*\|\s*(\d+) failed")
-PLAIN = re.compile(r"^(\d+) passed, (\d+) failed", re.M)  # table-driven scripts (tests/bad_input.py)
+PLAIN = re.compile(r"^(\d+) passed, (\d+) failed", re.M)  # table-driven scripts (tests/tools/bad_input.py)
 
 passed = failed = 0
 with open(sys.argv[1], encoding="utf-8") as log:

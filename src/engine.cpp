@@ -1,109 +1,26 @@
 // SPDX-License-Identifier: MIT
 // The autograd engine subclass that gives LibTorch's C++ API saved-tensor
-// hooks, the thread-local stack of open scopes, Options validation and
-// Stats printing. The only translation unit of the core.
+// hooks, and the thread-local stack of open scopes. (The core's other
+// translation units: options.cpp, stats.cpp, hooks.cpp, linked.cpp.)
 
 #include <algorithm>
 #include <atomic>
+#include <memory>
 #include <mutex>
-#include <ostream>
-#include <sstream>
 #include <string>
-#include <string_view>
+#include <thread>
 #include <vector>
 
 #include <c10/util/Exception.h>
-#include <torch/csrc/autograd/anomaly_mode.h>
 #include <torch/csrc/autograd/engine.h>
 #include <torch/csrc/autograd/function.h>
-#include <torch/csrc/autograd/graph_task.h>
 
 #include <offload/any_manager.hpp>
 #include <offload/detail/core.hpp>
 #include <offload/detail/hook_source.hpp>
-#include <offload/detail/linked.hpp>
-#include <offload/options.hpp>
 #include <offload/scope.hpp>
-#include <offload/stats.hpp>
 
 namespace offload {
-
-// ---------------------------------------------------------------- Options
-namespace {
-void check_range(std::string_view field, std::int64_t value, Range range) {
-  TORCH_CHECK_VALUE(range.contains(value), "offload::Options: ", field, " must be in [", range.lo, ", ", range.hi,
-                    "], got ", value);
-}
-}  // namespace
-
-void Options::validate() const {
-  for (const auto& field : option_fields) check_range(field.name, this->*field.member, field.range);
-}
-
-std::ostream& operator<<(std::ostream& os, const Stats& s) {
-  const char* sep = "";
-  for (const auto& field : stat_fields) {
-    os << sep << field.name << '=' << s.*field.member;
-    sep = " ";
-  }
-  return os;
-}
-
-// ---------------------------------------------------------------- versions
-namespace detail {
-
-void throw_modified_inplace(const at::Tensor& unpacked, std::uint32_t current, std::uint32_t saved,
-                            const WeakNode& grad_fn, std::int64_t output_nr) {
-  // Same wording as autograd's own check (SavedVariable::unpack), so code
-  // that handles that error keeps working with offloading.
-  std::ostringstream message;
-  message << "one of the variables needed for gradient computation has been modified by an inplace "
-             "operation: ["
-          << unpacked.toString() << " " << unpacked.sizes() << "]";
-  if (auto fn = grad_fn.lock()) message << ", which is output " << output_nr << " of " << fn->name() << ",";
-  message << " is at version " << current << "; expected version " << saved << " instead.";
-  if (!torch::autograd::AnomalyMode::is_enabled()) {
-    message << " Hint: enable anomaly detection to find the operation that failed to compute its "
-               "gradient, with torch.autograd.set_detect_anomaly(True, check_nan=False).";
-  } else {
-    message << " Hint: the backtrace further above shows the operation that failed to compute its "
-               "gradient. The variable in question was changed in there or anywhere later. Good luck!";
-  }
-  TORCH_CHECK(false, message.str());
-}
-
-int current_backward_id() noexcept { return torch::autograd::get_current_graph_task_id(); }
-
-bool at_backward_end(std::function<void()> callback) {
-  if (torch::autograd::get_current_graph_task_id() < 0) return false;
-  torch::autograd::Engine::get_default_engine().queue_callback(std::move(callback));
-  return true;
-}
-
-}  // namespace detail
-
-// ---------------------------------------------------------------- linked libraries
-namespace detail {
-namespace {
-std::mutex g_linked_mutex;
-std::vector<std::string>& linked_names() {
-  static auto* names = new std::vector<std::string>();  // never destroyed: read during static init too
-  return *names;
-}
-}  // namespace
-
-void note_linked(std::string_view library) {
-  const std::lock_guard lock(g_linked_mutex);
-  auto& names = linked_names();
-  if (std::find(names.begin(), names.end(), library) == names.end()) names.emplace_back(library);
-}
-
-bool is_linked(std::string_view library) noexcept {
-  const std::lock_guard lock(g_linked_mutex);
-  const auto& names = linked_names();
-  return std::find(names.begin(), names.end(), library) != names.end();
-}
-}  // namespace detail
 
 // ---------------------------------------------------------------- scopes
 namespace detail {

@@ -12,8 +12,6 @@
 #include <string_view>
 
 #include <ATen/core/Tensor.h>
-#include <ATen/ops/empty.h>
-#include <c10/core/DeviceGuard.h>
 #include <c10/core/StreamGuard.h>
 #include <c10/util/Exception.h>
 
@@ -21,6 +19,7 @@
 #include <offload/entry.hpp>
 #include <offload/options.hpp>
 #include <offload/stats.hpp>
+#include <offload/transfer.hpp>
 
 namespace faults {
 
@@ -84,53 +83,82 @@ struct Faulty {
   template <offload::device_policy Device>
   class State {
     using Base = typename Sync::template State<Device>;
+    static constexpr bool base_steps = offload::requirement::declares_steps<Base>;
 
    public:
     using EntryState = typename Base::EntryState;
-    using Entry = offload::Entry<EntryState>;
+    using Transfer = offload::Transfer<EntryState>;
+    /// Faulty observes steps when Sync does, and forwards them.
+    static constexpr bool observes_steps = base_steps;
     /// Whether Sync keeps a forward stash (sync::Streamed does).
-    static constexpr bool has_stash = requires(EntryState & s) { s.stash; };
+    static constexpr bool has_stash = requires(EntryState& s) { s.stash; };
 
     explicit State(const offload::Options& options) : base_(options) {}
 
-    void offload(const std::shared_ptr<Entry>& entry, const at::Tensor& device_bytes) {
+    void offload(const Transfer& t, const at::Tensor& device_bytes) {
       if constexpr (offload::stream_device_policy<Device>) {
         if (take(Fault::free_early)) {
           // The copy is queued on the side stream with nothing keeping its
           // source: no stash, and the allocator is not told the side stream
           // uses it (record_stream), so the caller dropping device_bytes
           // frees the memory before the copy has run.
-          const c10::StreamGuard side(Device::side_stream(entry->device.index()));
-          offload::piece_of(entry->host, entry->piece)
-              .copy_(offload::piece_of(device_bytes, entry->piece), /*non_blocking=*/true);
+          const c10::StreamGuard side(Device::side_stream(t.device().index()));
+          t.copy_to_host(device_bytes, /*non_blocking=*/true);
           return;
         }
       }
-      base_.offload(entry, device_bytes);
+      base_.offload(t, device_bytes);
     }
 
-    offload::Reloaded reload(const std::shared_ptr<Entry>& entry) {
+    offload::Reloaded reload(const Transfer& t) {
       if constexpr (offload::stream_device_policy<Device>) {
         bool stashed = false;
-        if constexpr (has_stash) stashed = entry->sync.stash.defined();
+        if constexpr (has_stash) stashed = t.state().stash.defined();
         if (!stashed && take(Fault::skip_wait)) {
-          const c10::DeviceGuard guard(entry->device);
-          auto bytes = at::empty({entry->device_nbytes}, at::TensorOptions().dtype(at::kByte).device(entry->device));
-          const c10::StreamGuard side(Device::side_stream(entry->device.index()));
-          offload::piece_of(bytes, entry->piece)
-              .copy_(offload::piece_of(entry->host, entry->piece), /*non_blocking=*/true);
+          auto bytes = t.empty_device_bytes();
+          const c10::StreamGuard side(Device::side_stream(t.device().index()));
+          t.copy_to_device(bytes, /*non_blocking=*/true);
           return {std::move(bytes), true};  // the compute stream does not wait for this copy
         }
       }
-      return base_.reload(entry);
+      return base_.reload(t);
     }
 
-    void on_unpack(const std::shared_ptr<Entry>& entry) { base_.on_unpack(entry); }
-    void settle() { base_.settle(); }
-    void end_backward() { base_.end_backward(); }
-    void resume(const std::shared_ptr<Entry>& entry) { base_.resume(entry); }
-    void add_stats(offload::Stats& stats) const { base_.add_stats(stats); }
-    void release(Entry& entry) noexcept { base_.release(entry); }
+    void on_unpack(const Transfer& t)
+      requires base_steps
+    {
+      base_.on_unpack(t);
+    }
+    void end_forward()
+      requires base_steps
+    {
+      base_.end_forward();
+    }
+    void end_backward()
+      requires base_steps
+    {
+      base_.end_backward();
+    }
+    void suspend(const Transfer& t)
+      requires base_steps
+    {
+      base_.suspend(t);
+    }
+    void resume(const Transfer& t, const at::Tensor& device_bytes)
+      requires base_steps
+    {
+      base_.resume(t, device_bytes);
+    }
+    void add_stats(offload::Stats& stats) const
+      requires base_steps
+    {
+      base_.add_stats(stats);
+    }
+    void release(const Transfer& t) noexcept
+      requires base_steps
+    {
+      base_.release(t);
+    }
 
    private:
     Base base_;

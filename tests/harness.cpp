@@ -6,7 +6,7 @@
 
 #include <torch/torch.h>
 
-#include "../examples/gpt.hpp"
+#include "../models/gpt.hpp"
 
 #if OFFLOAD_HAS_SIM
 #include <iostream>
@@ -158,7 +158,7 @@ std::int64_t settled_device_bytes() {
   return offload::sim::device_memory(0).current_bytes;
 }
 
-std::pair<float, float> run_readme_snippet() {
+ReadmeRun run_readme_snippet() {
   offload::sim::install();
   const c10::Device device(c10::DeviceType::PrivateUse1, 0);
   auto data = torch::randint(16, {2, 9}, torch::kLong);
@@ -171,12 +171,13 @@ std::pair<float, float> run_readme_snippet() {
     m->to(device);
     return m;
   };
-  float with_snippet = 0;
+  ReadmeRun out;
   {
     auto model = fresh();
     torch::optim::AdamW optimizer(model->parameters(), torch::optim::AdamWOptions(1e-2));
 #include "readme_snippet.inc"
-    with_snippet = model->loss(inputs, targets).item<float>();
+    out.with_snippet = model->loss(inputs, targets).item<float>();
+    out.stats = manager.stats();
   }
   auto model = fresh();
   torch::optim::AdamW optimizer(model->parameters(), torch::optim::AdamWOptions(1e-2));
@@ -185,7 +186,8 @@ std::pair<float, float> run_readme_snippet() {
     model->loss(inputs, targets).backward();
     optimizer.step();
   }
-  return {with_snippet, model->loss(inputs, targets).item<float>()};
+  out.without = model->loss(inputs, targets).item<float>();
+  return out;
 }
 #endif
 

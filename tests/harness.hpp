@@ -17,6 +17,7 @@
 
 #include <offload/config.hpp>
 #include <offload/scope.hpp>
+#include <offload/stats.hpp>
 
 namespace harness {
 
@@ -60,9 +61,16 @@ struct CustomFunctionResult {
 CustomFunctionResult custom_function_saving_cpu(c10::Device device, const Wrap& wrap = {});
 
 #if OFFLOAD_HAS_SIM
+/// What run_readme_snippet() measured: the loss after the snippet's steps,
+/// after the same steps without it, and the snippet's manager's stats.
+struct ReadmeRun {
+  float with_snippet = 0;
+  float without = 0;
+  offload::Stats stats;
+};
 /// Runs the README's usage snippet on the sim device (2 steps of a tiny
-/// GPT) and the same steps without it; returns the loss after each.
-std::pair<float, float> run_readme_snippet();
+/// GPT) and the same steps without it.
+ReadmeRun run_readme_snippet();
 
 /// Device bytes in use on sim:0 (offload::sim::device_memory) once
 /// LibTorch's autograd thread for device index 0 has let go of the last

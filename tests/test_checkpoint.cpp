@@ -18,16 +18,16 @@
 #include <offload/offload.hpp>
 #include <offload/sim.hpp>
 
+#include "fixture.hpp"
 #include "harness.hpp"
-#include "slow_sim.hpp"
 
 namespace {
 
-const c10::Device sim0(c10::DeviceType::PrivateUse1, 0);
+using fixture::sim0;
 constexpr int kLayers = 4;
 constexpr int kSteps = 3;
 
-using harness::SlowPoisonedSim;
+using fixture::SlowPoisonedSim;
 
 // A residual MLP stack with dropout, parameters as leaf tensors on sim:
 // block i is x + dropout(gelu(x W1_i)) W2_i.
@@ -73,8 +73,7 @@ struct Stack {
 harness::RunResult run(Stack::Mode mode, const harness::Wrap& wrap = {},
                        const offload::CheckpointOptions& options = {}) {
   const Stack stack;  // seeds the generator: every run draws the same masks
-  return harness::train_params(
-      stack.params(), [&] { return stack.loss(mode, options); }, kSteps, wrap);
+  return harness::train_params(stack.params(), [&] { return stack.loss(mode, options); }, kSteps, wrap);
 }
 
 template <class Sync>

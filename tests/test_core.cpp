@@ -263,7 +263,7 @@ TEST_CASE("Parity harness can fail: a perturbed run is reported") {
   CHECK(why.find("parameter 0") != std::string::npos);
 }
 
-TEST_CASE("Views: only the bytes a saved view reads are copied; the issue's narrow case") {
+TEST_CASE("Views: only the bytes a saved view reads are copied; a narrow of the last dimension") {
   // h is a 512 x 512 float non-leaf (1 MiB); v = h.narrow(1, 0, 8) reads
   // 8 floats of each row: 16,384 bytes. Only those travel and stay on the host.
   HostManager manager(offload::Options{.min_offload_bytes = 0});
@@ -455,7 +455,9 @@ TEST_CASE("Scope: one warning per manager when nothing saved was on its device t
     offload::Scope scope(host);
     (a.exp() * a).sum().backward();
   }
-  { offload::Scope empty(SimManager{}); }
+  {
+    offload::Scope empty(SimManager{});
+  }
   CHECK(warnings.messages.size() == 2);
 }
 

@@ -15,6 +15,7 @@
 #include <offload/sim.hpp>
 
 #include "faults.hpp"
+#include "fixture.hpp"
 #include "harness.hpp"
 
 namespace {
@@ -26,19 +27,31 @@ using SimPinnedStreamed = offload::Manager<offload::device::Sim, offload::storag
 using SimPageableStreamed =
     offload::Manager<offload::device::Sim, offload::storage::PageableHost, offload::sync::Streamed>;
 
-const c10::Device sim0(c10::DeviceType::PrivateUse1, 0);
-const c10::Device sim1(c10::DeviceType::PrivateUse1, 1);
-
-// Installs the backend once for the process and sets delay and poisoning
-// for one test, restoring them afterwards.
-struct Substrate {
-  explicit Substrate(std::int64_t delay_us = 200) {
-    offload::sim::install();
-    offload::sim::set_copy_latency_us(delay_us);
-    offload::sim::set_poison_freed(true);
-  }
-  offload::sim::ScopedKnobs restore;
+/// The minimal complete sync policy: copy to the host, copy back, nothing
+/// else (no step callback). It must pass every parity case.
+struct CopyOnly {
+  static constexpr std::string_view name = "copy_only";
+  static constexpr bool needs_events = false;
+  template <offload::device_policy Device>
+  struct State {
+    struct EntryState {};
+    explicit State(const offload::Options& /*options*/) {}
+    void offload(const offload::Transfer<EntryState>& t, const at::Tensor& device_bytes) {
+      t.copy_to_host(device_bytes, /*non_blocking=*/false);
+    }
+    offload::Reloaded reload(const offload::Transfer<EntryState>& t) {
+      auto bytes = t.empty_device_bytes();
+      t.copy_to_device(bytes, /*non_blocking=*/false);
+      return {bytes, /*copied=*/true};
+    }
+  };
 };
+using SimPinnedCopyOnly = offload::Manager<offload::device::Sim, offload::storage::PinnedHost, CopyOnly>;
+
+using fixture::sim0;
+using fixture::sim1;
+/// The copy delay of the parity cases (microseconds).
+constexpr std::int64_t kDelayUs = 200;
 
 template <class M>
 bool is_streamed() {
@@ -49,10 +62,10 @@ at::Tensor on(const at::Tensor& t, c10::Device d) { return t.to(d); }
 
 }  // namespace
 
-#define PARITY_TYPES SimPinnedBlocking, SimPageableBlocking, SimPinnedStreamed, SimPageableStreamed
+#define PARITY_TYPES SimPinnedBlocking, SimPageableBlocking, SimPinnedStreamed, SimPageableStreamed, SimPinnedCopyOnly
 
 TEST_CASE_TEMPLATE("parity: MLP, transformer block, GPT on sim:0, 3 AdamW steps", M, PARITY_TYPES) {
-  Substrate substrate;
+  const fixture::Substrate substrate(kDelayUs);
   const int repeats = is_streamed<M>() ? 20 : 3;
   for (auto kind : {harness::ModelKind::mlp, harness::ModelKind::block, harness::ModelKind::gpt}) {
     CAPTURE(harness::name(kind));
@@ -70,7 +83,7 @@ TEST_CASE_TEMPLATE("parity: MLP, transformer block, GPT on sim:0, 3 AdamW steps"
 }
 
 TEST_CASE_TEMPLATE("parity: tensors on sim:1 come back on sim:1", M, PARITY_TYPES) {
-  Substrate substrate;
+  const fixture::Substrate substrate(kDelayUs);
   const auto plain = harness::train(harness::ModelKind::block, sim1, 2);
   M manager(offload::Options{.min_offload_bytes = 0});
   const auto offloaded = harness::train(harness::ModelKind::block, sim1, 2, harness::with_scope(manager));
@@ -90,7 +103,7 @@ TEST_CASE_TEMPLATE("parity: tensors on sim:1 come back on sim:1", M, PARITY_TYPE
 
 TEST_CASE_TEMPLATE("parity: views with offset, transposed, permuted, expanded, several views of one storage", M,
                    PARITY_TYPES) {
-  Substrate substrate;
+  const fixture::Substrate substrate(kDelayUs);
   auto w = on(at::randn({6, 8, 4}), sim0).requires_grad_();
   M manager(offload::Options{.min_offload_bytes = 0});
   auto run = [&](bool offload) {
@@ -123,7 +136,7 @@ TEST_CASE_TEMPLATE("parity: views with offset, transposed, permuted, expanded, s
 
 TEST_CASE_TEMPLATE("parity: a saved narrow view moves only its bytes; later views copy what is missing", M,
                    PARITY_TYPES) {
-  Substrate substrate;
+  const fixture::Substrate substrate(kDelayUs);
   auto w = on(at::randn({512, 512}), sim0).requires_grad_();
   SUBCASE("the narrow case: 16,384 of 1,048,576 bytes") {
     M manager;  // library defaults
@@ -177,7 +190,7 @@ TEST_CASE_TEMPLATE("parity: a saved narrow view moves only its bytes; later view
 }
 
 TEST_CASE_TEMPLATE("parity: a CPU tensor saved by a custom Function stays on the CPU", M, PARITY_TYPES) {
-  Substrate substrate;
+  const fixture::Substrate substrate(kDelayUs);
   const auto plain = harness::custom_function_saving_cpu(sim0);
   M manager(offload::Options{.min_offload_bytes = 0});
   const auto offloaded = harness::custom_function_saving_cpu(sim0, harness::with_scope(manager));
@@ -188,7 +201,7 @@ TEST_CASE_TEMPLATE("parity: a CPU tensor saved by a custom Function stays on the
 }
 
 TEST_CASE_TEMPLATE("parity: parameters are never offloaded", M, PARITY_TYPES) {
-  Substrate substrate;
+  const fixture::Substrate substrate(kDelayUs);
   M manager(offload::Options{.min_offload_bytes = 0});
   harness::train(harness::ModelKind::mlp, sim0, 1, harness::with_scope(manager));
   const auto stats = manager.stats();
@@ -197,7 +210,7 @@ TEST_CASE_TEMPLATE("parity: parameters are never offloaded", M, PARITY_TYPES) {
 }
 
 TEST_CASE_TEMPLATE("parity: a branch whose saved tensors are never unpacked releases everything", M, PARITY_TYPES) {
-  Substrate substrate;
+  const fixture::Substrate substrate(kDelayUs);
   M manager(offload::Options{.min_offload_bytes = 0});
   auto w1 = on(at::randn({64, 64}), sim0).requires_grad_();
   auto w2 = on(at::randn({64, 64}), sim0).requires_grad_();
@@ -216,7 +229,7 @@ TEST_CASE_TEMPLATE("parity: a branch whose saved tensors are never unpacked rele
 }
 
 TEST_CASE_TEMPLATE("parity: retain_graph with two backward passes", M, PARITY_TYPES) {
-  Substrate substrate;
+  const fixture::Substrate substrate(kDelayUs);
   auto run = [&](const harness::Wrap& wrap) {
     auto w = on(at::randn({32, 32}), sim0).requires_grad_();
     harness::Forward forward = [&] { return (w * 1.5).exp().tanh().sum(); };
@@ -235,7 +248,7 @@ TEST_CASE_TEMPLATE("parity: retain_graph with two backward passes", M, PARITY_TY
 }
 
 TEST_CASE_TEMPLATE("parity: double backward (create_graph)", M, PARITY_TYPES) {
-  Substrate substrate;
+  const fixture::Substrate substrate(kDelayUs);
   auto run = [&](const harness::Wrap& wrap) {
     auto w = on(at::randn({32, 32}), sim0).requires_grad_();
     harness::Forward forward = [&] { return (w * 1.5).exp().tanh().sum(); };
@@ -250,10 +263,12 @@ TEST_CASE_TEMPLATE("parity: double backward (create_graph)", M, PARITY_TYPES) {
   at::manual_seed(4);
   const auto offloaded = run(harness::with_scope(manager));
   CHECK(at::equal(plain, offloaded));
+  CHECK(manager.stats().storages_offloaded > 0);
+  CHECK(manager.stats().tensors_reloaded + manager.stats().stash_reuses > 0);
 }
 
 TEST_CASE_TEMPLATE("parity: an in-place change to a saved tensor gives autograd's error", M, PARITY_TYPES) {
-  Substrate substrate;
+  const fixture::Substrate substrate(kDelayUs);
   M manager(offload::Options{.min_offload_bytes = 0});
   auto w = on(at::randn({16, 16}), sim0).requires_grad_();
   auto attempt = [&](bool offload) -> std::string {
@@ -275,7 +290,7 @@ TEST_CASE_TEMPLATE("parity: an in-place change to a saved tensor gives autograd'
 }
 
 TEST_CASE_TEMPLATE("device memory drops by exactly the bytes reported as offloaded", M, PARITY_TYPES) {
-  Substrate substrate;
+  const fixture::Substrate substrate(kDelayUs);
   auto x = on(at::randn({128, 256}), sim0);
   auto w = on(at::randn({256, 256}), sim0).requires_grad_();
   auto forward = [&] { return x.mm(w).tanh().mm(w).sigmoid().sum(); };
@@ -301,7 +316,7 @@ TEST_CASE_TEMPLATE("device memory drops by exactly the bytes reported as offload
 }
 
 TEST_CASE_TEMPLATE("fault injection: a skipped wait or an early free breaks parity", M, PARITY_TYPES) {
-  Substrate substrate(/*delay_us=*/20000);
+  const fixture::Substrate substrate(/*latency_us=*/20000);
   const auto plain = harness::train(harness::ModelKind::mlp, sim0, 2);
   // One subcase per fault, so each can be run alone (-sc=...; the TSan canaries do).
   // The same policies, with faults::Faulty around the sync policy.
@@ -329,7 +344,9 @@ TEST_CASE_TEMPLATE("fault injection: a skipped wait or an early free breaks pari
 }
 
 TEST_CASE("README usage snippet compiles, runs on sim and matches the run without it") {
-  Substrate substrate;
-  const auto [with_snippet, without] = harness::run_readme_snippet();
-  CHECK(std::memcmp(&with_snippet, &without, sizeof(float)) == 0);
+  const fixture::Substrate substrate(kDelayUs);
+  const auto run = harness::run_readme_snippet();
+  CHECK(std::memcmp(&run.with_snippet, &run.without, sizeof(float)) == 0);
+  CHECK(run.stats.storages_offloaded > 0);
+  CHECK(run.stats.tensors_reloaded + run.stats.stash_reuses > 0);
 }

@@ -22,22 +22,16 @@
 #include <offload/sim.hpp>
 
 #include "faults.hpp"
+#include "fixture.hpp"
 #include "harness.hpp"
 
 namespace {
 
 using Streamed = offload::Manager<offload::device::Sim, offload::storage::PinnedHost, offload::sync::Streamed>;
 using Blocking = offload::Manager<offload::device::Sim, offload::storage::PinnedHost, offload::sync::Blocking>;
-const c10::Device sim0(c10::DeviceType::PrivateUse1, 0);
-
-struct Substrate {
-  explicit Substrate(std::int64_t delay_us = 100) {
-    offload::sim::install();
-    offload::sim::set_copy_latency_us(delay_us);
-    offload::sim::set_poison_freed(true);
-  }
-  offload::sim::ScopedKnobs restore;
-};
+using fixture::sim0;
+/// The copy delay of the reliability cases (microseconds).
+constexpr std::int64_t kDelayUs = 100;
 
 // A two-layer MLP written with ATen only, with its own generator, so
 // replicas can be built and trained on any thread deterministically.
@@ -84,7 +78,7 @@ auto plain = [](auto&& forward) { return forward(); };
 }  // namespace
 
 TEST_CASE("host budget: tensors over the budget stay on the device and training is unchanged") {
-  Substrate substrate;
+  const fixture::Substrate substrate(kDelayUs);
   const auto expected = Mlp(7).train(3, plain);
   // Offloaded per step: tanh's output, 32x128 floats (16 KiB), and the
   // error, 32x16 (2 KiB); the input x stays (a floating-point leaf, like a
@@ -112,7 +106,7 @@ TEST_CASE("pinned fallback: a failed pinned allocation uses pageable memory, cou
 }
 
 TEST_CASE("lifecycle: an exception mid-forward leaves nothing held once the graph is dropped") {
-  Substrate substrate;
+  const fixture::Substrate substrate(kDelayUs);
   Streamed manager(offload::Options{.min_offload_bytes = 0, .max_fwd_stash = 2});
   Mlp model(3);
   const auto device_before = harness::settled_device_bytes();
@@ -137,7 +131,7 @@ TEST_CASE("lifecycle: an exception mid-forward leaves nothing held once the grap
 }
 
 TEST_CASE("lifecycle: 1000 steps keep device and host memory flat") {
-  Substrate substrate(/*delay_us=*/0);
+  const fixture::Substrate substrate(/*latency_us=*/0);
   Streamed manager(offload::Options{.min_offload_bytes = 0, .max_fwd_stash = 2, .prefetch_depth = 2});
   Mlp model(5);
   std::vector<std::int64_t> device, host, pinned;
@@ -161,7 +155,7 @@ TEST_CASE("lifecycle: 1000 steps keep device and host memory flat") {
 }
 
 TEST_CASE("threads: two threads with their own scopes train concurrently, bitwise as alone") {
-  Substrate substrate;
+  const fixture::Substrate substrate(kDelayUs);
   const auto alone_a = Mlp(11).train(4, plain);
   const auto alone_b = Mlp(12).train(4, plain);
   Streamed shared(offload::Options{.min_offload_bytes = 0, .max_fwd_stash = 2});
@@ -177,7 +171,7 @@ TEST_CASE("threads: two threads with their own scopes train concurrently, bitwis
 }
 
 TEST_CASE("threads: a scope opened on one thread does not apply to another") {
-  Substrate substrate;
+  const fixture::Substrate substrate(kDelayUs);
   Blocking manager(offload::Options{.min_offload_bytes = 0});
   offload::Scope scope(manager);
   std::thread([] {
@@ -185,16 +179,26 @@ TEST_CASE("threads: a scope opened on one thread does not apply to another") {
     other.loss().backward();
   }).join();
   CHECK(manager.stats().tensors_seen == 0);
+  // positive control: the same model on the scope's own thread is seen
+  Mlp mine(13);
+  mine.loss().backward();
+  CHECK(manager.stats().tensors_seen > 0);
 }
 
 TEST_CASE("threads: a Scope destroyed on another thread is reported and deactivated, not undefined") {
-  Substrate substrate;
+  const fixture::Substrate substrate(kDelayUs);
   Blocking manager(offload::Options{.min_offload_bytes = 0});
   auto scope = std::make_unique<offload::Scope>(manager);
   std::thread([&] { scope.reset(); }).join();  // warns; the owner's stack drops the closed frame
   Mlp model(14);
   model.loss().backward();
   CHECK(manager.stats().tensors_seen == 0);
+  // positive control: a scope opened anew on this thread is active again
+  {
+    offload::Scope again(manager);
+    model.loss().backward();
+  }
+  CHECK(manager.stats().tensors_seen > 0);
 }
 
 // ------------------------------------------------------------ random graphs
@@ -284,7 +288,7 @@ std::pair<std::uint32_t, std::uint32_t> seed_range() {
 }  // namespace
 
 TEST_CASE("randomized graphs: gradient parity with Streamed and Blocking on sim, delay and poisoning on") {
-  Substrate substrate(/*delay_us=*/50);
+  const fixture::Substrate substrate(/*latency_us=*/50);
   const auto [first, count] = seed_range();
   std::vector<std::uint32_t> failing;
   for (std::uint32_t seed = first; seed < first + count; ++seed) {
@@ -304,7 +308,7 @@ TEST_CASE("randomized graphs: gradient parity with Streamed and Blocking on sim,
 }
 
 TEST_CASE("randomized graphs: the check can fail (an injected early free is caught)") {
-  Substrate substrate(/*delay_us=*/20000);
+  const fixture::Substrate substrate(/*latency_us=*/20000);
   int caught = 0;
   for (std::uint32_t seed = 1; seed <= 3; ++seed) {
     const auto expected = random_graph_grads(seed, plain);
@@ -335,7 +339,7 @@ struct FailingHost {
 }  // namespace
 
 TEST_CASE("lifecycle: a storage policy that throws leaves the accounting balanced and nothing held") {
-  Substrate substrate;
+  const fixture::Substrate substrate(kDelayUs);
   offload::Manager<offload::device::Sim, FailingHost, offload::sync::Blocking> manager(
       offload::Options{.min_offload_bytes = 0});
   Mlp model(21);

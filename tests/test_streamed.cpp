@@ -14,13 +14,13 @@
 #include <offload/offload.hpp>
 #include <offload/sim.hpp>
 
+#include "fixture.hpp"
 #include "harness.hpp"
-#include "slow_sim.hpp"
 
 namespace {
 
 using Streamed = offload::Manager<offload::device::Sim, offload::storage::PinnedHost, offload::sync::Streamed>;
-const c10::Device sim0(c10::DeviceType::PrivateUse1, 0);
+using fixture::sim0;
 constexpr std::int64_t kSide = 256;
 constexpr std::int64_t kAct = kSide * kSide * 4;  // bytes of one activation
 
@@ -34,7 +34,7 @@ struct Chain {
   }
 };
 
-using harness::SlowPoisonedSim;
+using fixture::SlowPoisonedSim;
 
 // x's gradient (on the CPU) of the loss `forward` computes, its saved
 // tensors routed through `manager` (nullptr: none); backward after the
@@ -211,9 +211,7 @@ TEST_CASE("Streamed: the window shrinks once the largest saved tensor came back"
 }
 
 TEST_CASE("Streamed: a tensor still in the forward stash is reused, not copied back") {
-  offload::sim::install();
-  offload::sim::ScopedKnobs restore;
-  offload::sim::set_copy_latency_us(100);
+  const fixture::Substrate substrate(/*latency_us=*/100, /*poison=*/false);
   Chain chain;
   Streamed manager(offload::Options{.min_offload_bytes = 0, .max_fwd_stash = 4, .prefetch_depth = 2});
   {
@@ -228,10 +226,7 @@ TEST_CASE("Streamed: a tensor still in the forward stash is reused, not copied b
 }
 
 TEST_CASE("Streamed: correct under a non-default current compute stream") {
-  offload::sim::install();
-  offload::sim::ScopedKnobs restore;
-  offload::sim::set_copy_latency_us(300);
-  offload::sim::set_poison_freed(true);
+  const fixture::Substrate substrate(/*latency_us=*/300);
   const auto plain = harness::train(harness::ModelKind::block, sim0, 2);
   const auto* guard = c10::impl::getDeviceGuardImpl(c10::DeviceType::PrivateUse1);
   const c10::StreamGuard on_pool(guard->getStreamFromGlobalPool(sim0));
@@ -243,5 +238,7 @@ TEST_CASE("Streamed: correct under a non-default current compute stream") {
     });
     std::string why;
     CHECK_MESSAGE(harness::bitwise_equal(plain, offloaded, &why), why);
+    CHECK(manager.stats().storages_offloaded > 0);
+    CHECK(manager.stats().tensors_reloaded + manager.stats().stash_reuses > 0);
   }
 }

@@ -21,20 +21,20 @@
 #include <offload/offload.hpp>
 #include <offload/sim.hpp>
 
+#include "fixture.hpp"
 #include "harness.hpp"
-#include "slow_sim.hpp"
 #include "warnings.hpp"
 
 namespace {
 
 using Blocking = offload::Manager<offload::device::Sim, offload::storage::PinnedHost, offload::sync::Blocking>;
 using Streamed = offload::Manager<offload::device::Sim, offload::storage::PinnedHost, offload::sync::Streamed>;
-const c10::Device sim0(c10::DeviceType::PrivateUse1, 0);
+using fixture::sim0;
 
 // Each copy delayed 200 us: enough to race, short enough for four steps of
 // every target.
-struct SlowPoisonedSim : harness::SlowPoisonedSim {
-  SlowPoisonedSim() : harness::SlowPoisonedSim(200) {}
+struct SlowPoisonedSim : fixture::SlowPoisonedSim {
+  SlowPoisonedSim() : fixture::SlowPoisonedSim(200) {}
 };
 
 // A stack of `layers` Linear-tanh layers of width 64 on sim:0: each saves
@@ -80,7 +80,6 @@ Step step(const Stack& stack, std::int64_t batch, const M* manager) {
   return out;
 }
 
-
 bool same(const Step& a, const Step& b) {
   if (a.loss != b.loss || a.grads.size() != b.grads.size()) return false;
   for (std::size_t i = 0; i < a.grads.size(); ++i) {
@@ -118,9 +117,9 @@ TEST_CASE_TEMPLATE("target: each step from the second stays under the target, bi
       const auto run = step(stack, batch, &manager);
       CHECK(same(run, plain));
       const auto stats = manager.stats();
-      MESSAGE("peak " << run.peak << " target " << target << " plain " << plain.peak << " all " << all.peak
-                      << " moved " << stats.bytes_offloaded << " of " << moved_all << " min "
-                      << stats.target_min_offload_bytes << " guard " << stats.target_guard_offloads);
+      MESSAGE("peak " << run.peak << " target " << target << " plain " << plain.peak << " all " << all.peak << " moved "
+                      << stats.bytes_offloaded << " of " << moved_all << " min " << stats.target_min_offload_bytes
+                      << " guard " << stats.target_guard_offloads);
       CHECK(stats.bytes_offloaded > 0);
       if (s == 0) {
         CHECK(stats.bytes_offloaded == moved_all);  // nothing learned: everything

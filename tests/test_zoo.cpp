@@ -15,13 +15,14 @@
 #include <offload/offload.hpp>
 #include <offload/sim.hpp>
 
-#include "../examples/gpt.hpp"
+#include "../models/gpt.hpp"
+#include "fixture.hpp"
 #include "harness.hpp"
 
 namespace {
 
 namespace nn = torch::nn;
-const c10::Device sim0(c10::DeviceType::PrivateUse1, 0);
+using fixture::sim0;
 
 // A model of the zoo: its parameters and its loss on fixed data, on sim:0.
 struct Zoo {
@@ -266,10 +267,7 @@ using Streamed = offload::Manager<offload::device::Sim, offload::storage::Pinned
 }  // namespace
 
 TEST_CASE_TEMPLATE("zoo: each model family trains bitwise equal with and without offloading", M, Blocking, Streamed) {
-  offload::sim::install();
-  const offload::sim::ScopedKnobs restore;
-  offload::sim::set_copy_latency_us(100);
-  offload::sim::set_poison_freed(true);
+  const fixture::Substrate substrate(/*latency_us=*/100);
   for (const std::string name :
        {"resnet", "unet channels_last", "vit", "lstm lm", "gru lm", "moe", "complex", "gpt bf16", "gpt fp16"}) {
     CAPTURE(name);
@@ -294,10 +292,7 @@ TEST_CASE_TEMPLATE("zoo: each model family trains bitwise equal with and without
 
 TEST_CASE_TEMPLATE("zoo: mixture of experts with empty experts, 50 steps, memory does not grow", M, Blocking,
                    Streamed) {
-  offload::sim::install();
-  const offload::sim::ScopedKnobs restore;
-  offload::sim::set_copy_latency_us(20);
-  offload::sim::set_poison_freed(true);
+  const fixture::Substrate substrate(/*latency_us=*/20);
   const int steps = 50;
   const auto plain = train("moe", steps);
   M manager(offload::Options{.min_offload_bytes = 1});
@@ -321,10 +316,7 @@ TEST_CASE_TEMPLATE("zoo: mixture of experts with empty experts, 50 steps, memory
 }
 
 TEST_CASE_TEMPLATE("zoo: with a device-memory target each model family trains bitwise equal", M, Blocking, Streamed) {
-  offload::sim::install();
-  const offload::sim::ScopedKnobs restore;
-  offload::sim::set_copy_latency_us(100);
-  offload::sim::set_poison_freed(true);
+  const fixture::Substrate substrate(/*latency_us=*/100);
   std::int64_t kept = 0;
   for (const std::string name :
        {"resnet", "unet channels_last", "vit", "lstm lm", "gru lm", "moe", "complex", "gpt bf16", "gpt fp16"}) {

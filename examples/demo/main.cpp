@@ -1,6 +1,6 @@
 // SPDX-License-Identifier: MIT
 // offload-demo: the main job. Trains a character language model (--model:
-// the GPT of examples/gpt.hpp, or an LSTM) with AdamW on a text file, on
+// the GPT of models/gpt.hpp, or an LSTM) with AdamW on a text file, on
 // the detected accelerator (or the simulated `sim` device when there is
 // none), without and with activation offloading from the same initial
 // weights and the same batches (optionally also with each block
@@ -74,8 +74,8 @@ int run(const Args& args, char** argv) {
   auto device = choose_device(args);
   if (args.ranks > 1 && corpus.bytes / args.ranks < args.seq + 1) {
     throw UsageError("--ranks " + std::to_string(args.ranks) + ": each rank's shard of the text has " +
-                     std::to_string(corpus.bytes / args.ranks) + " bytes, fewer than --seq + 1 = " +
-                     std::to_string(args.seq + 1));
+                     std::to_string(corpus.bytes / args.ranks) +
+                     " bytes, fewer than --seq + 1 = " + std::to_string(args.seq + 1));
   }
   if (args.plot && device.sim && device.device.index() != 0) {
     throw UsageError("--plot: the sim memory trace records sim:0 only, got --device " + args.device);

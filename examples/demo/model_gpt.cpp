@@ -1,8 +1,8 @@
 // SPDX-License-Identifier: MIT
-// --model gpt: the GPT-style character LM of examples/gpt.hpp (the model
+// --model gpt: the GPT-style character LM of models/gpt.hpp (the model
 // the tests and benchmarks use too).
 
-#include "../gpt.hpp"
+#include "../../models/gpt.hpp"
 #include "char_model.hpp"
 #include "models.hpp"
 

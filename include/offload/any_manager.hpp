@@ -13,6 +13,7 @@
 
 #include <offload/detail/hook_source.hpp>
 #include <offload/manager.hpp>
+#include <offload/manager_interface.hpp>
 
 namespace offload {
 
@@ -63,6 +64,20 @@ class AnyManager {
 };
 
 inline AnyManager detail::make_any_manager(std::shared_ptr<HookSource> source) { return AnyManager(std::move(source)); }
+
+/// An AnyManager over `manager`, an extension's own ManagerInterface (e.g.
+/// hooks that only keep the tensor, for measuring the engine's own cost),
+/// usable with Scope. Throws c10::Error when null.
+inline AnyManager any_manager_of(std::shared_ptr<ManagerInterface> manager) {
+  return detail::make_any_manager(std::move(manager));
+}
+
+/// The ManagerInterface behind `manager`: for a binding that installs the
+/// hooks itself and opens and closes its own scopes (on_scope_enter,
+/// on_scope_exit). Never null.
+inline const std::shared_ptr<ManagerInterface>& interface_of(const AnyManager& manager) noexcept {
+  return detail::source_of(manager);
+}
 
 inline const std::shared_ptr<detail::HookSource>& detail::source_of(const AnyManager& manager) noexcept {
   return manager.source_;

@@ -4,10 +4,14 @@
 /// The three policy axes of offload::Manager as C++20 concepts, and the
 /// refinements some users need. docs/policies/*.md states each concept's
 /// laws, opens with a minimal complete model and lists the shipped ones.
+///
+/// Each requirement is one named concept in offload::requirement; the
+/// policy concepts are their conjunctions, and the diagnostics behind
+/// Manager (detail/checks.hpp) test the same names one by one, so that a
+/// policy that fails gets one error naming the first missing member.
 
 #include <concepts>
 #include <cstdint>
-#include <memory>
 #include <string_view>
 #include <type_traits>
 
@@ -18,92 +22,212 @@
 #include <offload/entry.hpp>
 #include <offload/options.hpp>
 #include <offload/stats.hpp>
+#include <offload/transfer.hpp>
 
 namespace offload {
 
-namespace detail {
+/// The single requirements the policy concepts are made of.
+namespace requirement {
+
 template <bool B>
 using constant_bool = std::bool_constant<B>;
-}  // namespace detail
+
+// ---- any policy
+template <class P>
+concept name = requires {
+  { P::name } -> std::convertible_to<std::string_view>;
+};
+
+// ---- device_policy
+template <class P>
+concept device_type = requires {
+  { P::device_type } -> std::convertible_to<c10::DeviceType>;
+};
+template <class P>
+concept has_streams = requires { typename constant_bool<P::has_streams>; };
+template <class P>
+concept has_events = requires { typename constant_bool<P::has_events>; };
+template <class P>
+concept available = requires {
+  { P::available() } -> std::same_as<bool>;
+};
+
+// ---- stream_device_policy
+template <class P>
+concept claims_streams_and_events = P::has_streams && P::has_events;
+template <class P>
+concept current_stream = requires(c10::DeviceIndex index) {
+  { P::current_stream(index) } -> std::same_as<c10::Stream>;
+};
+template <class P>
+concept side_stream = requires(c10::DeviceIndex index) {
+  { P::side_stream(index) } -> std::same_as<c10::Stream>;
+};
+template <class P>
+concept record_stream = requires(const at::Tensor& t, c10::Stream stream) {
+  { P::record_stream(t, stream) } -> std::same_as<void>;
+};
+
+// ---- memory_stats_device_policy
+template <class P>
+concept memory_allocated = requires(c10::DeviceIndex index) {
+  { P::memory_allocated(index) } -> std::same_as<std::int64_t>;
+};
+template <class P>
+concept empty_cache = requires {
+  { P::empty_cache() } -> std::same_as<void>;
+};
+
+// ---- the optional members of a device policy the dispatcher reads
+template <class P>
+concept linked = requires {
+  { P::linked() } -> std::same_as<bool>;
+};
+template <class P>
+concept when_absent = requires {
+  { P::when_absent } -> std::convertible_to<std::string_view>;
+};
+template <class P>
+concept runtime_has_events = requires {
+  { P::runtime_has_events() } -> std::same_as<bool>;
+};
+
+// ---- storage_policy
+template <class P>
+concept prefers_pinned = requires { typename constant_bool<P::prefers_pinned>; };
+template <class P>
+concept allocate = requires(P& p, std::int64_t nbytes, c10::DeviceType type, const Options& options) {
+  { p.allocate(nbytes, type, options) } -> std::same_as<HostBuffer>;
+};
+
+// ---- sync_policy_for: the tag
+template <class P>
+concept needs_events = requires { typename constant_bool<P::needs_events>; };
+template <class P, class Device>
+concept state_template = requires { typename P::template State<Device>; };
+
+// ---- sync_state: the per-manager state (S), its two copies
+template <class S>
+concept entry_state = requires { typename S::EntryState; } && std::default_initializable<typename S::EntryState>;
+template <class S>
+concept from_options = std::constructible_from<S, const Options&>;
+template <class S>
+concept offloads = requires(S& state, const Transfer<typename S::EntryState>& t, const at::Tensor& device_bytes) {
+  { state.offload(t, device_bytes) } -> std::same_as<void>;
+};
+template <class S>
+concept reloads = requires(S& state, const Transfer<typename S::EntryState>& t) {
+  { state.reload(t) } -> std::same_as<Reloaded>;
+};
+
+// ---- sync_state_with_steps: the step callbacks a state opts into
+template <class S>
+concept declares_steps = requires { typename constant_bool<S::observes_steps>; } && S::observes_steps;
+template <class S>
+concept end_forward = requires(S& state) {
+  { state.end_forward() } -> std::same_as<void>;
+};
+template <class S>
+concept end_backward = requires(S& state) {
+  { state.end_backward() } -> std::same_as<void>;
+};
+template <class S>
+concept on_unpack = requires(S& state, const Transfer<typename S::EntryState>& t) {
+  { state.on_unpack(t) } -> std::same_as<void>;
+};
+template <class S>
+concept suspend = requires(S& state, const Transfer<typename S::EntryState>& t) {
+  { state.suspend(t) } -> std::same_as<void>;
+};
+template <class S>
+concept resume = requires(S& state, const Transfer<typename S::EntryState>& t, const at::Tensor& device_bytes) {
+  { state.resume(t, device_bytes) } -> std::same_as<void>;
+};
+template <class S>
+concept add_stats = requires(const S& state, Stats& stats) {
+  { state.add_stats(stats) } -> std::same_as<void>;
+};
+template <class S>
+concept release = requires(S& state, const Transfer<typename S::EntryState>& t) {
+  { state.release(t) } -> std::same_as<void>;
+};
+template <class S>
+concept release_noexcept = requires(S& state, const Transfer<typename S::EntryState>& t) {
+  { state.release(t) } noexcept;
+};
+/// A state that has any step callback (so it must declare observes_steps,
+/// or the callbacks would never be called).
+template <class S>
+concept any_step =
+    end_forward<S> || end_backward<S> || on_unpack<S> || suspend<S> || resume<S> || add_stats<S> || release<S>;
+
+}  // namespace requirement
 
 /// A device policy names one accelerator type and states what it can do:
 /// the members the manager and the dispatcher call, as static members (it
 /// holds no state).
 template <class P>
-concept device_policy = requires {
-  { P::device_type } -> std::convertible_to<c10::DeviceType>;
-  { P::name } -> std::convertible_to<std::string_view>;
-  typename detail::constant_bool<P::has_streams>;
-  typename detail::constant_bool<P::has_events>;
-  { P::available() } -> std::same_as<bool>;
-};
+concept device_policy = requirement::device_type<P> && requirement::name<P> && requirement::has_streams<P> &&
+                        requirement::has_events<P> && requirement::available<P>;
 
 /// A device policy with side streams and events: it claims both
 /// (`has_streams && has_events`) and supplies the stream members that
 /// asynchronous sync policies (sync::Streamed) call. Events themselves are
 /// c10::Event of P::device_type.
 template <class P>
-concept stream_device_policy = device_policy<P> && P::has_streams && P::has_events &&
-    requires(c10::DeviceIndex index, c10::Stream stream, const at::Tensor& t) {
-  { P::current_stream(index) } -> std::same_as<c10::Stream>;
-  { P::side_stream(index) } -> std::same_as<c10::Stream>;
-  { P::record_stream(t, stream) } -> std::same_as<void>;
-};
+concept stream_device_policy =
+    device_policy<P> && requirement::claims_streams_and_events<P> && requirement::current_stream<P> &&
+    requirement::side_stream<P> && requirement::record_stream<P>;
 
 /// A device policy that reports device-memory statistics (used by tests,
 /// the demo and the benchmarks, and by a manager with
 /// Options::device_target_bytes: memory_allocated(), and memory_peak(index)
 /// where the policy has it).
 template <class P>
-concept memory_stats_device_policy = device_policy<P> && requires(c10::DeviceIndex index) {
-  { P::memory_allocated(index) } -> std::same_as<std::int64_t>;
-  { P::empty_cache() } -> std::same_as<void>;
-};
+concept memory_stats_device_policy =
+    device_policy<P> && requirement::memory_allocated<P> && requirement::empty_cache<P>;
 
 /// A storage policy allocates the host buffers offloaded tensors live in.
+/// Manager(options, storage) takes an instance; Manager(options) and
+/// make_manager default-construct one.
 template <class P>
-concept storage_policy = std::default_initializable<P> &&
-    requires(P& p, std::int64_t nbytes, c10::DeviceType type, const Options& options) {
-  { P::name } -> std::convertible_to<std::string_view>;
-  typename detail::constant_bool<P::prefers_pinned>;
-  { p.allocate(nbytes, type, options) } -> std::same_as<HostBuffer>;
-};
+concept storage_policy = requirement::name<P> && requirement::prefers_pinned<P> && requirement::allocate<P>;
 
 /// The per-manager state of a sync policy, instantiated for one device
-/// policy: constructed from the manager's Options, it copies one entry's
-/// bytes to its host buffer and back, and is told of every step boundary.
-/// Every member is required (a no-op where a policy has nothing to do), so
-/// a misspelt one fails to compile instead of being skipped.
+/// policy: constructed from the manager's Options, it copies one storage
+/// to the host (offload) and back (reload), each through the
+/// offload::Transfer handle the manager gives it. A state that declares
+/// `observes_steps` is also told of step boundaries: see
+/// sync_state_with_steps; a state with a step callback that does not
+/// declare it fails (the callback would never be called).
 template <class S>
-concept sync_state = std::constructible_from<S, const Options&> && std::default_initializable<typename S::EntryState> &&
-    requires(S& state, const S& cstate, const std::shared_ptr<Entry<typename S::EntryState>>& entry,
-             const at::Tensor& device_bytes, Stats& stats) {
-  { state.offload(entry, device_bytes) } -> std::same_as<void>;
-  { state.reload(entry) } -> std::same_as<Reloaded>;
-  { state.on_unpack(entry) } -> std::same_as<void>;
-  { state.settle() } -> std::same_as<void>;
-  { state.end_backward() } -> std::same_as<void>;
-  { state.resume(entry) } -> std::same_as<void>;
-  { cstate.add_stats(stats) } -> std::same_as<void>;
-  { state.release(*entry) }
-  noexcept->std::same_as<void>;
-};
+concept sync_state = requirement::from_options<S> && requirement::entry_state<S> && requirement::offloads<S> &&
+                     requirement::reloads<S> &&
+                     (requirement::declares_steps<S>
+                          ? (requirement::end_forward<S> && requirement::end_backward<S> && requirement::on_unpack<S> &&
+                             requirement::suspend<S> && requirement::resume<S> && requirement::add_stats<S> &&
+                             requirement::release<S> && requirement::release_noexcept<S>)
+                          : !requirement::any_step<S>);
+
+/// A sync_state that opted into the step callbacks
+/// (`static constexpr bool observes_steps = true`): every one of them is
+/// then required, so a misspelt one fails to compile instead of being
+/// skipped.
+template <class S>
+concept sync_state_with_steps = sync_state<S> && requirement::declares_steps<S>;
 
 /// A sync policy decides when copies run and who waits for what. It is a
 /// tag naming itself, saying whether it needs streams and events, with a
 /// per-manager `State<Device>` satisfying sync_state.
 template <class P, class Device>
-concept sync_policy_for = device_policy<Device> && requires {
-  { P::name } -> std::convertible_to<std::string_view>;
-  typename detail::constant_bool<P::needs_events>;
-  typename P::template State<Device>;
-} && sync_state<typename P::template State<Device>>;
+concept sync_policy_for = device_policy<Device> && requirement::name<P> && requirement::needs_events<P> &&
+                          requirement::state_template<P, Device> && sync_state<typename P::template State<Device>>;
 
 /// Device, storage and sync policies that can be composed into a Manager:
 /// each satisfies its concept and the sync policy's needs are met (a sync
 /// policy that needs events gets a stream_device_policy).
 template <class Device, class Storage, class Sync>
-concept composable = storage_policy<Storage> && sync_policy_for<Sync, Device> &&
-    (!Sync::needs_events || stream_device_policy<Device>);
+concept composable =
+    storage_policy<Storage> && sync_policy_for<Sync, Device> && (!Sync::needs_events || stream_device_policy<Device>);
 
 }  // namespace offload

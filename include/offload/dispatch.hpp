@@ -92,14 +92,12 @@ inline DetectedAccelerator detect_accelerator() {
 
 namespace detail {
 
-/// Whether this program can use device policy P: P::linked() when P has
-/// it (a policy whose backend is an optional library, like device::Sim),
-/// else true.
+/// Whether this program can use device policy P: P::linked() when P
+/// satisfies requirement::linked (a policy whose backend is an optional
+/// library, like device::Sim), else true.
 template <class P>
 bool linked() {
-  if constexpr (requires {
-                  { P::linked() } -> std::convertible_to<bool>;
-                }) {
+  if constexpr (requirement::linked<P>) {
     return P::linked();
   } else {
     return true;
@@ -126,9 +124,7 @@ std::string absent_hints(Devices devices) {
   std::string out;
   boost::hana::for_each(devices, [&](auto t) {
     using P = typename decltype(t)::type;
-    if constexpr (requires {
-                    { P::when_absent } -> std::convertible_to<std::string_view>;
-                  }) {
+    if constexpr (requirement::when_absent<P>) {
       if (linked<P>()) out += (out.empty() ? "" : "; ") + std::string(P::when_absent);
     }
   });
@@ -145,7 +141,7 @@ inline std::string join(const std::vector<std::string>& names) {
 /// compiler names P in the instantiation note under the message).
 template <class P>
 struct DeviceListEntry {
-  static constexpr bool ok = check_device_policy<P>();
+  static constexpr bool ok = check_device_policy<P>() && check_device_options<P>();
 };
 
 template <class Devices>
@@ -160,12 +156,11 @@ constexpr bool check_device_list() {
 }
 
 /// Whether P says, at run time, that its backend has streams and events:
-/// P::runtime_has_events() when P has it, else its compile-time facts.
+/// P::runtime_has_events() when P satisfies requirement::runtime_has_events,
+/// else its compile-time facts.
 template <class P>
 bool runtime_has_events() {
-  if constexpr (requires {
-                  { P::runtime_has_events() } -> std::convertible_to<bool>;
-                }) {
+  if constexpr (requirement::runtime_has_events<P>) {
     return P::runtime_has_events();
   } else {
     return P::has_streams && P::has_events;
@@ -295,13 +290,12 @@ inline AnyManager make_pass_through_manager(const Options& options = {}, std::st
   return detail::make_any_manager(std::make_shared<detail::PassThroughSource>(options, std::move(why)));
 }
 
-namespace detail {
-/// make_manager's work once its policies passed their checks, without
-/// install_hooks(): also for hosts whose own autograd engine asks the
-/// manager for hooks (Python's saved_tensors_hooks, where install_hooks()
-/// refuses). Same checks, choice and errors as make_manager.
+/// make_manager's work without install_hooks(), for hosts whose own
+/// autograd engine asks the manager for hooks (Python's
+/// saved_tensors_hooks, where install_hooks() refuses): the same choice and
+/// errors as make_manager. Thread-safe.
 template <class Storage, class Sync, class FallbackSync, class Devices>
-AnyManager dispatch_manager(const Options& options, Devices devices, Fallback fallback) {
+AnyManager make_manager_unhooked(const Options& options, Devices devices, Fallback fallback = Fallback::error) {
   options.validate();
   const auto detected = detect_accelerator();
   const auto have = [&] {
@@ -328,7 +322,46 @@ AnyManager dispatch_manager(const Options& options, Devices devices, Fallback fa
                              "boost::hana::type_c<YourPolicy>) (docs/dispatch.md), or pass "
                              "offload::Fallback::pass_through to run without offloading");
 }
-}  // namespace detail
+
+/// Why make_manager_named() made no manager.
+enum class NamedDevice {
+  found,        ///< a manager was made
+  unknown,      ///< no policy of the list has that name, nor the registered PrivateUse1 backend
+  unavailable,  ///< the policy of that name is not available() in this process
+};
+
+/// The manager for the device named `device`, without install_hooks() (see
+/// make_manager_unhooked): when `device` is the name of the registered
+/// PrivateUse1 backend, the policy the dispatcher picks for that backend
+/// (device::Sim for "sim" once offload::sim::install() ran, the generic
+/// policy for an unnamed backend); otherwise the policy of `devices` whose
+/// name it is (e.g. "cuda"), built for its device type. Sync falls back to
+/// FallbackSync as make_manager's does. Returns std::nullopt and says why in
+/// `outcome` when there is no such policy or it is not available here.
+/// Validates `options` first. Thread-safe.
+template <class Storage, class Sync, class FallbackSync, class Devices>
+std::optional<AnyManager> make_manager_named(std::string_view device, const Options& options, Devices devices,
+                                             NamedDevice& outcome) {
+  options.validate();
+  std::optional<AnyManager> chosen;
+  outcome = NamedDevice::unknown;
+  const bool backend =
+      c10::is_privateuse1_backend_registered() && c10::get_privateuse1_backend(/*lower_case=*/true) == device;
+  boost::hana::for_each(devices, [&](auto t) {
+    using P = typename decltype(t)::type;
+    if (chosen || (!backend && outcome == NamedDevice::unavailable)) return;  // a backend's: try its next policy
+    const bool named = backend ? P::device_type == c10::DeviceType::PrivateUse1 : P::name == device;
+    if (!named) return;
+    if (!P::available()) {
+      outcome = NamedDevice::unavailable;
+      return;
+    }
+    outcome = NamedDevice::found;
+    chosen.emplace(detail::build<P, Storage, Sync, FallbackSync>(
+        options, DetectedAccelerator{P::device_type, std::string(device), {}}));
+  });
+  return chosen;
+}
 
 /// Detects the accelerator (detect_accelerator()) and returns a manager
 /// for it: the first policy P in `devices` with P::device_type equal to
@@ -366,13 +399,14 @@ AnyManager dispatch_manager(const Options& options, Devices devices, Fallback fa
 template <class Storage, class Sync, class FallbackSync, class Devices>
 AnyManager make_manager(const Options& options, Devices devices, Fallback fallback = Fallback::error) {
   // Each check reports its own failure (one static_assert naming the member).
-  constexpr bool checked = detail::check_device_list<Devices>() && detail::check_storage_policy<Storage>();
+  constexpr bool checked = detail::check_device_list<Devices>() && detail::check_storage_policy<Storage>() &&
+                           detail::check_storage_default<Storage>();
   if constexpr (!checked) {
     return detail::make_any_manager(nullptr);  // not reached: the build stopped
   } else {
     options.validate();
     install_hooks();
-    return detail::dispatch_manager<Storage, Sync, FallbackSync>(options, devices, fallback);
+    return make_manager_unhooked<Storage, Sync, FallbackSync>(options, devices, fallback);
   }
 }
 

@@ -13,11 +13,15 @@ struct Stats;
 struct StatField;
 struct HostBuffer;
 struct Reloaded;
-template <class SyncState>
-struct Entry;
+template <class EntryState>
+class Transfer;
+template <class EntryState>
+class TransferRef;
 class Scope;
 class NoOffload;
 class AnyManager;
+class ManagerInterface;
+struct ScopeMark;
 
 template <class Device, class Storage, class Sync>
 class Manager;

@@ -19,6 +19,7 @@
 #include <offload/options.hpp>
 #include <offload/scope.hpp>
 #include <offload/stats.hpp>
+#include <offload/transfer.hpp>
 
 #include <offload/builtin.hpp>
 #include <offload/device/generic.hpp>

@@ -112,7 +112,7 @@ struct Options {
 /// Python package's keyword), the member, its accepted range and its unit.
 struct OptionField {
   std::string_view name;
-  std::int64_t Options::*member;
+  std::int64_t Options::* member;
   Range range;
   std::string_view unit;
 };

@@ -57,7 +57,7 @@ struct Stats {
 /// what it counts (one line, for help texts and generated docs).
 struct StatField {
   std::string_view name;
-  std::int64_t Stats::*member;
+  std::int64_t Stats::* member;
   std::string_view doc;
 };
 
@@ -73,8 +73,10 @@ inline constexpr std::array stat_fields{
               "not on the manager's device type (e.g. CPU tensors), or undefined"},
     StatField{"passed_small", &Stats::passed_small, "storage under Options::min_offload_bytes"},
     StatField{"passed_excluded", &Stats::passed_excluded, "registered with exclude() (parameters, buffers)"},
-    StatField{"passed_leaf", &Stats::passed_leaf, "parameters: floating-point or complex leaf tensors, trainable or frozen (also the model input), and views of "
-              "them"},
+    StatField{
+        "passed_leaf", &Stats::passed_leaf,
+        "parameters: floating-point or complex leaf tensors, trainable or frozen (also the model input), and views of "
+        "them"},
     StatField{"passed_layout", &Stats::passed_layout, "sparse, quantized, nested or other non-strided tensors"},
     StatField{"passed_budget", &Stats::passed_budget, "would have exceeded Options::host_budget_bytes"},
     StatField{"passed_target", &Stats::passed_target,

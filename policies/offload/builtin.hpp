@@ -66,8 +66,8 @@ std::vector<std::string> compiled_device_policies(Devices devices = builtin_devi
 /// the dispatcher of <offload/dispatch.hpp> with sync::Blocking where a
 /// backend has no events.
 template <class Storage = storage::PinnedHost, class Sync = sync::Blocking, class Devices>
-requires(!std::is_same_v<Devices, Fallback>) AnyManager
-    make_manager(const Options& options, Devices devices, Fallback fallback = Fallback::error) {
+  requires(!std::is_same_v<Devices, Fallback>)
+AnyManager make_manager(const Options& options, Devices devices, Fallback fallback = Fallback::error) {
   return make_manager<Storage, Sync, sync::Blocking>(options, devices, fallback);
 }
 

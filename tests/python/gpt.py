@@ -1,5 +1,5 @@
 # SPDX-License-Identifier: MIT
-"""The GPT of examples/gpt.hpp in Python: token and position embeddings,
+"""The GPT of models/gpt.hpp in Python: token and position embeddings,
 pre-norm blocks (causal self-attention, GELU MLP), final LayerNorm, LM head.
 Used by the pytest suite and bench/peers.py."""
 

@@ -456,19 +456,13 @@ TEST_CASE("sim: every trainable torch::nn module matches the CPU, forward and ba
   check("AvgPool2d", unary([] { return nn::AvgPool2d(nn::AvgPool2dOptions(2).ceil_mode(true)); }, {2, 3, 5, 5}));
   check("AvgPool3d", unary([] { return nn::AvgPool3d(nn::AvgPool3dOptions(2)); }, {1, 2, 4, 4, 4}));
   check("AdaptiveAvgPool1d", unary([] { return nn::AdaptiveAvgPool1d(nn::AdaptiveAvgPool1dOptions(3)); }, {2, 3, 7}));
-  check("AdaptiveAvgPool2d", unary(
-                                 [] {
-                                   return nn::AdaptiveAvgPool2d(nn::AdaptiveAvgPool2dOptions({1, 1}));
-                                 },
-                                 {2, 3, 5, 5}));
+  check("AdaptiveAvgPool2d",
+        unary([] { return nn::AdaptiveAvgPool2d(nn::AdaptiveAvgPool2dOptions({1, 1})); }, {2, 3, 5, 5}));
   check("AdaptiveAvgPool3d",
         unary([] { return nn::AdaptiveAvgPool3d(nn::AdaptiveAvgPool3dOptions(2)); }, {1, 2, 5, 5, 5}));
   check("AdaptiveMaxPool1d", unary([] { return nn::AdaptiveMaxPool1d(nn::AdaptiveMaxPool1dOptions(3)); }, {2, 3, 7}));
-  check("AdaptiveMaxPool2d", unary(
-                                 [] {
-                                   return nn::AdaptiveMaxPool2d(nn::AdaptiveMaxPool2dOptions({2, 3}));
-                                 },
-                                 {2, 3, 5, 7}));
+  check("AdaptiveMaxPool2d",
+        unary([] { return nn::AdaptiveMaxPool2d(nn::AdaptiveMaxPool2dOptions({2, 3})); }, {2, 3, 5, 7}));
   check("AdaptiveMaxPool3d",
         unary([] { return nn::AdaptiveMaxPool3d(nn::AdaptiveMaxPool3dOptions(2)); }, {1, 2, 5, 5, 5}));
   check("LPPool1d", unary([] { return nn::LPPool1d(nn::LPPool1dOptions(2, 2)); }, {2, 3, 8}));
@@ -558,13 +552,11 @@ TEST_CASE("sim: every trainable torch::nn module matches the CPU, forward and ba
   check("Bilinear",
         module_piece([] { return nn::Bilinear(3, 4, 5); }, {{2, 3}, {2, 4}},
                      [](auto& m, std::vector<torch::Tensor>& x) { return std::vector<torch::Tensor>{m(x[0], x[1])}; }));
-  check(
-      "Identity, Flatten, Unflatten",
-      module_piece(
-          [] { return nn::Flatten(); }, {{2, 3, 4}},
-          [](auto& m, std::vector<torch::Tensor>& x) {
-            return std::vector<torch::Tensor>{nn::Unflatten(nn::UnflattenOptions(1, {4, 3}))(m(nn::Identity()(x[0])))};
-          }));
+  check("Identity, Flatten, Unflatten", module_piece([] { return nn::Flatten(); }, {{2, 3, 4}},
+                                                     [](auto& m, std::vector<torch::Tensor>& x) {
+                                                       return std::vector<torch::Tensor>{nn::Unflatten(
+                                                           nn::UnflattenOptions(1, {4, 3}))(m(nn::Identity()(x[0])))};
+                                                     }));
   check("Embedding", [](const c10::Device& d) {
     nn::Embedding m(nn::EmbeddingOptions(10, 4).padding_idx(0).max_norm(2.0));
     m->to(d);
@@ -643,11 +635,8 @@ TEST_CASE("sim: every trainable torch::nn module matches the CPU, forward and ba
 
   // padding, upsampling, pixel shuffle, fold/unfold
   check("ReflectionPad1d", unary([] { return nn::ReflectionPad1d(2); }, {2, 3, 6}));
-  check("ReflectionPad2d", unary(
-                               [] {
-                                 return nn::ReflectionPad2d(nn::ReflectionPad2dOptions({1, 2, 2, 1}));
-                               },
-                               {2, 3, 5, 5}));
+  check("ReflectionPad2d",
+        unary([] { return nn::ReflectionPad2d(nn::ReflectionPad2dOptions({1, 2, 2, 1})); }, {2, 3, 5, 5}));
   check("ReflectionPad3d", unary([] { return nn::ReflectionPad3d(1); }, {1, 2, 3, 3, 3}));
   check("ReplicationPad1d", unary([] { return nn::ReplicationPad1d(2); }, {2, 3, 6}));
   check("ReplicationPad2d", unary([] { return nn::ReplicationPad2d(2); }, {2, 3, 5, 5}));
@@ -715,9 +704,7 @@ TEST_CASE("sim: every trainable torch::nn module matches the CPU, forward and ba
         loss_piece([] { return nn::CrossEntropyLoss(nn::CrossEntropyLossOptions().label_smoothing(0.1)); }, {6, 5},
                    [] { return classes({6}, 5); }));
   check("CrossEntropyLoss probabilities", loss_piece([] { return nn::CrossEntropyLoss(); }, {6, 5},
-                                                     [] {
-                                                       return torch::softmax(torch::randn({6, 5}), 1);
-                                                     }));
+                                                     [] { return torch::softmax(torch::randn({6, 5}), 1); }));
   check("NLLLoss weighted", [](const c10::Device& d) {
     nn::NLLLoss m(nn::NLLLossOptions().weight(torch::rand({5})).ignore_index(2));
     m->to(d);
@@ -732,30 +719,18 @@ TEST_CASE("sim: every trainable torch::nn module matches the CPU, forward and ba
   check(
       "BCEWithLogitsLoss",
       loss_piece([] { return nn::BCEWithLogitsLoss(nn::BCEWithLogitsLossOptions().pos_weight(torch::full({5}, 2.0))); },
-                 {4, 5},
-                 [] {
-                   return rand01({4, 5});
-                 }));
-  check("KLDivLoss",
-        loss_piece([] { return nn::KLDivLoss(nn::KLDivLossOptions().reduction(torch::kBatchMean)); }, {4, 5},
-                   [] {
-                     return torch::softmax(torch::randn({4, 5}), 1);
-                   }));
+                 {4, 5}, [] { return rand01({4, 5}); }));
+  check("KLDivLoss", loss_piece([] { return nn::KLDivLoss(nn::KLDivLossOptions().reduction(torch::kBatchMean)); },
+                                {4, 5}, [] { return torch::softmax(torch::randn({4, 5}), 1); }));
   check("PoissonNLLLoss", loss_piece([] { return nn::PoissonNLLLoss(); }, {4, 5}, [] { return rand01({4, 5}) * 3; }));
   check("SoftMarginLoss", loss_piece([] { return nn::SoftMarginLoss(); }, {4, 5}, [] { return signs({4, 5}); }));
-  check("HingeEmbeddingLoss", loss_piece([] { return nn::HingeEmbeddingLoss(); }, {4, 5},
-                                         [] {
-                                           return signs({4, 5});
-                                         }));
+  check("HingeEmbeddingLoss",
+        loss_piece([] { return nn::HingeEmbeddingLoss(); }, {4, 5}, [] { return signs({4, 5}); }));
   check("MultiLabelSoftMarginLoss", loss_piece([] { return nn::MultiLabelSoftMarginLoss(); }, {4, 5},
-                                               [] {
-                                                 return torch::randint(2, {4, 5}, torch::kFloat);
-                                               }));
+                                               [] { return torch::randint(2, {4, 5}, torch::kFloat); }));
   check("MultiLabelMarginLoss",
         loss_piece([] { return nn::MultiLabelMarginLoss(); }, {3, 4},
-                   [] {
-                     return torch::tensor({{3, 0, -1, 1}, {1, 2, 3, -1}, {0, -1, 0, 0}}, torch::kLong);
-                   }));
+                   [] { return torch::tensor({{3, 0, -1, 1}, {1, 2, 3, -1}, {0, -1, 0, 0}}, torch::kLong); }));
   check("MultiMarginLoss", loss_piece([] { return nn::MultiMarginLoss(); }, {6, 5}, [] { return classes({6}, 5); }));
   check("CosineEmbeddingLoss",
         loss_piece<2>([] { return nn::CosineEmbeddingLoss(); }, {4, 6}, [] { return signs({4}); }));
@@ -1262,7 +1237,9 @@ TEST_CASE("sim: device memory is counted, capped and released in stream order") 
   }
   SUBCASE("trace of device 0") {
     sim::set_trace(true);
-    { const auto a = torch::empty({256}, torch::TensorOptions().device(d)); }
+    {
+      const auto a = torch::empty({256}, torch::TensorOptions().device(d));
+    }
     sim::set_trace(false);
     const auto trace = sim::take_trace();
     REQUIRE(trace.size() == 2);
@@ -1373,8 +1350,7 @@ TEST_CASE("sim: exit child: std::exit with copies still queued" * doctest::skip(
 
 TEST_CASE("sim: a process that exits with copies in flight exits with its own status") {
   const auto self = std::filesystem::read_symlink("/proc/self/exe").string();
-  const std::string command =
-      "'" + self + "' --no-skip --no-intro -tc='sim: exit child: *' > /dev/null 2>&1";
+  const std::string command = "'" + self + "' --no-skip --no-intro -tc='sim: exit child: *' > /dev/null 2>&1";
   for (int run = 0; run < 5; ++run) {
     CAPTURE(run);
     const int status = std::system(command.c_str());

@@ -105,24 +105,31 @@ struct StorageNoDefault : StorageTwin {
 };
 static_assert(storage_policy<StorageTwin>);
 static_assert(!storage_policy<StorageReturnsTensor>);
-static_assert(!storage_policy<StorageNoDefault>);
+static_assert(storage_policy<StorageNoDefault>);  // Manager(options, storage) takes an instance
 
-// ---- sync: the twin, and near-misses one member or one token away
-// (static_tests::SyncModel<Miss>, tests/static/models.hpp)
-using SyncTwin = static_tests::SyncModel<static_tests::Miss::none>;
+// ---- sync: the minimal model, the twin with every step callback, and
+// near-misses one member or one token away (tests/static/models.hpp)
+using static_tests::MinimalSync;
+using static_tests::Miss;
+using SyncTwin = static_tests::SyncModel<Miss::none>;
+static_assert(sync_policy_for<MinimalSync, DeviceTwin>);
+static_assert(sync_state<MinimalSync::State<DeviceTwin>>);
+static_assert(!sync_state_with_steps<MinimalSync::State<DeviceTwin>>);
 static_assert(sync_policy_for<SyncTwin, DeviceTwin>);
-static_assert(sync_state<SyncTwin::State<DeviceTwin>>);
-static_assert(!sync_policy_for<static_tests::SyncModel<static_tests::Miss::release>, DeviceTwin>);
-static_assert(!sync_policy_for<static_tests::SyncModel<static_tests::Miss::release_noexcept>, DeviceTwin>);
-static_assert(
-    !sync_policy_for<static_tests::SyncModel<static_tests::Miss::settle>, DeviceTwin>);  // misspelt: not skipped
-static_assert(!sync_policy_for<static_tests::SyncModel<static_tests::Miss::resume>, DeviceTwin>);
-static_assert(!sync_policy_for<static_tests::SyncModel<static_tests::Miss::reload_tensor>, DeviceTwin>);
-static_assert(!sync_policy_for<static_tests::SyncModel<static_tests::Miss::entry_state>, DeviceTwin>);
+static_assert(sync_state_with_steps<SyncTwin::State<DeviceTwin>>);
+static_assert(!sync_policy_for<static_tests::SyncModel<Miss::release>, DeviceTwin>);
+static_assert(!sync_policy_for<static_tests::SyncModel<Miss::release_noexcept>, DeviceTwin>);
+static_assert(!sync_policy_for<static_tests::SyncModel<Miss::end_forward>, DeviceTwin>);  // misspelt: not skipped
+static_assert(!sync_policy_for<static_tests::SyncModel<Miss::resume>, DeviceTwin>);
+static_assert(!sync_policy_for<static_tests::SyncModel<Miss::reload_tensor>, DeviceTwin>);
+static_assert(!sync_policy_for<static_tests::SyncModel<Miss::entry_state>, DeviceTwin>);
+static_assert(!sync_policy_for<static_tests::SyncModel<Miss::undeclared>, DeviceTwin>);  // callbacks never called
 static_assert(!sync_policy_for<SyncTwin, DeviceNoAvailable>);  // the device must be a device policy
+static_assert(sync_state_with_steps<sync::Streamed::State<device::Sim>>);
+static_assert(!sync_state_with_steps<sync::Blocking::State<device::Sim>>);
 
 // ---- composition: a sync policy that needs events with an event-less device
-using SyncNeedsEvents = static_tests::SyncModel<static_tests::Miss::none, /*NeedsEvents=*/true>;
+using SyncNeedsEvents = static_tests::SyncModel<Miss::none, /*NeedsEvents=*/true>;
 static_assert(composable<DeviceTwin, StorageTwin, SyncTwin>);
 static_assert(!composable<DeviceTwin, StorageTwin, SyncNeedsEvents>);
 static_assert(!composable<StreamNoRecord, StorageTwin, SyncNeedsEvents>);
@@ -132,6 +139,7 @@ static_assert(!composable<DeviceTwin, StorageReturnsTensor, SyncTwin>);
 
 // ---- the checks behind Manager's static_assert agree with the concepts
 static_assert(detail::check_policies<DeviceTwin, StorageTwin, SyncTwin>());
+static_assert(detail::check_policies<DeviceTwin, StorageNoDefault, MinimalSync>());
 static_assert(detail::check_policies<StreamTwin, StorageTwin, SyncNeedsEvents>());
 static_assert(detail::check_policies<device::Sim, storage::PinnedHost, sync::Streamed>());
 

@@ -34,23 +34,29 @@ struct Sync {
   template <class D>
   struct State {
     struct EntryState {};
-    using Entry = offload::Entry<EntryState>;
-    explicit State(const offload::Options&) {}
-    void offload(const std::shared_ptr<Entry>&, const at::Tensor&) {}
-    offload::Reloaded reload(const std::shared_ptr<Entry>&) { return {}; }
-    void on_unpack(const std::shared_ptr<Entry>&) {}
-#if CASE != 3 || defined(TWIN)
-    void settle() {}
+    using Transfer = offload::Transfer<EntryState>;
+#if CASE != 7 || defined(TWIN)
+    static constexpr bool observes_steps = true;
 #else
-    void settel() {}
+    static constexpr bool observes_steps = false;
+#endif
+    explicit State(const offload::Options&) {}
+    void offload(const Transfer&, const at::Tensor&) {}
+    offload::Reloaded reload(const Transfer&) { return {}; }
+    void on_unpack(const Transfer&) {}
+#if CASE != 3 || defined(TWIN)
+    void end_forward() {}
+#else
+    void end_froward() {}
 #endif
     void end_backward() {}
-    void resume(const std::shared_ptr<Entry>&) {}
+    void suspend(const Transfer&) {}
+    void resume(const Transfer&, const at::Tensor&) {}
     void add_stats(offload::Stats&) const {}
 #if CASE != 5 || defined(TWIN)
-    void release(Entry&) noexcept {}
+    void release(const Transfer&) noexcept {}
 #else
-    void release(Entry&) {}
+    void release(const Transfer&) {}
 #endif
   };
 };

@@ -29,10 +29,12 @@ source = os.path.join(root, "tests", "static", "one_error.cpp")
 CASES = {
     1: ("offload::device_policy: it needs `static bool available()`", "Sync"),
     2: ("offload::storage_policy: it needs `static constexpr bool prefers_pinned`", "Sync"),
-    3: ("State<Device> needs `void settle()`", "Streamed"),
+    3: ("State<Device> declares observes_steps and needs `void end_forward()`", "Streamed"),
     4: ("the Sync policy needs streams and events (needs_events) and the Device policy has none", "sync_policy_for"),
     5: ("`release` to be declared noexcept", "Streamed"),
     6: ("offload::storage_policy: it needs `static constexpr bool prefers_pinned`", "sync_policy_for"),
+    7: ("has a step callback (end_forward, end_backward, on_unpack, suspend, resume, add_stats or release) but does "
+        "not declare `static constexpr bool observes_steps = true`", "Streamed"),
 }
 
 

@@ -2,13 +2,12 @@
 #pragma once
 /// @file
 /// Compile-time checks behind offload::Manager and offload::make_manager:
-/// each concept of <offload/concepts.hpp> checked member by member, so a
-/// policy that fails gets exactly one static_assert, naming its concept and
-/// the first missing member, and the checks after it are not run.
+/// the requirements of <offload/concepts.hpp> (offload::requirement) tested
+/// one by one, so a policy that fails gets exactly one static_assert,
+/// naming its concept and the first missing member, and the checks after
+/// it are not run. The requirements themselves are written only there.
 
 #include <concepts>
-#include <string_view>
-#include <type_traits>
 
 #include <offload/concepts.hpp>
 
@@ -21,33 +20,28 @@ inline constexpr bool always_false = false;
 /// the first missing member.
 template <class D>
 constexpr bool check_device_policy() {
-  if constexpr (!requires {
-                  { D::device_type } -> std::convertible_to<c10::DeviceType>;
-                }) {
+  namespace r = requirement;
+  if constexpr (!r::device_type<D>) {
     static_assert(always_false<D>,
                   "offload: the Device policy does not satisfy offload::device_policy: it needs "
                   "`static constexpr c10::DeviceType device_type` (docs/policies/device_policy.md)");
     return false;
-  } else if constexpr (!requires {
-                         { D::name } -> std::convertible_to<std::string_view>;
-                       }) {
+  } else if constexpr (!r::name<D>) {
     static_assert(always_false<D>,
                   "offload: the Device policy does not satisfy offload::device_policy: it needs "
                   "`static constexpr std::string_view name` (docs/policies/device_policy.md)");
     return false;
-  } else if constexpr (!requires { typename constant_bool<D::has_streams>; }) {
+  } else if constexpr (!r::has_streams<D>) {
     static_assert(always_false<D>,
                   "offload: the Device policy does not satisfy offload::device_policy: it needs "
                   "`static constexpr bool has_streams` (docs/policies/device_policy.md)");
     return false;
-  } else if constexpr (!requires { typename constant_bool<D::has_events>; }) {
+  } else if constexpr (!r::has_events<D>) {
     static_assert(always_false<D>,
                   "offload: the Device policy does not satisfy offload::device_policy: it needs "
                   "`static constexpr bool has_events` (docs/policies/device_policy.md)");
     return false;
-  } else if constexpr (!requires {
-                         { D::available() } -> std::same_as<bool>;
-                       }) {
+  } else if constexpr (!r::available<D>) {
     static_assert(always_false<D>,
                   "offload: the Device policy does not satisfy offload::device_policy: it needs "
                   "`static bool available()` (docs/policies/device_policy.md)");
@@ -58,30 +52,50 @@ constexpr bool check_device_policy() {
   }
 }
 
+/// True when each optional member the dispatcher reads that D declares
+/// (linked, when_absent, runtime_has_events) has the shape of its
+/// requirement; otherwise one static_assert naming it. (A member the
+/// dispatcher reads only when present must not be skipped for having the
+/// wrong type.)
+template <class D>
+constexpr bool check_device_options() {
+  namespace r = requirement;
+  if constexpr (requires { &D::linked; } && !r::linked<D>) {
+    static_assert(always_false<D>,
+                  "offload: the Device policy's optional `linked` must be `static bool linked()` "
+                  "(docs/policies/device_policy.md)");
+    return false;
+  } else if constexpr (requires { &D::when_absent; } && !r::when_absent<D>) {
+    static_assert(always_false<D>,
+                  "offload: the Device policy's optional `when_absent` must be `static constexpr "
+                  "std::string_view when_absent` (docs/policies/device_policy.md)");
+    return false;
+  } else if constexpr (requires { &D::runtime_has_events; } && !r::runtime_has_events<D>) {
+    static_assert(always_false<D>,
+                  "offload: the Device policy's optional `runtime_has_events` must be `static bool "
+                  "runtime_has_events()` (docs/policies/device_policy.md)");
+    return false;
+  } else {
+    return true;
+  }
+}
+
 /// True when S satisfies storage_policy; otherwise one static_assert naming
 /// the first missing member.
 template <class S>
 constexpr bool check_storage_policy() {
-  if constexpr (!std::default_initializable<S>) {
-    static_assert(always_false<S>,
-                  "offload: the Storage policy does not satisfy offload::storage_policy: it must "
-                  "be default-constructible (docs/policies/storage_policy.md)");
-    return false;
-  } else if constexpr (!requires {
-                         { S::name } -> std::convertible_to<std::string_view>;
-                       }) {
+  namespace r = requirement;
+  if constexpr (!r::name<S>) {
     static_assert(always_false<S>,
                   "offload: the Storage policy does not satisfy offload::storage_policy: it needs "
                   "`static constexpr std::string_view name` (docs/policies/storage_policy.md)");
     return false;
-  } else if constexpr (!requires { typename constant_bool<S::prefers_pinned>; }) {
+  } else if constexpr (!r::prefers_pinned<S>) {
     static_assert(always_false<S>,
                   "offload: the Storage policy does not satisfy offload::storage_policy: it needs "
                   "`static constexpr bool prefers_pinned` (docs/policies/storage_policy.md)");
     return false;
-  } else if constexpr (!requires(S & s, std::int64_t n, c10::DeviceType t, const Options& o) {
-                         { s.allocate(n, t, o) } -> std::same_as<HostBuffer>;
-                       }) {
+  } else if constexpr (!r::allocate<S>) {
     static_assert(always_false<S>,
                   "offload: the Storage policy does not satisfy offload::storage_policy: it needs "
                   "`offload::HostBuffer allocate(std::int64_t nbytes, c10::DeviceType, const "
@@ -93,123 +107,184 @@ constexpr bool check_storage_policy() {
   }
 }
 
-#define OFFLOAD_DETAIL_SYNC_MEMBER(expr, text)                                                        \
-  else if constexpr (!requires(St & state, const St& cstate, const std::shared_ptr<Entry<Es>>& entry, \
-                               const at::Tensor& bytes, Stats& stats) { expr; }) {                    \
-    static_assert(always_false<P>,                                                                    \
-                  "offload: the Sync policy does not satisfy offload::sync_policy_for: its "          \
-                  "State<Device> needs " text " (docs/policies/sync_policy.md)");                     \
-    return false;                                                                                     \
+/// True when S is default-constructible, as Manager(options) and
+/// make_manager need (Manager(options, storage) does not); otherwise one
+/// static_assert.
+template <class S>
+constexpr bool check_storage_default() {
+  if constexpr (!std::default_initializable<S>) {
+    static_assert(always_false<S>,
+                  "offload::make_manager: the Storage policy is not default-constructible; make_manager "
+                  "constructs it with S{} (construct offload::Manager<Device, Storage, Sync>(options, storage) "
+                  "to pass an instance)");
+    return false;
+  } else {
+    return true;
   }
+}
+
+/// True when the state St satisfies the step callbacks it declared
+/// (sync_state_with_steps); otherwise one static_assert naming the first
+/// missing callback.
+template <class St>
+constexpr bool check_sync_steps() {
+  namespace r = requirement;
+  if constexpr (!r::end_forward<St>) {
+    static_assert(always_false<St>,
+                  "offload: the Sync policy does not satisfy offload::sync_state_with_steps: its "
+                  "State<Device> declares observes_steps and needs `void end_forward()` (called when a "
+                  "Scope closes; may do nothing) (docs/policies/sync_policy.md)");
+    return false;
+  } else if constexpr (!r::end_backward<St>) {
+    static_assert(always_false<St>,
+                  "offload: the Sync policy does not satisfy offload::sync_state_with_steps: its "
+                  "State<Device> declares observes_steps and needs `void end_backward()` (called when a "
+                  "backward pass ends; may do nothing) (docs/policies/sync_policy.md)");
+    return false;
+  } else if constexpr (!r::on_unpack<St>) {
+    static_assert(always_false<St>,
+                  "offload: the Sync policy does not satisfy offload::sync_state_with_steps: its "
+                  "State<Device> declares observes_steps and needs `void on_unpack(const "
+                  "offload::Transfer<EntryState>&)` (docs/policies/sync_policy.md)");
+    return false;
+  } else if constexpr (!r::suspend<St>) {
+    static_assert(always_false<St>,
+                  "offload: the Sync policy does not satisfy offload::sync_state_with_steps: its "
+                  "State<Device> declares observes_steps and needs `void suspend(const "
+                  "offload::Transfer<EntryState>&)` (called before the manager grows a storage; resume() "
+                  "follows) (docs/policies/sync_policy.md)");
+    return false;
+  } else if constexpr (!r::resume<St>) {
+    static_assert(always_false<St>,
+                  "offload: the Sync policy does not satisfy offload::sync_state_with_steps: its "
+                  "State<Device> declares observes_steps and needs `void resume(const "
+                  "offload::Transfer<EntryState>&, const at::Tensor&)` (called after the manager grew a "
+                  "storage) (docs/policies/sync_policy.md)");
+    return false;
+  } else if constexpr (!r::add_stats<St>) {
+    static_assert(always_false<St>,
+                  "offload: the Sync policy does not satisfy offload::sync_state_with_steps: its "
+                  "State<Device> declares observes_steps and needs `void add_stats(offload::Stats&) const` "
+                  "(may add nothing) (docs/policies/sync_policy.md)");
+    return false;
+  } else if constexpr (!r::release<St>) {
+    static_assert(always_false<St>,
+                  "offload: the Sync policy does not satisfy offload::sync_state_with_steps: its "
+                  "State<Device> declares observes_steps and needs `void release(const "
+                  "offload::Transfer<EntryState>&) noexcept` (docs/policies/sync_policy.md)");
+    return false;
+  } else if constexpr (!r::release_noexcept<St>) {
+    static_assert(always_false<St>,
+                  "offload: the Sync policy does not satisfy offload::sync_state_with_steps: it needs "
+                  "`release` to be declared noexcept: it runs when autograd frees a saved tensor "
+                  "(docs/policies/sync_policy.md)");
+    return false;
+  } else {
+    return true;
+  }
+}
 
 /// True when P satisfies sync_policy_for<P, D> (D already checked);
 /// otherwise one static_assert naming the first missing member.
 template <class P, class D>
 constexpr bool check_sync_members() {
-  if constexpr (!requires {
-                  { P::name } -> std::convertible_to<std::string_view>;
-                }) {
+  namespace r = requirement;
+  if constexpr (!r::name<P>) {
     static_assert(always_false<P>,
                   "offload: the Sync policy does not satisfy offload::sync_policy_for: it needs "
                   "`static constexpr std::string_view name` (docs/policies/sync_policy.md)");
     return false;
-  } else if constexpr (!requires { typename constant_bool<P::needs_events>; }) {
+  } else if constexpr (!r::needs_events<P>) {
     static_assert(always_false<P>,
                   "offload: the Sync policy does not satisfy offload::sync_policy_for: it needs "
                   "`static constexpr bool needs_events` (docs/policies/sync_policy.md)");
     return false;
-  } else if constexpr (!requires { typename P::template State<D>; }) {
+  } else if constexpr (!r::state_template<P, D>) {
     static_assert(always_false<P>,
                   "offload: the Sync policy does not satisfy offload::sync_policy_for: it needs "
                   "a member class template `State<Device>` (docs/policies/sync_policy.md)");
     return false;
-  } else if constexpr (!requires { typename P::template State<D>::EntryState; }) {
-    static_assert(always_false<P>,
-                  "offload: the Sync policy does not satisfy offload::sync_policy_for: its "
-                  "State<Device> needs a default-constructible `EntryState` type, the per-entry "
-                  "state (`struct EntryState {};` when there is none) (docs/policies/sync_policy.md)");
-    return false;
   } else {
     using St = typename P::template State<D>;
-    using Es = typename St::EntryState;
-    if constexpr (!std::default_initializable<Es>) {
+    if constexpr (!r::entry_state<St>) {
       static_assert(always_false<P>,
                     "offload: the Sync policy does not satisfy offload::sync_policy_for: its "
-                    "State<Device>::EntryState must be default-constructible "
-                    "(docs/policies/sync_policy.md)");
+                    "State<Device> needs a default-constructible `EntryState` type, the per-entry "
+                    "state (`struct EntryState {};` when there is none) (docs/policies/sync_policy.md)");
       return false;
-    } else if constexpr (!std::constructible_from<St, const Options&>) {
+    } else if constexpr (!r::from_options<St>) {
       static_assert(always_false<P>,
                     "offload: the Sync policy does not satisfy offload::sync_policy_for: its "
                     "State<Device> needs a constructor `State(const offload::Options&)` "
                     "(docs/policies/sync_policy.md)");
       return false;
-    }
-    OFFLOAD_DETAIL_SYNC_MEMBER({ state.offload(entry, bytes) } -> std::same_as<void>,
-                               "`void offload(const std::shared_ptr<Entry<EntryState>>&, const at::Tensor&)`")
-    OFFLOAD_DETAIL_SYNC_MEMBER({ state.reload(entry) } -> std::same_as<Reloaded>,
-                               "`offload::Reloaded reload(const std::shared_ptr<Entry<EntryState>>&)`")
-    OFFLOAD_DETAIL_SYNC_MEMBER({ state.on_unpack(entry) } -> std::same_as<void>,
-                               "`void on_unpack(const std::shared_ptr<Entry<EntryState>>&)`")
-    OFFLOAD_DETAIL_SYNC_MEMBER({ state.settle() } -> std::same_as<void>,
-                               "`void settle()` (called when a Scope closes; may do nothing)")
-    OFFLOAD_DETAIL_SYNC_MEMBER({ state.end_backward() } -> std::same_as<void>,
-                               "`void end_backward()` (called when a backward pass ends; may do nothing)")
-    OFFLOAD_DETAIL_SYNC_MEMBER({ state.resume(entry) } -> std::same_as<void>,
-                               "`void resume(const std::shared_ptr<Entry<EntryState>>&)` (called when the manager "
-                               "grew an entry after release(); may do nothing)")
-    OFFLOAD_DETAIL_SYNC_MEMBER({ cstate.add_stats(stats) } -> std::same_as<void>,
-                               "`void add_stats(offload::Stats&) const` (may add nothing)")
-    OFFLOAD_DETAIL_SYNC_MEMBER({ state.release(*entry) } -> std::same_as<void>,
-                               "`void release(Entry<EntryState>&) noexcept`")
-    OFFLOAD_DETAIL_SYNC_MEMBER({ state.release(*entry) } noexcept,
-                               "`release` to be declared noexcept: it runs when autograd frees a saved tensor")
-    else {
+    } else if constexpr (!r::offloads<St>) {
+      static_assert(always_false<P>,
+                    "offload: the Sync policy does not satisfy offload::sync_policy_for: its "
+                    "State<Device> needs `void offload(const offload::Transfer<EntryState>&, const "
+                    "at::Tensor&)` (docs/policies/sync_policy.md)");
+      return false;
+    } else if constexpr (!r::reloads<St>) {
+      static_assert(always_false<P>,
+                    "offload: the Sync policy does not satisfy offload::sync_policy_for: its "
+                    "State<Device> needs `offload::Reloaded reload(const offload::Transfer<EntryState>&)` "
+                    "(docs/policies/sync_policy.md)");
+      return false;
+    } else if constexpr (r::declares_steps<St>) {
+      if constexpr (!check_sync_steps<St>()) {
+        return false;
+      } else {
+        static_assert(sync_policy_for<P, D>, "offload: detail::check_sync_members is out of step with sync_policy_for");
+        return true;
+      }
+    } else if constexpr (r::any_step<St>) {
+      static_assert(always_false<P>,
+                    "offload: the Sync policy does not satisfy offload::sync_policy_for: its "
+                    "State<Device> has a step callback (end_forward, end_backward, on_unpack, suspend, "
+                    "resume, add_stats or release) but does not declare `static constexpr bool "
+                    "observes_steps = true`, so it would never be called (docs/policies/sync_policy.md)");
+      return false;
+    } else {
       static_assert(sync_policy_for<P, D>, "offload: detail::check_sync_members is out of step with sync_policy_for");
       return true;
     }
   }
 }
 
-#undef OFFLOAD_DETAIL_SYNC_MEMBER
-
 /// True when a sync policy that needs events (Y::needs_events) gets a
 /// stream_device_policy D; otherwise one static_assert saying what D lacks.
 template <class D, class Y>
 constexpr bool check_events_for() {
+  namespace r = requirement;
   if constexpr (!Y::needs_events) {
     return true;
-  } else if constexpr (!(D::has_streams && D::has_events)) {
+  } else if constexpr (!r::claims_streams_and_events<D>) {
     static_assert(always_false<D>,
                   "offload: the Sync policy needs streams and events (needs_events) and the "
                   "Device policy has none (has_streams && has_events is false); use "
                   "sync::Blocking, or another sync policy without needs_events, for this device");
     return false;
-  } else if constexpr (!requires(c10::DeviceIndex i) {
-                         { D::current_stream(i) } -> std::same_as<c10::Stream>;
-                       }) {
+  } else if constexpr (!r::current_stream<D>) {
     static_assert(always_false<D>,
                   "offload: the Sync policy needs streams and events and the Device policy is no "
                   "offload::stream_device_policy: it needs `static c10::Stream "
                   "current_stream(c10::DeviceIndex)` (docs/policies/device_policy.md)");
     return false;
-  } else if constexpr (!requires(c10::DeviceIndex i) {
-                         { D::side_stream(i) } -> std::same_as<c10::Stream>;
-                       }) {
+  } else if constexpr (!r::side_stream<D>) {
     static_assert(always_false<D>,
                   "offload: the Sync policy needs streams and events and the Device policy is no "
                   "offload::stream_device_policy: it needs `static c10::Stream "
                   "side_stream(c10::DeviceIndex)` (docs/policies/device_policy.md)");
     return false;
-  } else if constexpr (!requires(const at::Tensor& t, c10::Stream s) {
-                         { D::record_stream(t, s) } -> std::same_as<void>;
-                       }) {
+  } else if constexpr (!r::record_stream<D>) {
     static_assert(always_false<D>,
                   "offload: the Sync policy needs streams and events and the Device policy is no "
                   "offload::stream_device_policy: it needs `static void record_stream(const "
                   "at::Tensor&, c10::Stream)` (docs/policies/device_policy.md)");
     return false;
   } else {
+    static_assert(stream_device_policy<D>,
+                  "offload: detail::check_events_for is out of step with stream_device_policy");
     return true;
   }
 }

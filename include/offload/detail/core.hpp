@@ -29,11 +29,13 @@
 #include <torch/csrc/autograd/saved_variable_hooks.h>
 
 #include <offload/concepts.hpp>
+#include <offload/detail/entry.hpp>
 #include <offload/detail/hook_source.hpp>
 #include <offload/detail/planner.hpp>
 #include <offload/entry.hpp>
 #include <offload/options.hpp>
 #include <offload/stats.hpp>
+#include <offload/transfer.hpp>
 
 namespace offload::detail {
 
@@ -100,7 +102,7 @@ struct Packed {
   bool versioned = false;                       ///< whether its version counter is enabled
   WeakNode grad_fn;                             ///< for the error message only
   std::int64_t output_nr = 0;
-  PlanTicket ticket;                            ///< with a device-memory target: which saved tensor of its step
+  PlanTicket ticket;  ///< with a device-memory target: which saved tensor of its step
 };
 
 /// Whether `t` is (a view of) a parameter as far as autograd can tell: its
@@ -176,20 +178,13 @@ inline Piece piece_for(const at::Tensor& t) {
   return piece;
 }
 
-/// Every piece of `entry` (the sync policy's and the extra ones).
-template <class E, class F>
-void for_each_piece(const E& entry, F&& f) {
-  f(entry.piece);
-  for (const auto& x : entry.extra) f(x.piece);
-}
-
 /// Whether the pieces of `entry` already hold every byte of `piece`.
 template <class E>
 bool covers(const E& entry, const Piece& piece) {
   const auto lo = piece.offset;
   const auto hi = piece_end(piece);
   bool found = false;
-  for_each_piece(entry, [&](const Piece& p) {
+  for_each_piece(entry, [&](const Piece& p, const HostBuffer&) {
     found = found || p == piece || (p.dense() && p.offset <= lo && hi <= p.offset + p.sizes[0]);
   });
   return found;
@@ -201,7 +196,7 @@ template <class E>
 std::vector<Piece> missing(const E& entry, const Piece& piece) {
   if (!piece.dense()) return {piece};
   std::vector<std::pair<std::int64_t, std::int64_t>> have;
-  for_each_piece(entry, [&](const Piece& p) {
+  for_each_piece(entry, [&](const Piece& p, const HostBuffer&) {
     if (p.dense()) have.emplace_back(p.offset, p.offset + p.sizes[0]);
   });
   std::sort(have.begin(), have.end());
@@ -246,8 +241,11 @@ template <class Device, class Storage, class Sync>
 class Core final : public HookSource, public std::enable_shared_from_this<Core<Device, Storage, Sync>> {
  public:
   using SyncState = typename Sync::template State<Device>;
-  using Entry = offload::Entry<typename SyncState::EntryState>;
+  using Entry = detail::Entry<typename SyncState::EntryState>;
+  using Transfer = offload::Transfer<typename SyncState::EntryState>;
   using Packed = detail::Packed<Entry>;
+  /// Whether the sync policy opted into the step callbacks.
+  static constexpr bool steps = requirement::declares_steps<SyncState>;
 
   Core(const Options& options, Storage storage)
       : options_(options), storage_(std::move(storage)), sync_(options_), planner_(options_.device_target_bytes) {}
@@ -341,7 +339,7 @@ class Core final : public HookSource, public std::enable_shared_from_this<Core<D
     const c10::DeviceGuard guard(t.device());
     entry->host = storage_.allocate(piece_bytes, Device::device_type, options_);
     const auto device_bytes = view_of(storage, t.device(), at::kByte, 0, {entry->device_nbytes}, {1});
-    sync_.offload(entry, device_bytes);
+    sync_.offload(Transfer(*entry), device_bytes);
     if (Storage::prefers_pinned && options_.pin_memory && !entry->host.pinned) ++stats_.pinned_fallbacks;
     ++stats_.tensors_offloaded;
     ++stats_.storages_offloaded;
@@ -382,16 +380,11 @@ class Core final : public HookSource, public std::enable_shared_from_this<Core<D
         }
       }
       if (!device_bytes.defined()) {
-        auto reloaded = sync_.reload(entry);
+        auto reloaded = sync_.reload(Transfer(*entry));
         device_bytes = std::move(reloaded.bytes);
         entry->reloaded.emplace(c10::weak_intrusive_ptr<c10::StorageImpl>(
             c10::intrusive_ptr<c10::StorageImpl>::reclaim_copy(device_bytes.storage().unsafeGetStorageImpl())));
         if (reloaded.copied) {  // else the policy still had the bytes (it counts that itself)
-          // Pieces added by later views: written on the current stream, which
-          // reload() ordered after the policy's own copy.
-          for (const auto& x : entry->extra) {
-            piece_of(device_bytes, x.piece).copy_(piece_of(x.host, x.piece), /*non_blocking=*/false);
-          }
           ++stats_.tensors_reloaded;
           stats_.bytes_reloaded += host_bytes_of(*entry);
         }
@@ -407,7 +400,7 @@ class Core final : public HookSource, public std::enable_shared_from_this<Core<D
         }
       }
       if (planner_.active()) plan_unpack(packed.ticket, entry->device.index());
-      sync_.on_unpack(entry);
+      if constexpr (steps) sync_.on_unpack(Transfer(*entry));
       watch_backward_end();
     }
     const c10::DeviceGuard guard(entry->device);
@@ -430,7 +423,7 @@ class Core final : public HookSource, public std::enable_shared_from_this<Core<D
     out.passed_excluded = pass_.excluded.load(std::memory_order_relaxed);
     out.passed_budget = pass_.budget.load(std::memory_order_relaxed);
     out.passed_target = pass_.target.load(std::memory_order_relaxed);
-    sync_.add_stats(out);
+    if constexpr (steps) sync_.add_stats(out);
     planner_.add_stats(out);
     return out;
   }
@@ -462,7 +455,7 @@ class Core final : public HookSource, public std::enable_shared_from_this<Core<D
   }
   void on_scope_exit(const ScopeMark& opened, bool in_order) noexcept override {
     const std::lock_guard lock(mutex_);
-    sync_.settle();
+    if constexpr (steps) sync_.end_forward();
     if (planner_.active()) planner_.end_forward(allocated_on(target_index_));
     // Scopes on other threads may pack meanwhile: a tensor on the device
     // seen by any of them silences the first warning (never a false alarm
@@ -485,7 +478,7 @@ class Core final : public HookSource, public std::enable_shared_from_this<Core<D
 
  private:
   // Once per backward pass: when it ends, drop storages kept for views that
-  // were not unpacked, and let the sync policy settle.
+  // were not unpacked, and tell the sync policy.
   void watch_backward_end() {
     const int id = current_backward_id();
     if (id < 0 || id == watched_backward_) return;
@@ -500,7 +493,7 @@ class Core final : public HookSource, public std::enable_shared_from_this<Core<D
             entry->unpacked = 0;
           }
         }
-        core->sync_.end_backward();
+        if constexpr (steps) core->sync_.end_backward();
         if (core->planner_.active()) core->planner_.end_backward(peak_on(core->target_index_));
       }
     });
@@ -548,8 +541,9 @@ class Core final : public HookSource, public std::enable_shared_from_this<Core<D
     const bool aliased = entry && entry->version == version;  // offloaded already: no new storage
     packed.ticket = planner_.at_pack(nbytes, !aliased, allocated, offload);
     if (offload || aliased) return false;
-    kept_.insert_or_assign(key, c10::weak_intrusive_ptr<c10::StorageImpl>(
-                                    c10::intrusive_ptr<c10::StorageImpl>::reclaim_copy(t.storage().unsafeGetStorageImpl())));
+    kept_.insert_or_assign(key,
+                           c10::weak_intrusive_ptr<c10::StorageImpl>(
+                               c10::intrusive_ptr<c10::StorageImpl>::reclaim_copy(t.storage().unsafeGetStorageImpl())));
     return true;
   }
   // With a device-memory target, at the unpack of an offloaded tensor now
@@ -577,11 +571,14 @@ class Core final : public HookSource, public std::enable_shared_from_this<Core<D
     return !excluded_.empty() && excluded_.count(key) != 0;
   }
   // A later saved view of an offloaded storage (same version) reads bytes
-  // the entry lacks: copy what is missing, as extra pieces. The sync policy
-  // first lets go of the entry (its copies finish, its stash and prefetch
-  // are dropped), so no copy in flight sees the entry change. Rare (a
-  // model saves the head of a tensor, then the whole of it), so the copies
-  // are blocking. False, changing nothing, when the host budget forbids.
+  // the entry lacks: add what is missing as extra pieces, and have the sync
+  // policy copy them (Transfer::copy_to_host copies only those). A policy
+  // with step callbacks first lets go of the entry (suspend: its copies
+  // finish, its stash and prefetch are dropped), so no copy in flight sees
+  // the entry change, and copies them in resume(); one without copies them
+  // in offload(), called again. Rare: a model saves the head of a tensor,
+  // then the whole of it. False, changing nothing, when the host budget
+  // forbids.
   bool extend(const std::shared_ptr<Entry>& entry, const c10::Storage& storage, c10::Device device,
               const Piece& piece) {
     const auto parts = missing(*entry, piece);
@@ -591,7 +588,7 @@ class Core final : public HookSource, public std::enable_shared_from_this<Core<D
     if (options_.host_budget_bytes != 0 && stats_.host_bytes_in_use + bytes > options_.host_budget_bytes) {
       return false;
     }
-    sync_.release(*entry);
+    if constexpr (steps) sync_.suspend(Transfer(*entry));
     entry->reloaded.reset();
     entry->keep = at::Tensor();
     const c10::DeviceGuard guard(device);
@@ -601,10 +598,13 @@ class Core final : public HookSource, public std::enable_shared_from_this<Core<D
     for (const auto& part : parts) {
       entry->extra.push_back({part, storage_.allocate(part.nbytes(), Device::device_type, options_)});
       stats_.host_bytes_in_use += part.nbytes();  // given back by the entry's release from now on
-      piece_of(entry->extra.back().host, part).copy_(piece_of(device_bytes, part), /*non_blocking=*/false);
     }
     entry->device_nbytes = end;
-    sync_.resume(entry);
+    if constexpr (steps) {
+      sync_.resume(Transfer(*entry), device_bytes);
+    } else {
+      sync_.offload(Transfer(*entry), device_bytes);
+    }
     stats_.bytes_offloaded += bytes;
     stats_.host_bytes_peak = std::max(stats_.host_bytes_peak, stats_.host_bytes_in_use);
     return true;
@@ -621,7 +621,7 @@ class Core final : public HookSource, public std::enable_shared_from_this<Core<D
   }
   void on_release(Entry& e) noexcept {
     const std::lock_guard lock(mutex_);
-    sync_.release(e);
+    if constexpr (steps) sync_.release(Transfer(e));
     stats_.host_bytes_in_use -= host_bytes_of(e);
   }
   void prune_aliases() {

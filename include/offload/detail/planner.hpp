@@ -159,7 +159,7 @@ class Planner {
   struct Record {
     std::vector<Saved> saved;
     std::vector<Point> points;
-    bool measured = false;      // the device reported allocated memory
+    bool measured = false;         // the device reported allocated memory
     std::int64_t start_peak = -1;  // the device's peak when the step began
     std::int64_t end_peak = -1;    // ... when its backward ended
   };
@@ -239,7 +239,8 @@ class Planner {
         kept += r.saved[i].bytes;
       }
     }
-    for (std::size_t i = n; i-- > 0;) keep_after_[i] = keep_after_[i + 1] + (i + 1 < n && plan_[i + 1] ? r.saved[i + 1].bytes : 0);
+    for (std::size_t i = n; i-- > 0;)
+      keep_after_[i] = keep_after_[i + 1] + (i + 1 < n && plan_[i + 1] ? r.saved[i + 1].bytes : 0);
     planned_offload_ = eligible - kept;
     min_offload_ = std::clamp<std::int64_t>(least, 0, eligible);
     return {};
@@ -248,7 +249,7 @@ class Planner {
   std::int64_t target_;
   std::uint32_t step_ = 0;
   Record current_;
-  std::vector<bool> plan_;               // per saved tensor of this step: keep it
+  std::vector<bool> plan_;                // per saved tensor of this step: keep it
   std::vector<std::int64_t> plan_bytes_;  // per saved tensor of the recorded step: its bytes (0: not eligible)
   std::vector<std::int64_t> keep_after_;  // bytes the plan keeps after index i
   double growth_ = 1.0;                   // the most a tensor of this step grew against the recorded one

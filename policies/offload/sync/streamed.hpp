@@ -15,8 +15,6 @@
 #include <vector>
 
 #include <ATen/core/Tensor.h>
-#include <ATen/ops/empty.h>
-#include <c10/core/DeviceGuard.h>
 #include <c10/core/Event.h>
 #include <c10/core/Stream.h>
 #include <c10/core/StreamGuard.h>
@@ -25,6 +23,7 @@
 #include <offload/entry.hpp>
 #include <offload/options.hpp>
 #include <offload/stats.hpp>
+#include <offload/transfer.hpp>
 
 namespace offload::sync {
 
@@ -71,6 +70,9 @@ struct Streamed {
   template <device_policy Device>
   class State {
    public:
+    /// Streamed uses every step callback.
+    static constexpr bool observes_steps = true;
+
     /// What Streamed keeps per offloaded storage.
     struct EntryState {
       at::Tensor stash;               ///< device bytes kept alive until the D2H copy is done
@@ -83,15 +85,16 @@ struct Streamed {
       std::optional<c10::Stream> home_stream;
       std::int64_t counted_bytes = -1;  ///< device bytes counted among those still to come back; -1: not counted
     };
-    using Entry = offload::Entry<EntryState>;
+    using Transfer = offload::Transfer<EntryState>;
+    using Ref = TransferRef<EntryState>;
 
     explicit State(const Options& options) : options_(options) {}
 
-    void offload(const std::shared_ptr<Entry>& entry, const at::Tensor& device_bytes) {
-      const auto index = entry->device.index();
+    void offload(const Transfer& t, const at::Tensor& device_bytes) {
+      const auto index = t.device().index();
       if (!events_work(index)) {
         ++blocking_fallbacks_;
-        piece_of(entry->host, entry->piece).copy_(piece_of(device_bytes, entry->piece), /*non_blocking=*/false);
+        t.copy_to_host(device_bytes, /*non_blocking=*/false);
         return;
       }
       const c10::Stream compute = Device::current_stream(index);
@@ -101,52 +104,52 @@ struct Streamed {
       produced.block(side);
       {
         const c10::StreamGuard on_side(side);
-        piece_of(entry->host, entry->piece).copy_(piece_of(device_bytes, entry->piece), /*non_blocking=*/true);
+        t.copy_to_host(device_bytes, /*non_blocking=*/true);
       }
       // The stash below holds a reference, which does not stop the memory
       // being freed in place (`untyped_storage().resize_(0)`): the allocator
       // must not reuse it before the side stream's copy has read it.
       Device::record_stream(device_bytes, side);
-      auto& mine = entry->sync;
+      auto& mine = t.state();
       mine.d2h.emplace(Device::device_type);
       mine.d2h->record(side);
-      track(entry);
+      track(t);
       mine.stash = device_bytes;
       mine.home_stream = compute;
-      stash_.push_back(entry);
+      stash_.push_back(t.ref());
       while (static_cast<std::int64_t>(stash_.size()) > options_.max_fwd_stash) {
         auto oldest = stash_.front().lock();
         stash_.pop_front();
-        if (oldest) drop_stash(*oldest);
+        if (oldest) drop_stash(oldest);
       }
     }
 
-    Reloaded reload(const std::shared_ptr<Entry>& entry) {
-      uncount(*entry);  // needed now: no longer sizes the window ahead
-      const auto index = entry->device.index();
+    Reloaded reload(const Transfer& t) {
+      uncount(t);  // needed now: it does not size the window ahead
+      const auto index = t.device().index();
       if (!events_work(index)) {
         ++blocking_fallbacks_;
-        auto bytes = empty_bytes(*entry);
-        piece_of(bytes, entry->piece).copy_(piece_of(entry->host, entry->piece), /*non_blocking=*/false);
+        auto bytes = t.empty_device_bytes();
+        t.copy_to_device(bytes, /*non_blocking=*/false);
         return {std::move(bytes), true};
       }
       const c10::Stream compute = Device::current_stream(index);
-      auto& mine = entry->sync;
+      auto& mine = t.state();
       if (mine.stash.defined()) {
         // Still stashed: the device bytes never left. Their stream must not
         // reuse them before the D2H copy that reads them is done.
         mine.d2h->block(*mine.home_stream);
         if (*mine.home_stream != compute) Device::record_stream(mine.stash, compute);
         mine.home_stream.reset();
-        std::erase_if(stash_, [&](const std::weak_ptr<Entry>& w) { return w.lock() == entry; });
+        std::erase_if(stash_, [&](const Ref& w) { return w.lock() == t; });
         ++stash_reuses_;
         return {std::move(mine.stash), false};
       }
       // Not prefetched: bring it back now. The side stream runs this copy
       // after the D2H copy that filled the host buffer (same stream).
-      if (!mine.prefetched.defined()) prefetch(*entry, compute);
+      if (!mine.prefetched.defined()) prefetch(t, compute);
       --outstanding_;
-      outstanding_bytes_ -= entry->device_nbytes;
+      outstanding_bytes_ -= t.device_nbytes();
       at::Tensor bytes = std::move(mine.prefetched);
       mine.h2d->block(compute);
       if (*mine.home_stream != compute) Device::record_stream(bytes, compute);
@@ -154,8 +157,9 @@ struct Streamed {
       return {std::move(bytes), true};
     }
 
-    void on_unpack(const std::shared_ptr<Entry>& entry) {
-      const auto index = entry->device.index();
+    /// Called after every unpack: prefetches what backward needs next.
+    void on_unpack(const Transfer& t) {
+      const auto index = t.device().index();
       const std::int64_t window = window_bytes();
       if (window == 0 || !events_work(index)) return;
       const c10::Stream compute = Device::current_stream(index);
@@ -163,16 +167,16 @@ struct Streamed {
       // fit in the window (the first one always does).
       std::int64_t ahead = 0;
       bool first = true;
-      for (auto it = std::make_reverse_iterator(order_.lower_bound(entry->seq)); it != order_.rend(); ++it) {
+      for (auto it = std::make_reverse_iterator(order_.lower_bound(t.seq())); it != order_.rend(); ++it) {
         auto next = it->second.lock();
-        if (!next || next->device != entry->device) continue;
-        ahead += next->device_nbytes;
+        if (!next || next.device() != t.device()) continue;
+        ahead += next.device_nbytes();
         if (!first && ahead > window) break;
         first = false;
-        if (next->sync.stash.defined() || next->sync.prefetched.defined()) continue;
-        if (next->reloaded && !next->reloaded->expired()) continue;
-        if (outstanding_bytes_ > 0 && outstanding_bytes_ + next->device_nbytes > window) break;
-        prefetch(*next, compute);
+        if (next.state().stash.defined() || next.state().prefetched.defined()) continue;
+        if (next.on_device()) continue;
+        if (outstanding_bytes_ > 0 && outstanding_bytes_ + next.device_nbytes() > window) break;
+        prefetch(next, compute);
       }
     }
 
@@ -180,43 +184,39 @@ struct Streamed {
     /// drops prefetches nobody consumed and the forward stash.
     void end_backward() {
       window_floor_ = 0;
-      for (auto& [seq, weak] : order_) {
-        auto entry = weak.lock();
-        if (!entry) continue;
-        if (entry->sync.prefetched.defined()) drop_prefetch(*entry);
-        count(*entry);  // a later backward (retain_graph) needs it again
+      for (auto& [seq, ref] : order_) {
+        auto t = ref.lock();
+        if (!t) continue;
+        if (t.state().prefetched.defined()) drop_prefetch(t);
+        count(t);  // a later backward (retain_graph) needs it again
       }
-      settle();
+      end_forward();
     }
 
     /// Called at scope exit: releases the whole forward stash.
-    void settle() {
+    void end_forward() {
       while (!stash_.empty()) {
-        auto e = stash_.front().lock();
+        auto t = stash_.front().lock();
         stash_.pop_front();
-        if (e) drop_stash(*e);
+        if (t) drop_stash(t);
       }
     }
 
-    void release(Entry& entry) noexcept {
-      try {
-        order_.erase(entry.seq);
-        uncount(entry);
-        if (entry.sync.stash.defined()) drop_stash(entry);
-        if (entry.sync.prefetched.defined()) drop_prefetch(entry);
-        // The host buffer may be read or written by a copy still in flight.
-        if (entry.sync.d2h) entry.sync.d2h->synchronize();
-        if (entry.sync.h2d) entry.sync.h2d->synchronize();
-      } catch (...) {
-        // A failing device here must not turn a destructor into terminate();
-        // the buffers are released regardless, as autograd drops the graph.
-      }
-    }
+    /// The storage is being destroyed (autograd dropped its last saved
+    /// tensor): forgets it once no copy uses its buffers.
+    void release(const Transfer& t) noexcept { forget(t); }
 
-    /// Called by the manager after it grew an entry it had let go with
-    /// release() (a later saved view needed bytes the entry lacked): tracks
-    /// it again, so that backward prefetches it.
-    void resume(const std::shared_ptr<Entry>& entry) { track(entry); }
+    /// The manager is about to grow the storage (a later saved view needs
+    /// bytes it lacks): lets go of it as release() does; resume() follows.
+    void suspend(const Transfer& t) { forget(t); }
+
+    /// After the manager grew the storage: copies what was added (blocking,
+    /// on the current stream) and tracks it again, so that backward
+    /// prefetches it.
+    void resume(const Transfer& t, const at::Tensor& device_bytes) {
+      t.copy_to_host(device_bytes, /*non_blocking=*/false);
+      track(t);
+    }
 
     /// Device bytes brought back ahead of need and not yet used, beyond
     /// the window the options give (what a window floor added).
@@ -239,6 +239,23 @@ struct Streamed {
     }
 
    private:
+    // Drops what is held for `t` once no copy in flight uses its buffers.
+    void forget(const Transfer& t) noexcept {
+      try {
+        order_.erase(t.seq());
+        uncount(t);
+        auto& mine = t.state();
+        if (mine.stash.defined()) drop_stash(t);
+        if (mine.prefetched.defined()) drop_prefetch(t);
+        // The host buffer may be read or written by a copy still in flight.
+        if (mine.d2h) mine.d2h->synchronize();
+        if (mine.h2d) mine.h2d->synchronize();
+      } catch (...) {
+        // A failing device here must not turn a destructor into terminate();
+        // the buffers are released regardless, as autograd drops the graph.
+      }
+    }
+
     // The prefetch window in device bytes: Options::prefetch_bytes, or
     // prefetch_depth times the largest offloaded storage backward has not
     // needed yet (the window shrinks once the large ones, e.g. the logits,
@@ -253,33 +270,28 @@ struct Streamed {
       return options_.prefetch_depth * sizes_.rbegin()->first;
     }
 
-    at::Tensor empty_bytes(const Entry& entry) const {
-      const c10::DeviceGuard guard(entry.device);
-      return at::empty({entry.device_nbytes}, at::TensorOptions().dtype(at::kByte).device(entry.device));
-    }
-
     c10::Stream side_stream(c10::DeviceIndex index) {
       auto found = side_.find(index);
       if (found == side_.end()) found = side_.emplace(index, Device::side_stream(index)).first;
       return found->second;
     }
 
-    void track(const std::shared_ptr<Entry>& entry) {
-      order_[entry->seq] = entry;
-      uncount(*entry);
-      count(*entry);
+    void track(const Transfer& t) {
+      order_[t.seq()] = t.ref();
+      uncount(t);
+      count(t);
     }
 
-    // sizes_ counts the device bytes of the tracked entries backward has
+    // sizes_ counts the device bytes of the tracked storages backward has
     // not needed yet: the window is sized by the largest of them.
-    void count(Entry& entry) {
-      if (entry.sync.counted_bytes >= 0) return;
-      ++sizes_[entry.device_nbytes];
-      entry.sync.counted_bytes = entry.device_nbytes;
+    void count(const Transfer& t) {
+      if (t.state().counted_bytes >= 0) return;
+      ++sizes_[t.device_nbytes()];
+      t.state().counted_bytes = t.device_nbytes();
     }
 
-    void uncount(Entry& entry) noexcept {
-      auto& bytes = entry.sync.counted_bytes;
+    void uncount(const Transfer& t) noexcept {
+      auto& bytes = t.state().counted_bytes;
       if (bytes < 0) return;
       if (auto found = sizes_.find(bytes); found != sizes_.end() && --found->second == 0) sizes_.erase(found);
       bytes = -1;
@@ -303,8 +315,8 @@ struct Streamed {
 
     // The stream the bytes were produced on waits for the copy that reads
     // them; only then may its allocator hand them out again.
-    void drop_stash(Entry& entry) {
-      auto& mine = entry.sync;
+    void drop_stash(const Transfer& t) {
+      auto& mine = t.state();
       if (!mine.stash.defined()) return;
       mine.d2h->block(*mine.home_stream);
       mine.stash = at::Tensor();
@@ -313,23 +325,23 @@ struct Streamed {
 
     // An unconsumed prefetch: the stream the buffer was allocated on must
     // not reuse it before the copy has written it.
-    void drop_prefetch(Entry& entry) {
-      auto& mine = entry.sync;
+    void drop_prefetch(const Transfer& t) {
+      auto& mine = t.state();
       mine.h2d->block(*mine.home_stream);
       mine.prefetched = at::Tensor();
       mine.home_stream.reset();
       --outstanding_;
-      outstanding_bytes_ -= entry.device_nbytes;
+      outstanding_bytes_ -= t.device_nbytes();
     }
 
-    // H2D copy of `entry` on the side stream into a buffer allocated on
-    // the compute stream (its consumer).
-    void prefetch(Entry& entry, c10::Stream compute) {
-      const auto index = entry.device.index();
+    // H2D copy of `t` on the side stream into a buffer allocated on the
+    // compute stream (its consumer).
+    void prefetch(const Transfer& t, c10::Stream compute) {
+      const auto index = t.device().index();
       at::Tensor bytes;
       {
         const c10::StreamGuard on_compute(compute);
-        bytes = empty_bytes(entry);
+        bytes = t.empty_device_bytes();
       }
       const c10::Stream side = side_stream(index);
       c10::Event allocated(Device::device_type);
@@ -337,14 +349,15 @@ struct Streamed {
       allocated.block(side);  // the block may have been in use on the compute stream
       {
         const c10::StreamGuard on_side(side);
-        piece_of(bytes, entry.piece).copy_(piece_of(entry.host, entry.piece), /*non_blocking=*/true);
+        t.copy_to_device(bytes, /*non_blocking=*/true);
       }
-      entry.sync.h2d.emplace(Device::device_type);
-      entry.sync.h2d->record(side);
-      entry.sync.prefetched = std::move(bytes);
-      entry.sync.home_stream = compute;
+      auto& mine = t.state();
+      mine.h2d.emplace(Device::device_type);
+      mine.h2d->record(side);
+      mine.prefetched = std::move(bytes);
+      mine.home_stream = compute;
       ++outstanding_;
-      outstanding_bytes_ += entry.device_nbytes;
+      outstanding_bytes_ += t.device_nbytes();
       ++prefetches_;
       prefetch_peak_ = std::max(prefetch_peak_, outstanding_);
     }
@@ -352,12 +365,12 @@ struct Streamed {
     Options options_;
     std::map<c10::DeviceIndex, c10::Stream> side_;
     std::map<c10::DeviceIndex, bool> events_ok_;
-    std::map<std::uint64_t, std::weak_ptr<Entry>> order_;  // offloaded entries by pack order
-    std::deque<std::weak_ptr<Entry>> stash_;               // forward stash, oldest first
-    std::int64_t outstanding_ = 0;                         // prefetched, not yet consumed
-    std::int64_t outstanding_bytes_ = 0;                   // their device bytes
-    std::int64_t window_floor_ = 0;                        // set_headroom()
-    std::map<std::int64_t, std::int64_t> sizes_;           // device bytes -> entries not needed yet that have them
+    std::map<std::uint64_t, Ref> order_;          // offloaded storages by pack order
+    std::deque<Ref> stash_;                       // forward stash, oldest first
+    std::int64_t outstanding_ = 0;                // prefetched, not yet consumed
+    std::int64_t outstanding_bytes_ = 0;          // their device bytes
+    std::int64_t window_floor_ = 0;               // set_headroom()
+    std::map<std::int64_t, std::int64_t> sizes_;  // device bytes -> entries not needed yet that have them
     std::int64_t blocking_fallbacks_ = 0;
     std::int64_t stash_reuses_ = 0;
     std::int64_t prefetches_ = 0;

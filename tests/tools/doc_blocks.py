@@ -9,7 +9,7 @@ must be preceded (within three lines) by a marker saying how it is compiled:
   <!-- compiled: declarations -->  at namespace scope, as written
   <!-- compiled: statements -->    as the body of a function that has a
                                    user's usual names in scope: `model`
-                                   (model->parameters(), model->loss(inputs,
+                                   (model->parameters(), model->buffers(), model->loss(inputs,
                                    targets)), `optimizer` (zero_grad, step),
                                    `inputs`, `targets`, `steps`, `options`
 
@@ -47,6 +47,7 @@ namespace torch { using at::Tensor; }
 namespace doc_context {
 struct Model {
   std::vector<at::Tensor> parameters();
+  std::vector<at::Tensor> buffers();
   at::Tensor loss(const at::Tensor& inputs, const at::Tensor& targets);
 };
 struct Optimizer {

@@ -16,7 +16,7 @@ import subprocess
 import sys
 
 RACE = "WARNING: ThreadSanitizer: data race"
-OURS = ("src/sim/", "include/offload/", "policies/offload/", "src/engine.cpp", "tests/faults.hpp")
+OURS = ("src/sim/", "include/offload/", "policies/offload/", "src/engine.cpp", "src/hooks.cpp", "tests/faults.hpp")
 
 run = subprocess.run(sys.argv[1:], stdout=subprocess.PIPE, stderr=subprocess.STDOUT, text=True)
 out = run.stdout

@@ -12,5 +12,5 @@ body = [l for l in lines[start + 1:end] if not l.startswith("```") and not l.sta
 if not any(l.strip() for l in body):
     sys.exit("extract_snippet: the README usage snippet is empty")
 with open(out, "w", encoding="utf-8") as f:
-    f.write("// Generated from README.md by tests/extract_snippet.py; do not edit.\n")
+    f.write("// Generated from README.md by tests/tools/extract_snippet.py; do not edit.\n")
     f.write("\n".join(body) + "\n")

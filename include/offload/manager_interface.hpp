@@ -1,0 +1,67 @@
+// SPDX-License-Identifier: MIT
+#pragma once
+/// @file
+/// offload::ManagerInterface: the type-erased manager behind AnyManager and
+/// Scope, for extensions: a binding that installs saved-tensor hooks itself
+/// (Python's saved_tensors_hooks), a benchmark's own hooks, a wrapper that
+/// adds to describe(). Implemented by every Manager<Device, Storage, Sync>,
+/// the dispatcher's wrappers and the pass-through manager.
+
+#include <cstdint>
+#include <memory>
+#include <string>
+
+#include <ATen/core/TensorBody.h>
+#include <c10/util/ArrayRef.h>
+#include <torch/csrc/autograd/saved_variable_hooks.h>
+
+#include <offload/options.hpp>
+#include <offload/stats.hpp>
+
+namespace offload {
+
+/// What a manager had seen when a Scope opened (see
+/// ManagerInterface::on_scope_enter); handed back at on_scope_exit.
+struct ScopeMark {
+  std::int64_t saved = 0;      ///< defined saved tensors given to the pack hook
+  std::int64_t on_device = 0;  ///< of them, on the manager's device type
+};
+
+/// What an active Scope hands the autograd engine: one hooks object per
+/// saved tensor, and the manager operations AnyManager forwards.
+///
+/// Thread-safety: every member may be called from any thread.
+class ManagerInterface {
+ public:
+  virtual ~ManagerInterface() = default;
+  /// A fresh hooks object bound to this manager (kept alive by it); null
+  /// when this manager offloads nothing (autograd then saves as usual).
+  virtual std::unique_ptr<torch::autograd::SavedVariableHooks> make_hooks() = 0;
+  /// Short description for errors and logs, e.g. "Manager<sim, pinned_host, blocking>".
+  virtual std::string describe() const = 0;
+  /// The manager operations AnyManager forwards (see Manager for each).
+  virtual Stats stats() const = 0;
+  virtual void reset_stats() = 0;
+  virtual void exclude(at::TensorList tensors) = 0;
+  virtual const Options& options() const noexcept = 0;
+  /// Called when a scope using this manager opens (a Scope, or a binding's
+  /// own `with`); the mark is handed back to on_scope_exit.
+  virtual ScopeMark on_scope_enter() noexcept { return {}; }
+  /// Called when that scope closes on its thread (the end of a forward
+  /// pass, typically): asynchronous policies release what they hold on the
+  /// device for the forward stash (sync policies' end_forward), and the
+  /// manager warns (once) about mistakes it can see. `in_order` is false
+  /// when a scope opened later on the same thread was still open. Must not
+  /// throw.
+  virtual void on_scope_exit(const ScopeMark& /*opened*/, bool /*in_order*/) noexcept {}
+};
+
+/// Hooks that keep the saved tensor itself, as autograd does without
+/// hooks, and at unpack raise autograd's in-place error (the same message)
+/// when it was modified in place since it was saved: for a binding that
+/// must hand its engine a hooks object for every saved tensor, also those
+/// no manager takes (a pass-through manager's make_hooks() returns null,
+/// an opt-out region). Defined in liboffload.
+std::unique_ptr<torch::autograd::SavedVariableHooks> make_plain_hooks();
+
+}  // namespace offload

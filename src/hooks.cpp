@@ -1,0 +1,87 @@
+// SPDX-License-Identifier: MIT
+// What the hooks objects need of autograd: its in-place error (same
+// wording), the backward pass running on this thread and its end, and
+// make_plain_hooks().
+
+#include <cstdint>
+#include <functional>
+#include <memory>
+#include <sstream>
+
+#include <c10/util/Exception.h>
+#include <torch/csrc/autograd/anomaly_mode.h>
+#include <torch/csrc/autograd/engine.h>
+#include <torch/csrc/autograd/function.h>
+#include <torch/csrc/autograd/graph_task.h>
+
+#include <offload/detail/core.hpp>
+#include <offload/manager_interface.hpp>
+
+namespace offload {
+
+namespace detail {
+
+void throw_modified_inplace(const at::Tensor& unpacked, std::uint32_t current, std::uint32_t saved,
+                            const WeakNode& grad_fn, std::int64_t output_nr) {
+  // Same wording as autograd's own check (SavedVariable::unpack), so code
+  // that handles that error keeps working with offloading.
+  std::ostringstream message;
+  message << "one of the variables needed for gradient computation has been modified by an inplace "
+             "operation: ["
+          << unpacked.toString() << " " << unpacked.sizes() << "]";
+  if (auto fn = grad_fn.lock()) message << ", which is output " << output_nr << " of " << fn->name() << ",";
+  message << " is at version " << current << "; expected version " << saved << " instead.";
+  if (!torch::autograd::AnomalyMode::is_enabled()) {
+    message << " Hint: enable anomaly detection to find the operation that failed to compute its "
+               "gradient, with torch.autograd.set_detect_anomaly(True, check_nan=False).";
+  } else {
+    message << " Hint: the backtrace further above shows the operation that failed to compute its "
+               "gradient. The variable in question was changed in there or anywhere later. Good luck!";
+  }
+  TORCH_CHECK(false, message.str());
+}
+
+int current_backward_id() noexcept { return torch::autograd::get_current_graph_task_id(); }
+
+bool at_backward_end(std::function<void()> callback) {
+  if (torch::autograd::get_current_graph_task_id() < 0) return false;
+  torch::autograd::Engine::get_default_engine().queue_callback(std::move(callback));
+  return true;
+}
+
+}  // namespace detail
+
+namespace {
+// What make_plain_hooks() returns: the tensor itself, its version checked
+// at unpack as a manager checks the tensors it passes through.
+class PlainHooks final : public torch::autograd::SavedVariableHooks {
+ public:
+  void call_pack_hook(const at::Tensor& tensor) override {
+    tensor_ = tensor;
+    if (!tensor.defined()) return;
+    version_ = tensor.unsafeGetTensorImpl()->version_counter();
+    saved_version_ = version_.enabled() ? version_.current_version() : 0;
+    if (auto fn = tensor.grad_fn()) {
+      grad_fn_ = fn;
+      output_nr_ = tensor.output_nr();
+    }
+  }
+  at::Tensor call_unpack_hook() override {
+    if (version_.enabled() && version_.current_version() != saved_version_) {
+      detail::throw_modified_inplace(tensor_, version_.current_version(), saved_version_, grad_fn_, output_nr_);
+    }
+    return tensor_;
+  }
+
+ private:
+  at::Tensor tensor_;
+  c10::VariableVersion version_;  // disabled until a tensor is saved
+  std::uint32_t saved_version_ = 0;
+  detail::WeakNode grad_fn_;
+  std::int64_t output_nr_ = 0;
+};
+}  // namespace
+
+std::unique_ptr<torch::autograd::SavedVariableHooks> make_plain_hooks() { return std::make_unique<PlainHooks>(); }
+
+}  // namespace offload
