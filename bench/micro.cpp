@@ -178,7 +178,24 @@ int run_hook(const Args& args) {
             << " rounds after " << warmup << " warm-up rounds, 1 intra-op thread. Direct: the hooks object "
             << "alone (make_hooks + pack + unpack + destroy in a loop, no engine), same tensor.\n\n";
 
-  Table table({"case", "end-to-end ns/tensor (median)", "IQR", "direct ns/tensor", "no-hooks ns/op", "Python / this"});
+  const std::vector<Column> columns = {
+      text_column("case", "case"),
+      fixed_column("end-to-end ns/tensor (median)", "", "cpp_ns_per_tensor", 0),
+      iqr_column("IQR", "", "cpp_ns_per_tensor_spread", 0),
+      {"direct ns/tensor", "",
+       [](const Json& row) {
+         if (!has(row, "direct_ns_per_tensor")) return std::string();
+         const auto& d = row.at("direct_ns_per_tensor");
+         return fixed(number(d, "median"), 0) + " (" + fixed(number(d, "q1"), 0) + ".." + fixed(number(d, "q3"), 0) +
+                ")";
+       }},
+      fixed_column("no-hooks ns/op", "", "baseline_ns_per_op", 0),
+      {"Python / this", "",
+       [](const Json& row) {
+         if (has(row, "ratio_text")) return row.at("ratio_text").get<std::string>();
+         return has(row, "ratio") ? fixed(number(row, "ratio"), 2) + "x" : std::string("n/a");
+       }},
+  };
   std::vector<Json> rows;
   double headline_cpp = 0, headline_direct = 0;
   for (const auto& c : cases) {
@@ -232,9 +249,6 @@ int run_hook(const Args& args) {
       headline_cpp = s.median;
       headline_direct = direct.median;
     }
-    table.row({c.key, fixed(s.median, 0), fixed(s.q1, 0) + ".." + fixed(s.q3, 0),
-               fixed(direct.median, 0) + " (" + fixed(direct.q1, 0) + ".." + fixed(direct.q3, 0) + ")",
-               fixed(base.median, 0), ratio ? fixed(*ratio, 2) + "x" : "n/a"});
     rows.push_back(Json::object({
         {"case", Json(c.key)},
         {"what", Json(c.what)},
@@ -251,12 +265,19 @@ int run_hook(const Args& args) {
         {"stats", offload_json::stats(stats)},
     }));
   }
+  // The Python floor, a row of the table only: its numbers are the Python
+  // run's file, and this file's python_ns_per_tensor.
+  std::vector<Json> shown = rows;
   if (python_ns) {
-    table.row({"Python identity hooks (CPU)", fixed(*python_ns, 0),
-               python_q1 && python_q3 ? fixed(*python_q1, 0) + ".." + fixed(*python_q3, 0) : "", "",
-               python_base ? fixed(*python_base, 0) : "", "1.00x (the floor)"});
+    Json floor = Json::object({{"case", Json("Python identity hooks (CPU)")},
+                               {"cpp_ns_per_tensor", Json(*python_ns)},
+                               {"baseline_ns_per_op", python_base ? Json(*python_base) : Json(nullptr)},
+                               {"ratio_text", Json("1.00x (the floor)")}});
+    if (python_q1 && python_q3)
+      floor["cpp_ns_per_tensor_spread"] = Json::object({{"q1", *python_q1}, {"q3", *python_q3}});
+    shown.push_back(floor);
   }
-  table.print();
+  print_rows(columns, shown);
   std::optional<double> headline_ratio, direct_ratio;
   if (python_ns && headline_cpp > 0) headline_ratio = *python_ns / headline_cpp;
   if (python_ns && headline_direct > 0) direct_ratio = *python_ns / headline_direct;
@@ -512,7 +533,16 @@ int run_sim(const Args& args) {
             << "a 50 ms link while the batch runs. Target: <= 5000 ns each for event record/wait/query and a queued "
             << "copy's fixed cost (issue, and per copy on a stream); the round trip per copy (issue, the worker "
             << "wakes, runs it, the host wakes) is shown beside them.\n\n";
-  Table table({"operation", "ns (median)", "IQR ns", "target"});
+  const std::vector<Column> columns = {
+      text_column("operation", "label"),
+      median_column("ns (median)", "", "ns", 0),
+      iqr_column("IQR", "ns", "ns", 0),
+      {"target", "",
+       [](const Json& row) -> std::string {
+         if (!row.at("has_target").get<bool>()) return "(no target)";
+         return number(row.at("ns"), "median") <= 5000 ? "met" : "MISSED";
+       }},
+  };
   std::vector<Json> rows;
   bool all_met = true;
   for (auto& op : ops) {
@@ -528,8 +558,6 @@ int run_sim(const Args& args) {
     const auto s = summarize(per);
     const bool met = s.median <= 5000;
     if (op.has_target) all_met = all_met && met;
-    table.row({op.label, fixed(s.median, 0), fixed(s.q1, 0) + ".." + fixed(s.q3, 0),
-               op.has_target ? (met ? "met" : "MISSED") : "(no target)"});
     rows.push_back(Json::object({{"op", Json(op.key)},
                                  {"label", Json(op.label)},
                                  {"ns", summary_json(s)},
@@ -537,7 +565,7 @@ int run_sim(const Args& args) {
   }
   offload::sim::set_copy_latency_us(offload::sim::Config{}.copy_latency_us);
   offload::sim::set_copy_bandwidth_gbps(offload::sim::Config{}.copy_bandwidth_gbps);
-  table.print();
+  print_rows(columns, rows);
   std::cout << "\nTarget (every row with one <= 5 us): " << (all_met ? "met" : "MISSED") << "\n";
   auto fields = header(args, torch_version());
   fields.push_back({"batch", Json(kBatch)});
