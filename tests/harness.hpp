@@ -72,7 +72,9 @@ struct ReadmeRun {
 /// GPT) and the same steps without it.
 ReadmeRun run_readme_snippet();
 
-/// Waits for everything queued on `device` (on sim: on every sim device).
+/// Waits for everything queued on `device` (on sim: on every sim device;
+/// elsewhere also lets the caching allocator return what it still held for
+/// a side stream's use, and its cached blocks).
 void synchronize(c10::Device device);
 /// Bytes allocated on `device` now, and at most since reset_peak(device):
 /// sim's allocator (offload::sim::device_memory), or the device type's

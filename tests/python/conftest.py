@@ -1,10 +1,13 @@
 # SPDX-License-Identifier: MIT
 """pytest setup: the package from the build tree (PYTHONPATH, set by
 tests/meson.build), the device of the suite (OFFLOAD_TEST_DEVICE: sim, the
-default, or cuda; testdevice.py), and the simulated device, installed once
-per process with checking mode on and a link latency that widens race
-windows (the sim-only cases use it whatever the device). A value of
-OFFLOAD_TEST_DEVICE the suite cannot run on stops it before any case."""
+default, or cuda; testdevice.py), and on sim the simulated device,
+installed once per process with checking mode on and a link latency that
+widens race windows. On another device sim is not installed: a registered
+PrivateUse1 backend is the accelerator LibTorch detects first, and the
+cases that let device="auto" choose must get the device under test. A
+value of OFFLOAD_TEST_DEVICE the suite cannot run on stops it before any
+case."""
 
 import os
 import sys
@@ -18,7 +21,8 @@ import testdevice  # noqa: E402
 import torch_offload.sim  # noqa: E402
 
 LATENCY_US = 50
-torch_offload.sim.install(copy_latency_us=LATENCY_US, poison_freed=True)
+if testdevice.DEV == "sim":
+    torch_offload.sim.install(copy_latency_us=LATENCY_US, poison_freed=True)
 torch.set_num_threads(1)
 
 
@@ -27,9 +31,10 @@ def pytest_configure(config):
     if problem:
         raise pytest.UsageError(problem)
     if testdevice.DEV == "cuda":
-        # Bitwise comparisons need deterministic kernels.
+        # Bitwise comparisons need deterministic kernels (an operation
+        # without one warns; the comparison of its case decides).
         os.environ.setdefault("CUBLAS_WORKSPACE_CONFIG", ":4096:8")
-        torch.use_deterministic_algorithms(True, warn_only=False)
+        torch.use_deterministic_algorithms(True, warn_only=True)
 
 
 def pytest_report_header(config):

@@ -398,6 +398,7 @@ def bad_input_rows():
     return [tuple(r) for r in rows]
 
 
+@sim_only("the rows name sim and compare sim's configuration")
 @pytest.mark.parametrize("call,error,message", bad_input_rows())
 def test_bad_input_row(call, error, message):
     if "'cuda', " in message and "cuda" not in torch_offload._C.compiled_device_policies():

@@ -43,6 +43,9 @@ def synchronize(index=0):
         torch_offload.sim.synchronize(index)
     else:
         torch.cuda.synchronize(index)
+        # Blocks freed while a side stream still used them come back to the
+        # allocator's count only when it processes its events: this does.
+        torch.cuda.empty_cache()
 
 
 def device_bytes(index=0):
