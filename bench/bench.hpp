@@ -173,7 +173,8 @@ inline std::string size_label(std::int64_t bytes) {
 }  // namespace bench
 
 namespace bench {
-/// The subcommands (micro.cpp: hook, copy; models.cpp: memory, checkpoint, overlap, gpu).
+/// The subcommands (micro.cpp: hook, copy; models.cpp: memory, checkpoint, overlap, gpu;
+/// target.cpp: target).
 /// Each returns the process exit status.
 /// Makes sim's link free (latency 0, the largest bandwidth): for
 /// benchmarks that measure the host's cost, not the link's (micro.cpp).
@@ -186,6 +187,7 @@ int run_memory(const Args& args);
 int run_checkpoint(const Args& args);
 int run_overlap(const Args& args);
 int run_gpu(const Args& args);
+int run_target(const Args& args);
 /// "2.11.0": the LibTorch this program was built against.
 std::string torch_version();
 }  // namespace bench

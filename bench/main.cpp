@@ -98,6 +98,9 @@ int main(int argc, char** argv) {
            {{"latency-us", {0, offload::sim::kMaxCopyLatencyUs}, "sim link latency per copy in microseconds"},
             {"rounds", {1, 1000}, "measured rounds"},
             {"threads", {1, 256}, "intra-op threads"}});
+  add("target",
+      "a device-memory target on sim: the demo GPT, a CNN, the LSTM at 0.5 / 0.7 / 0.9 of the peak vs everything "
+      "and none, Blocking and Streamed");
   auto* gpu = add("gpu", "NVIDIA GPU: step time none vs Streamed, D2H/H2D GB/s vs a pinned copy_");
   add_ints(*gpu, args, shape_flags);
   add_ints(*gpu, args, option_flags);
@@ -115,7 +118,8 @@ int main(int argc, char** argv) {
     return 2;
   }
   if (args.name.empty()) {
-    std::cerr << "offload-bench: name a benchmark: hook, memory, checkpoint, copy, sim, overlap or gpu (see --help)\n";
+    std::cerr << "offload-bench: name a benchmark: hook, memory, checkpoint, copy, sim, overlap, target or gpu "
+                 "(see --help)\n";
     return 2;
   }
   try {
@@ -130,6 +134,7 @@ int main(int argc, char** argv) {
     if (args.name == "sim") return bench::run_sim(args);
     if (args.name == "memory") return bench::run_memory(args);
     if (args.name == "checkpoint") return bench::run_checkpoint(args);
+    if (args.name == "target") return bench::run_target(args);
     return bench::run_overlap(args);
   } catch (const std::exception& e) {
     std::cerr << "offload-bench " << args.name << ": " << e.what() << "\n";

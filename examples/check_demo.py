@@ -10,7 +10,10 @@ tiny       3 steps of a tiny model on sim, without and with offloading:
 lstm       the same with --model lstm (2 layers), without the plot.
 cap-oom    the same model under a device-memory cap half way between the
            two peaks: the run without offloading runs out of device memory,
-           the offloaded run trains every step.
+           the offloaded run trains every step; a third run with
+           --device-target under the cap ("offload (target)") trains every
+           step with the same losses, within the cap, keeps something on
+           the device and moves fewer bytes than offloading everything.
 ranks      the tiny model trained data-parallel by 2 processes (--ranks 2):
            rank 0 reports losses bitwise equal with and without offloading
            on every rank and the same final parameters on every rank, and
@@ -113,7 +116,8 @@ def check_cap_oom(demo):
     with tempfile.TemporaryDirectory() as tmp:
         s, _ = summary(demo, [], tmp, "free")
         cap = (s["peak_device_bytes_none"] + s["peak_device_bytes_offload"]) // 2
-        c, proc = summary(demo, ["--device-memory-cap", str(cap)], tmp, "capped")
+        target = (3 * cap + s["peak_device_bytes_offload"]) // 4
+        c, proc = summary(demo, ["--device-memory-cap", str(cap), "--device-target", str(target)], tmp, "capped")
         if not c["oom_without_offload"] or not isinstance(c["oom_step_without_offload"], int):
             fail("with cap %d the run without offloading did not run out of memory" % cap)
         if c["oom_with_offload"] or len(c["losses_offload"]) != 3:
@@ -122,8 +126,25 @@ def check_cap_oom(demo):
             fail("the capped offloaded run's losses differ from the uncapped one's")
         if "ran out of device memory at step" not in proc.stdout:
             fail("the output does not say that the run without offloading ran out of memory")
-    print("ok: cap %d bytes: no offload ran out at step %d, offload trained 3 steps"
-          % (cap, c["oom_step_without_offload"]))
+        t = c["target_run"]
+        if c["device_target"] != target or t is None or t["name"] != "target":
+            fail("--device-target %d: the summary's device_target %r, target_run %r" % (target, c["device_target"], t))
+        if t["oom_step"] is not None or t["losses"] != s["losses_offload"]:
+            fail("with cap %d and target %d the targeted run did not train 3 steps with the same losses: %r"
+                 % (cap, target, t["losses"]))
+        if not t["peak_device_bytes"] <= cap:
+            fail("the targeted run's peak %d is above the cap %d" % (t["peak_device_bytes"], cap))
+        moved, everything = t["bytes_offloaded"], c["bytes_offloaded"]
+        if not 0 < moved < everything or t["stats"]["passed_target"] == 0:
+            fail("the targeted run moved %d bytes (offloading everything %d) and kept %d tensors on the device"
+                 % (moved, everything, t["stats"]["passed_target"]))
+        header = [line for line in proc.stdout.splitlines() if "no offload" in line and "offload (" in line]
+        if len(header) != 1 or "offload (target)" not in header[0]:
+            fail("the table has no column 'offload (target)': %r" % header)
+        if "offload (target): trained all 3 steps under the cap" not in proc.stdout:
+            fail("the output does not say that the targeted run trained under the cap")
+    print("ok: cap %d bytes: no offload ran out at step %d, offload trained 3 steps; target %d: peak %d, moved %d of "
+          "%d bytes" % (cap, c["oom_step_without_offload"], target, t["peak_device_bytes"], moved, everything))
 
 
 def check_ranks(demo):

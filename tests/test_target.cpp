@@ -103,6 +103,13 @@ TEST_CASE_TEMPLATE("target: each step from the second stays under the target, bi
   for (const double fraction : {0.5, 0.7, 0.9}) {
     CAPTURE(fraction);
     const auto target = static_cast<std::int64_t>(fraction * static_cast<double>(plain.peak));
+    // sync::Streamed offloading everything peaks near 0.5 of this model's
+    // peak (0.49-0.55 here), higher on a loaded machine (0.72 seen): its
+    // forward stash holds tensors until their copies end. Where the
+    // manager finds from the step before that the target cannot be met, it
+    // warns once and offloads everything; where it does not, the step stays
+    // under the target.
+    harness::CollectWarnings warnings;
     M manager(offload::Options{.device_target_bytes = target});
     for (int s = 0; s < 4; ++s) {
       CAPTURE(s);
@@ -118,15 +125,32 @@ TEST_CASE_TEMPLATE("target: each step from the second stays under the target, bi
         CHECK(stats.bytes_offloaded == moved_all);  // nothing learned: everything
         continue;
       }
-      // The issue's bound: the step peak within 2 % of the target. Not
-      // met yet by sync::Streamed at 0.5 on this model (a step keeps one
-      // activation and peaks 1.10x over the target): left unchecked here,
-      // listed as open.
-      if (!(std::is_same_v<M, Streamed> && fraction == 0.5)) CHECK(run.peak <= target + target / 50);
-      CHECK(stats.target_guard_offloads == 0);
+      // sync::Blocking's steps are alike, so its plans need no guard.
+      // sync::Streamed's forward stash differs from step to step (how fast
+      // the side stream runs); where this step's stash outgrew the one it
+      // was planned from, the guard offloads what the plan kept, and a step
+      // that offloaded everything peaks where offloading everything does.
+      if (std::is_same_v<M, Blocking>) CHECK(stats.target_guard_offloads == 0);
+      if (stats.target_guard_offloads > 0 && stats.bytes_offloaded == moved_all) continue;
+      // The plan from the step before offloads everything only where the
+      // target cannot be met (its minimum: every eligible byte).
+      const bool possible = stats.target_min_offload_bytes < moved_all;
+      CAPTURE(possible);
+      if (!possible) {
+        REQUIRE(warnings.messages.size() == 1);
+        CHECK(warnings.messages[0].find("cannot be met") != std::string::npos);
+        CHECK(std::is_same_v<M, Streamed>);  // sync::Blocking offloading everything peaks at 0.38 of the peak
+        CHECK(stats.bytes_offloaded == moved_all);
+        CHECK(stats.passed_target == 0);
+        continue;
+      }
+      // The step peak within 2 % of the target.
+      CHECK(run.peak <= target + target / 50);
       // The minimum of the recorded step, within one storage (a plan keeps
-      // whole storages).
-      CHECK(stats.bytes_offloaded <= stats.target_min_offload_bytes + 1024 * 64 * 4);
+      // whole storages), unless the guard offloaded more.
+      if (stats.target_guard_offloads == 0) {
+        CHECK(stats.bytes_offloaded <= stats.target_min_offload_bytes + 1024 * 64 * 4);
+      }
       // Something kept where the target leaves room. sync::Streamed's own
       // peak (its forward stash, whose freed blocks wait for the side
       // stream's copies) depends on how fast those copies run, so on a
@@ -136,6 +160,7 @@ TEST_CASE_TEMPLATE("target: each step from the second stays under the target, bi
         CHECK(stats.bytes_offloaded < moved_all);
       }
     }
+    CHECK(warnings.messages.size() <= 1);  // once per manager
   }
 }
 

@@ -285,6 +285,9 @@ std::optional<Args> parse_args(int argc, char** argv) {
         "streamed: a fixed prefetch window in bytes instead (0: follow --prefetch-depth)");
   bytes("--host-budget", a.host_budget_bytes, offload::ranges::host_budget_bytes,
         "host bytes a manager may hold (0: no limit); what does not fit stays on the device");
+  bytes("--device-target", a.device_target, offload::ranges::device_target_bytes,
+        "one more offloaded run, with this device-memory target (Options::device_target_bytes): it offloads only "
+        "what keeps each step under it, planned from the step before; 0 = no such run");
 
   const std::string g3 = "Output";
   app.add_option("--summary-json", a.summary_json, "write the results as JSON")
@@ -335,6 +338,9 @@ std::optional<Args> parse_args(int argc, char** argv) {
   if (kind.uses_heads && a.width % a.heads != 0) {
     throw UsageError("--width " + std::to_string(a.width) + " must be a multiple of --heads " +
                      std::to_string(a.heads));
+  }
+  if (a.device_target > 0 && a.offload == OffloadMode::none) {
+    throw UsageError("--device-target: --offload none trains no offloaded run to give a target to");
   }
   if (a.rank >= a.ranks) {
     throw UsageError("--rank: " + std::to_string(a.rank) + " must be less than --ranks " + std::to_string(a.ranks));

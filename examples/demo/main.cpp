@@ -3,9 +3,11 @@
 // the GPT of models/gpt.hpp, or an LSTM) with AdamW on a text file, on
 // the detected accelerator (or the simulated `sim` device when there is
 // none), without and with activation offloading from the same initial
-// weights and the same batches, and reports losses (bitwise equal), peak
-// device memory, bytes offloaded and brought back, and time per step;
-// optionally a JSON summary and a PNG of device memory over one step.
+// weights and the same batches (optionally also with each block
+// checkpointed, and with a device-memory target), and reports losses
+// (bitwise equal), peak device memory, bytes offloaded and brought back,
+// and time per step; optionally a JSON summary and a PNG of device memory
+// over one step.
 //
 // The files, by concern: flags (command line), data (the text), device
 // (device, memory, cap, trace), models + model_*.cpp, training, report
@@ -141,29 +143,38 @@ int run(const Args& args, char** argv) {
     off = train(args, corpus, device, memory, mode, options, trace, tty, dp.get());
     std::cout << "manager: " << off->manager << "\n";
   }
-  std::vector<const RunResult*> pc;
-  for (const auto& r : checkpointed) pc.push_back(&r);
+  // --device-target: the same offloaded run, offloading only what keeps
+  // each step under the target.
+  std::optional<RunResult> targeted;
+  if (args.device_target > 0) {
+    auto planned = options;
+    planned.device_target_bytes = args.device_target;
+    targeted = train(args, corpus, device, memory, mode, planned, trace, tty, dp.get());
+  }
+  std::vector<const RunResult*> more;
+  for (const auto& r : checkpointed) more.push_back(&r);
+  if (targeted) more.push_back(&*targeted);
 
   const std::string dp_line = dp ? ranks_line(*dp, none, off) : std::string();
   if (!lead) return 0;
   TORCH_CHECK(!dp || dp->wait_for_ranks(), "a rank that rank 0 started failed (its messages are above)");
   const RunResult* pn = none ? &*none : nullptr;
   const RunResult* po = off ? &*off : nullptr;
-  print_report(args, pn, po, pc);
+  print_report(args, pn, po, more);
   std::cout << dp_line;
   if (args.plot) {
     std::vector<const RunResult*> traced;
     for (const auto* r : {pn, po}) {
       if (r && !r->trace.empty()) traced.push_back(r);
     }
-    for (const auto* r : pc) {
+    for (const auto* r : more) {
       if (!r->trace.empty()) traced.push_back(r);
     }
     const auto csv = write_plot(*args.plot, args, device, traced);
     std::cout << "plot: " << *args.plot << " (samples: " << csv << ")\n";
   }
   if (args.summary_json) {
-    write_summary(*args.summary_json, args, corpus, device, pn, po, pc);
+    write_summary(*args.summary_json, args, corpus, device, pn, po, more);
     std::cout << "summary: " << *args.summary_json << "\n";
   }
   remove_cap(args, device);

@@ -39,19 +39,20 @@ std::string column_title(const RunResult& r) {
   if (r.name == "none") return "no offload";
   if (r.name == "checkpoint") return "checkpoint";
   if (r.name.rfind("checkpoint+", 0) == 0) return "checkpoint + offload (" + r.name.substr(11) + ")";
+  if (r.name == "target") return "offload (target)";
   return "offload (" + r.name + ")";
 }
 
-// With checkpointed runs, the ratios against the run without offloading
-// follow the peak and the time in each cell instead of a column of their own.
+// With more runs, the ratios against the run without offloading follow the
+// peak and the time in each cell instead of a column of their own.
 void print_table(const Args& args, const RunResult* none, const RunResult* off,
-                 const std::vector<const RunResult*>& checkpointed) {
+                 const std::vector<const RunResult*>& more) {
   std::vector<std::pair<std::string, const RunResult*>> cols;
   for (const auto* r : {none, off}) {
     if (r) cols.emplace_back(column_title(*r), r);
   }
-  for (const auto* r : checkpointed) cols.emplace_back(column_title(*r), r);
-  const bool ratio = none && off && checkpointed.empty();
+  for (const auto* r : more) cols.emplace_back(column_title(*r), r);
+  const bool ratio = none && off && more.empty();
   const auto in_cell = [&](const RunResult& r, std::string text, double base, double value) {
     if (ratio || !none || &r == none || none->oom_step) return text;
     const auto x = ratio_text(base, value);
@@ -118,8 +119,8 @@ void print_table(const Args& args, const RunResult* none, const RunResult* off,
 }  // namespace
 
 void print_report(const Args& args, const RunResult* none, const RunResult* off,
-                  const std::vector<const RunResult*>& checkpointed) {
-  print_table(args, none, off, checkpointed);
+                  const std::vector<const RunResult*>& more) {
+  print_table(args, none, off, more);
   if (none && off) {
     const auto cmp = compare(*none, *off);
     if (cmp.common == 0) {
@@ -142,7 +143,7 @@ void print_report(const Args& args, const RunResult* none, const RunResult* off,
     std::cout << "with offloading: ran out of device memory at step " << *off->oom_step << " of " << args.steps
               << (args.device_memory_cap > 0 ? "; the cap is below what offloading needs" : "") << "\n";
   }
-  for (const auto* r : checkpointed) {
+  for (const auto* r : more) {
     const auto title = column_title(*r);
     if (none) {
       const auto cmp = compare(*none, *r);
@@ -158,14 +159,27 @@ void print_report(const Args& args, const RunResult* none, const RunResult* off,
                 << "\n";
     }
   }
+  for (const auto* r : more) {
+    if (r->name != "target" || r->losses.empty()) continue;
+    std::cout << "target " << mib(args.device_target) << ": peak " << mib(r->peak_bytes) << ", moved "
+              << mib(r->stats.bytes_offloaded);
+    if (off && off->stats.bytes_offloaded > 0) {
+      std::cout << " ("
+                << ratio_text(static_cast<double>(off->stats.bytes_offloaded),
+                              static_cast<double>(r->stats.bytes_offloaded))
+                << " of offloading everything)";
+    }
+    std::cout << ", kept " << mib(r->stats.target_kept_bytes) << " on the device by the plan, "
+              << r->stats.target_guard_offloads << " guard offloads\n";
+  }
   if (off) std::cout << "offload stats: " << off->stats << "\n";
-  for (const auto* r : checkpointed) {
+  for (const auto* r : more) {
     if (r->name != "checkpoint") std::cout << column_title(*r) << " stats: " << r->stats << "\n";
   }
 }
 
 void write_summary(const std::string& path, const Args& args, const Corpus& corpus, const DeviceChoice& device,
-                   const RunResult* none, const RunResult* off, const std::vector<const RunResult*>& checkpointed) {
+                   const RunResult* none, const RunResult* off, const std::vector<const RunResult*>& more) {
   using Json = nlohmann::ordered_json;
   auto losses = [](const RunResult* r) { return r ? Json(r->losses) : Json(nullptr); };
   auto peak = [](const RunResult* r) { return r && r->peak_bytes >= 0 ? Json(r->peak_bytes) : Json(nullptr); };
@@ -178,10 +192,9 @@ void write_summary(const std::string& path, const Args& args, const Corpus& corp
   Json model{{"name", args.model}, {"layers", args.layers}, {"width", args.width}};
   model["heads"] = model_kind(args.model).uses_heads ? Json(args.heads) : Json(nullptr);
   model.update(Json{{"seq", args.seq}, {"batch", args.batch}, {"lr", args.lr}, {"seed", args.seed}});
-  Json runs = args.checkpoint ? Json::array() : Json(nullptr);
-  for (const auto* r : checkpointed) {
+  const auto run_json = [&](const RunResult* r) {
     const bool offloaded = r->name != "checkpoint";
-    runs.push_back(Json{
+    return Json{
         {"name", r->name},
         {"losses", r->losses},
         {"losses_bitwise_equal_to_none", none ? Json(compare(*none, *r).bitwise_equal) : Json(nullptr)},
@@ -191,7 +204,16 @@ void write_summary(const std::string& path, const Args& args, const Corpus& corp
         {"oom_step", oom_step(r)},
         {"seconds_per_step", per_step(r)},
         {"stats", offloaded ? offload_json::stats(r->stats) : Json(nullptr)},
-    });
+    };
+  };
+  Json runs = args.checkpoint ? Json::array() : Json(nullptr);
+  Json target(nullptr);
+  for (const auto* r : more) {
+    if (r->name == "target") {
+      target = run_json(r);
+    } else {
+      runs.push_back(run_json(r));
+    }
   }
   Json j{
       {"device", device.label},
@@ -220,6 +242,8 @@ void write_summary(const std::string& path, const Args& args, const Corpus& corp
       {"stats_offload", off ? offload_json::stats(off->stats) : Json(nullptr)},
   };
   j["checkpoint_runs"] = std::move(runs);
+  j["device_target"] = args.device_target;
+  j["target_run"] = std::move(target);
   std::ofstream out(path, std::ios::trunc);
   out << j.dump(2) << "\n";
   out.close();

@@ -99,6 +99,7 @@ RunResult train(const Args& args, const Corpus& corpus, const DeviceChoice& devi
   RunResult r;
   r.name = std::string(mode_name(mode));
   if (checkpoint) r.name = mode == OffloadMode::none ? "checkpoint" : "checkpoint+" + r.name;
+  if (mode != OffloadMode::none && options.device_target_bytes > 0) r.name = "target";
   auto tokens = torch::tensor(corpus.ids, torch::kLong);
   if (dp) tokens = dp->shard(tokens);
   torch::manual_seed(static_cast<std::uint64_t>(args.seed));

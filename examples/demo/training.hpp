@@ -22,7 +22,7 @@ class DataParallel;
 
 /// What one training run produced.
 struct RunResult {
-  std::string name;                      ///< "none" or the offload mode, after "checkpoint+" when checkpointed
+  std::string name;                      ///< "none", the mode ("checkpoint+" before it if checkpointed), "target"
   std::vector<float> losses;             ///< one per completed step
   std::optional<std::int64_t> oom_step;  ///< 1-based step that ran out of device memory
   std::string oom_message;
