@@ -22,12 +22,13 @@ OPS = 256
 NUMEL = 16
 
 
-def measure(make_ctx, warmup, rounds):
-    """Per round, the same graph without and inside make_ctx(), in
-    alternating order; returns (ns per saved tensor, ns per op without
-    hooks) lists, t = process CPU time. None when one run does not save
-    OPS tensors."""
-    leaf = torch.ones(NUMEL, dtype=torch.float32, requires_grad=True)
+def measure(make_ctx, warmup, rounds, device="cpu"):
+    """Per round, the same graph (its tensors on `device`) without and inside
+    make_ctx(), in alternating order; returns (ns per saved tensor, ns per op
+    without hooks) lists, t = process CPU time. None when one run does not
+    save OPS tensors."""
+    leaf = torch.ones(NUMEL, dtype=torch.float32, device=device, requires_grad=True)
+    sync = torch.get_device_module(device).synchronize if device != "cpu" else lambda: None
 
     def run() -> None:
         x = leaf * 1.0
@@ -35,6 +36,7 @@ def measure(make_ctx, warmup, rounds):
             x = x.sin()
         x.sum().backward()
         leaf.grad = None
+        sync()
 
     def hooked() -> None:
         with make_ctx():
@@ -43,6 +45,7 @@ def measure(make_ctx, warmup, rounds):
                 x = x.sin()
         x.sum().backward()
         leaf.grad = None
+        sync()
 
     # How many tensors one run saves (must equal OPS, like the C++ check).
     seen = []

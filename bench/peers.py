@@ -4,26 +4,29 @@ same model in the same run: no offloading; torch.autograd.graph.save_on_cpu
 (pin_memory=True); TRL's OffloadActivations (use_streams True and False);
 torchtune's OffloadActivations; ours Blocking and Streamed.
 
-    python3 bench/peers.py --device sim|cuda --out DIR [--quick] [--models NAME,...]
+    python3 bench/peers.py --device sim|cuda --out DIR [--quick] [--models NAME,...] [--hooks-only]
 
 Writes DIR/peers.json (sim) or DIR/peers-cuda.json (cuda), with -quick
-before .json for --quick, and prints two
-markdown tables: per (model, layers, link latency) cell, peak device bytes and median
+before .json for --quick, and prints markdown tables: per (model, layers,
+link bandwidth) cell, R (bytes moved per step / bandwidth, over the forward
+compute time of no offloading), peak device bytes and median
 step time as ratios to no offloading, whether the losses are bitwise those
 of no offloading, and host time per saved tensor for pack + unpack (one
 extra instrumented step: the tool's pack and unpack hooks timed). The tools
 step in turn (round robin), so a change in machine load hits all alike; a
 tool's peak is its model and AdamW state plus the most its step added above
 what was allocated when the step began. Then the hook cost per saved tensor
-of the Python route against identity hooks, and the
+of the Python route against identity hooks (a CPU tensor passed through,
+and a sim tensor offloaded over a free link), and the
 correctness matrix (tests/python/cases.py x tool: exact / differs / raises).
 Peers that cannot be imported are listed with the reason. The models: the
 GPT of models/gpt.hpp (tests/python/gpt.py; 4, 8, 16 layers), and
 Hugging Face transformers' GPT-2 and Llama built from configs of the same
 width, heads, sequence and vocabulary (random init, dropout off; 4 layers,
-and 16 without --quick); AdamW. On sim every tool's copies cross the same
-link (latency 0 and 300 us per copy, sim's default bandwidth); on cuda there
-is no latency axis.
+and 16 without --quick); width 256; AdamW. On sim every tool's copies
+cross the same link, latency + bytes / bandwidth per copy (sim's default
+latency, 10 us; bandwidth 25 GB/s, sim's default, and 1 GB/s); on cuda
+there is no link axis (R from the device's copies is not computed).
 """
 
 import argparse
@@ -114,7 +117,7 @@ def instrument(ctx, counter):
 
 
 # model -> (layer counts, layer counts with --quick)
-MODELS = {"gpt": ([4, 8, 16], [4, 8, 16]), "transformers gpt2": ([4, 16], [4]),
+MODELS = {"gpt": ([4, 8, 16], [4, 8]), "transformers gpt2": ([4, 16], [4]),
           "transformers llama": ([4, 16], [4])}
 
 
@@ -151,7 +154,8 @@ class Run:
         self.opt = torch.optim.AdamW(self.model.parameters(), lr=1e-3)
         self.device = next(self.model.parameters()).device
         self.ctx = factory(self.model)
-        self.losses, self.times, self.peak, self.counter = [], [], 0, None
+        self.losses, self.times, self.forward_times, self.peak, self.counter = [], [], [], 0, None
+        self.plain = isinstance(self.ctx, contextlib.nullcontext)
 
     def step(self, dm, timed, instrumented):
         if instrumented and not isinstance(self.ctx, contextlib.nullcontext):
@@ -164,6 +168,9 @@ class Run:
         self.opt.zero_grad(set_to_none=True)
         with self.ctx:
             loss = self.loss()
+        if self.plain:  # no offloading: its forward compute time (R's denominator)
+            dm.synchronize()
+            forward = time.perf_counter() - t0
         loss.backward()
         self.opt.step()
         dm.synchronize()
@@ -173,12 +180,19 @@ class Run:
             # The other tools' models share the device: this run's peak is
             # its own model and optimizer state plus what the step added.
             self.times.append(elapsed)
+            if self.plain:
+                self.forward_times.append(forward)
             self.peak = max(self.peak, self.resident_bytes() + dm.max_memory_allocated() - at_start)
 
     def resident_bytes(self):
         tensors = list(self.model.parameters()) + [
             t for state in self.opt.state.values() for t in state.values() if torch.is_tensor(t)]
         return sum(t.nbytes for t in tensors if t.device == self.device)
+
+    def bytes_moved(self):
+        """Bytes ours copied each way so far (None for the other tools)."""
+        stats = getattr(self.ctx, "stats", None)
+        return stats().bytes_offloaded + stats().bytes_reloaded if stats else None
 
     def host_ns_per_saved_tensor(self):
         return self.counter["ns"] / self.counter["packs"] if self.counter and self.counter["packs"] else None
@@ -205,6 +219,11 @@ def train_all(device, dm, tools, kind, layers, steps, shape):
     for name, run in runs.items():
         rows[name] = {"peak_bytes": run.peak, "median_step_s": statistics.median(run.times),
                       "losses": run.losses, "host_ns_per_saved_tensor": run.host_ns_per_saved_tensor()}
+        if run.forward_times:
+            rows[name]["median_forward_s"] = statistics.median(run.forward_times)
+        moved = run.bytes_moved()
+        if moved is not None:
+            rows[name]["bytes_moved_per_step"] = moved / (steps + 2)
     return {name: rows[name] for name in tools}
 
 
@@ -226,6 +245,58 @@ def matrix_cell(case, factory, device, reference):
     return "exact" if same else "differs"
 
 
+def hook_cost(device, quick):
+    """The hook cost per saved tensor of the Python route (prints a table;
+    returns name -> row)."""
+    # Hook cost: what the Python route adds per saved tensor, measured as
+    # bench/hook_overhead.py measures the identity hooks (256 saved
+    # float32[16] tensors per run, process CPU time, alternating rounds): CPU
+    # tensors (passed through), and tensors of the manager's device that it
+    # offloads (min_offload_bytes 0; on sim over a free link: the host cost
+    # of the route and the copies' issue, not the link's time).
+    warmup, rounds = (5, 100) if quick else (20, 400)
+    manager = torch_offload.Manager(device)
+    offloading = torch_offload.Manager(device, sync="blocking", min_offload_bytes=0)
+    hook_rows = {
+        "python identity hooks (floor)": (hook_overhead.identity_hooks, "cpu"),
+        "torch_offload.Manager (passed through in C++)": (lambda: manager, "cpu"),
+        "torch_offload.no_offload": (torch_offload.no_offload, "cpu"),
+        "python identity hooks": (hook_overhead.identity_hooks, device),
+        "torch_offload.Manager, sync blocking (offloaded)": (lambda: offloading, device),
+    }
+    if device == "sim":
+        torch_offload.sim.set_copy_latency_us(0)
+        torch_offload.sim.set_copy_bandwidth_gbps(10_000)
+    print("\n## Hook cost per saved tensor (host CPU time)\n")
+    print("| hooks | tensors on | ns per saved tensor (median) | IQR | / identity hooks, same device |")
+    print("|---|---|---|---|---|")
+    rows = {}
+    threads = torch.get_num_threads()
+    torch.set_num_threads(1)  # tiny tensors, as bench/hook_overhead.py
+    # The rows take turns in blocks of rounds, so that a change in machine
+    # load hits all of them alike.
+    blocks = 4
+    samples = {name: [] for name in hook_rows}
+    for _ in range(blocks):
+        for name, (make_ctx, where) in hook_rows.items():
+            samples[name] += hook_overhead.measure(make_ctx, warmup, rounds // blocks, device=where)[0]
+    floors = {}
+    for name, (make_ctx, where) in hook_rows.items():
+        median = statistics.median(samples[name])
+        q = statistics.quantiles(samples[name], n=4)
+        floor = floors.setdefault(where, median)  # each device's identity row comes first
+        rows[name] = {"ns_per_tensor": median, "q1": q[0], "q3": q[2], "rounds": rounds, "device": where,
+                      "ratio_to_identity": median / floor}
+        print(f"| {name} | {where} | {median:.0f} | {q[0]:.0f}..{q[2]:.0f} | {median / floor:.2f} |")
+    torch.set_num_threads(threads)
+    if device == "sim":
+        torch_offload.sim.set_copy_latency_us(10)
+        torch_offload.sim.set_copy_bandwidth_gbps(25.0)
+    if offloading.stats().tensors_offloaded == 0:
+        sys.exit("bench/peers.py: the offloaded hook-cost row offloaded nothing")
+    return rows
+
+
 def main():
     parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     parser.add_argument("--device", choices=["sim", "cuda"], required=True)
@@ -233,6 +304,8 @@ def main():
     parser.add_argument("--quick", action="store_true", help="fewer steps, a smaller model")
     parser.add_argument("--models", default=",".join(MODELS),
                         help=f"comma-separated, from {', '.join(MODELS)} (default: all)")
+    parser.add_argument("--hooks-only", action="store_true",
+                        help="only the hook cost per saved tensor (writes DIR/peers-hooks[-cuda].json)")
     args = parser.parse_args()
 
     device = args.device
@@ -240,16 +313,21 @@ def main():
         import torch_offload.sim
 
         torch_offload.sim.install()
-        delays = [0, 300]
+        bandwidths = [25.0, 1.0]  # GB/s; sim's default latency (10 us) throughout
     else:
         if not torch.cuda.is_available():
             sys.exit("bench/peers.py: --device cuda but torch.cuda.is_available() is False")
-        delays = [None]
+        bandwidths = [None]
+    if args.hooks_only:
+        results = {"device": device, "quick": args.quick, "torch": torch.__version__,
+                   "hook_cost": hook_cost(device, args.quick)}
+        write(results, os.path.join(args.out, f"peers-hooks{'' if device == 'sim' else '-cuda'}.json"))
+        return
     torch.set_num_threads(max(1, (os.cpu_count() or 2) // 2))
     dm = torch.get_device_module(device)
     steps = 3 if args.quick else 7
-    shape = {"model": dict(width=64, heads=4, seq=32), "batch": 4} if args.quick else \
-        {"model": dict(width=128, heads=4, seq=64), "batch": 8}
+    shape = {"model": dict(width=256, heads=4, seq=64), "batch": 8} if args.quick else \
+        {"model": dict(width=256, heads=4, seq=128), "batch": 8}
     chosen = args.models.split(",")
     unknown = [m for m in chosen if m not in MODELS]
     if unknown:
@@ -266,17 +344,23 @@ def main():
     for name, why in missing.items():
         print(f"- {name}: not run ({why})")
     print()
-    print("| model | layers | link latency us | tool | peak device | peak / none | step ms | step / none | losses = none "
+    print("R = (bytes ours blocking moves per step, both ways / link bandwidth) / forward time of none.\n")
+    print("| model | layers | link GB/s | R | tool | peak device | peak / none | step ms | step / none | losses = none "
           "| host us per saved tensor |")
-    print("|---|---|---|---|---|---|---|---|---|---|")
+    print("|---|---|---|---|---|---|---|---|---|---|---|")
     for kind, layers in ((kind, layers) for kind, counts in models for layers in counts):
-        for delay in delays:
-            if delay is not None:
-                torch_offload.sim.set_copy_latency_us(delay)
-            cell = {"model": kind, "layers": layers, "latency_us": delay,
+        for gbps in bandwidths:
+            if gbps is not None:
+                torch_offload.sim.set_copy_bandwidth_gbps(gbps)
+            cell = {"model": kind, "layers": layers, "bandwidth_gbps": gbps,
+                    "latency_us": torch_offload.sim.config()["copy_latency_us"] if gbps is not None else None,
                     "tools": train_all(device, dm, tools, kind, layers, steps, shape)}
             base = cell["tools"]["none"]
-            where = f"| {kind} | {layers} | {delay if delay is not None else '-'} | "
+            moved = cell["tools"].get("ours blocking", {}).get("bytes_moved_per_step")
+            cell["R"] = (moved / (gbps * 1e9) / base["median_forward_s"]
+                         if gbps is not None and moved is not None and "median_forward_s" in base else None)
+            r_text = f"{cell['R']:.2f}" if cell["R"] is not None else "-"
+            where = f"| {kind} | {layers} | {gbps if gbps is not None else '-'} | {r_text} | "
             for name, row in cell["tools"].items():
                 if "error" in row:
                     print(f"{where}{name} | raises: {row['error']} | | | | | |")
@@ -297,31 +381,8 @@ def main():
                 cell["target_time"] = all(ours["time_ratio"] < r["time_ratio"] for r in peer_rows)
             results["cells"].append(cell)
 
-    # Hook cost: what the Python route adds per saved tensor, measured as
-    # bench/hook_overhead.py measures the identity hooks (256 saved CPU
-    # float32[16] tensors per run, process CPU time, alternating rounds).
-    warmup, rounds = (5, 100) if args.quick else (20, 400)
-    manager = torch_offload.Manager(device)
-    hook_rows = {
-        "python identity hooks (floor)": hook_overhead.identity_hooks,
-        "torch_offload.Manager (CPU tensors: passed through in C++)": lambda: manager,
-        "torch_offload.no_offload": torch_offload.no_offload,
-    }
-    print("\n## Hook cost per saved tensor (host CPU time)\n")
-    print("| hooks | ns per saved tensor (median) | IQR | / identity hooks |")
-    print("|---|---|---|---|")
-    results["hook_cost"] = {}
-    floor = None
-    threads = torch.get_num_threads()
-    torch.set_num_threads(1)  # tiny tensors, as bench/hook_overhead.py
-    for name, make_ctx in hook_rows.items():
-        per_tensor, _ = hook_overhead.measure(make_ctx, warmup, rounds)
-        median = statistics.median(per_tensor)
-        q = statistics.quantiles(per_tensor, n=4)
-        floor = floor or median
-        results["hook_cost"][name] = {"ns_per_tensor": median, "q1": q[0], "q3": q[2], "rounds": rounds}
-        print(f"| {name} | {median:.0f} | {q[0]:.0f}..{q[2]:.0f} | {median / floor:.2f} |")
-    torch.set_num_threads(threads)
+    results["hook_cost"] = hook_cost(device, args.quick)
+
 
     # Correctness matrix: poison and a slow link on, as in the tests.
     if device == "sim":
@@ -352,8 +413,12 @@ def main():
           f"{sum(bool(x) for x in peak_ok)}/{len(peak_ok)} cells; step-time ratio below every peer's: "
           f"{sum(bool(x) for x in time_ok)}/{len(time_ok)} cells; ours exact in every matrix cell: "
           f"{'yes' if exact else 'no'}")
-    os.makedirs(args.out, exist_ok=True)
-    path = os.path.join(args.out, f"peers{'' if device == 'sim' else '-cuda'}{'-quick' if args.quick else ''}.json")
+    name = f"peers{'' if device == 'sim' else '-cuda'}{'-quick' if args.quick else ''}.json"
+    write(results, os.path.join(args.out, name))
+
+
+def write(results, path):
+    os.makedirs(os.path.dirname(path) or ".", exist_ok=True)
     with open(path + ".tmp", "w", encoding="utf-8") as f:
         json.dump(results, f, indent=1)
     os.replace(path + ".tmp", path)

@@ -7,7 +7,9 @@
 // LibTorch-heavy translation unit of the Python package.
 
 #include <algorithm>
+#include <cstddef>
 #include <cstdint>
+#include <exception>
 #include <map>
 #include <memory>
 #include <optional>
@@ -18,6 +20,7 @@
 #include <vector>
 
 #include <c10/util/Exception.h>
+#include <torch/csrc/autograd/python_variable.h>
 #include <torch/csrc/autograd/saved_variable_hooks.h>
 #include <torch/csrc/utils/pybind.h>
 
@@ -29,27 +32,135 @@ namespace py = pybind11;
 
 namespace {
 
-// ---------------------------------------------------------------- handles
+// ---------------------------------------------------------------- hooks
 
-/// What pack returns to Python for one saved tensor: the manager's hooks
-/// object after its pack ran, or (no_offload, pass-through managers)
+// pack and unpack are what Python's autograd calls once per saved tensor, so
+// they are C-level callables, not pybind11 functions: a PackHook object is
+// called through the vectorcall protocol and unpack is a METH_O function
+// (one argument, no tuple, no keyword parsing, no pybind11 dispatch).
+
+/// What pack returns to Python for one saved tensor (opaque): the manager's
+/// hooks object after its pack ran, or (no_offload, pass-through managers)
 /// offload::make_plain_hooks(), which keeps the tensor itself and checks its
 /// version at unpack as autograd would.
-class Packed {
- public:
-  static std::unique_ptr<Packed> with_hooks(std::unique_ptr<torch::autograd::SavedVariableHooks> hooks,
-                                            const at::Tensor& tensor) {
-    auto out = std::make_unique<Packed>();
-    out->hooks_ = hooks ? std::move(hooks) : offload::make_plain_hooks();
-    out->hooks_->call_pack_hook(tensor);
-    return out;
-  }
-  static std::unique_ptr<Packed> plain(const at::Tensor& tensor) { return with_hooks(nullptr, tensor); }
-  at::Tensor unpack() { return hooks_->call_unpack_hook(); }
-
- private:
-  std::unique_ptr<torch::autograd::SavedVariableHooks> hooks_;
+struct Packed {
+  PyObject ob_base;
+  torch::autograd::SavedVariableHooks* hooks;
 };
+
+/// pack for one manager (or, without one, no_offload's plain pack). Holds a
+/// reference to the Python object that owns the manager.
+struct PackHook {
+  PyObject ob_base;
+  vectorcallfunc vectorcall;
+  offload::AnyManager* manager;  // null: plain hooks
+  PyObject* owner;
+};
+
+// Static types, filled in by ready_hook_types().
+PyTypeObject packed_type{};
+PyTypeObject pack_hook_type{};
+
+/// Runs `body` with the GIL released; a C++ exception becomes the Python
+/// error (errors.hpp) once the GIL is back, and the result is then false.
+template <class Body>
+bool without_gil(Body&& body) {
+  std::exception_ptr error;
+  PyThreadState* state = PyEval_SaveThread();
+  try {
+    body();
+  } catch (...) {
+    error = std::current_exception();
+  }
+  PyEval_RestoreThread(state);
+  if (!error) return true;
+  offload::python::set_error(error);
+  return false;
+}
+
+PyObject* pack_call(PyObject* self, PyObject* const* args, std::size_t nargsf, PyObject* kwnames) {
+  const auto nargs = PyVectorcall_NARGS(nargsf);
+  if (nargs != 1 || (kwnames && PyTuple_GET_SIZE(kwnames) != 0)) {
+    PyErr_Format(PyExc_TypeError, "pack() takes exactly one tensor argument (%zd given)",
+                 nargs + (kwnames ? PyTuple_GET_SIZE(kwnames) : 0));
+    return nullptr;
+  }
+  if (!THPVariable_Check(args[0])) {
+    PyErr_Format(PyExc_TypeError, "pack(): expected a torch.Tensor, got %s", Py_TYPE(args[0])->tp_name);
+    return nullptr;
+  }
+  auto* out = PyObject_New(Packed, &packed_type);
+  if (!out) return nullptr;
+  out->hooks = nullptr;
+  offload::AnyManager* manager = reinterpret_cast<PackHook*>(self)->manager;
+  const at::Tensor& tensor = THPVariable_Unpack(args[0]);
+  const bool ok = without_gil([&] {
+    std::unique_ptr<torch::autograd::SavedVariableHooks> hooks = manager ? manager->make_hooks() : nullptr;
+    if (!hooks) hooks = offload::make_plain_hooks();
+    hooks->call_pack_hook(tensor);
+    out->hooks = hooks.release();
+  });
+  if (ok) return reinterpret_cast<PyObject*>(out);
+  Py_DECREF(out);
+  return nullptr;
+}
+
+PyObject* unpack_call(PyObject* /*module*/, PyObject* handle) {
+  if (Py_TYPE(handle) != &packed_type) {
+    PyErr_Format(PyExc_TypeError, "unpack(): expected a torch_offload._C.Packed (what pack returned), got %s",
+                 Py_TYPE(handle)->tp_name);
+    return nullptr;
+  }
+  auto* hooks = reinterpret_cast<Packed*>(handle)->hooks;
+  at::Tensor tensor;
+  if (!without_gil([&] { tensor = hooks->call_unpack_hook(); })) return nullptr;
+  return THPVariable_Wrap(std::move(tensor));
+}
+
+PyMethodDef unpack_def = {"unpack", unpack_call, METH_O,
+                          "unpack(handle) -> Tensor: the saved tensor back (autograd's unpack hook)."};
+
+void packed_dealloc(PyObject* self) {
+  delete reinterpret_cast<Packed*>(self)->hooks;
+  PyObject_Free(self);
+}
+
+void pack_hook_dealloc(PyObject* self) {
+  Py_XDECREF(reinterpret_cast<PackHook*>(self)->owner);
+  PyObject_Free(self);
+}
+
+/// A new pack callable for `manager`, kept alive by `owner` (null and None: plain hooks).
+py::object make_pack_hook(offload::AnyManager* manager, py::handle owner) {
+  auto* hook = PyObject_New(PackHook, &pack_hook_type);
+  if (!hook) throw py::error_already_set();
+  hook->vectorcall = pack_call;
+  hook->manager = manager;
+  hook->owner = owner.inc_ref().ptr();
+  return py::reinterpret_steal<py::object>(reinterpret_cast<PyObject*>(hook));
+}
+
+void ready_hook_types(py::module_& m) {
+  for (auto* type : {&packed_type, &pack_hook_type}) Py_SET_REFCNT(reinterpret_cast<PyObject*>(type), 1);  // static
+  packed_type.tp_name = "torch_offload._C.Packed";
+  pack_hook_type.tp_name = "torch_offload._C.PackHook";
+  packed_type.tp_basicsize = sizeof(Packed);
+  packed_type.tp_flags = Py_TPFLAGS_DEFAULT;
+  packed_type.tp_doc = "One saved tensor held by torch_offload (opaque).";
+  packed_type.tp_dealloc = packed_dealloc;
+  pack_hook_type.tp_basicsize = sizeof(PackHook);
+  pack_hook_type.tp_flags = Py_TPFLAGS_DEFAULT | Py_TPFLAGS_HAVE_VECTORCALL;
+  pack_hook_type.tp_doc = "pack(tensor) -> Packed: autograd's pack hook for one manager.";
+  pack_hook_type.tp_dealloc = pack_hook_dealloc;
+  pack_hook_type.tp_vectorcall_offset = offsetof(PackHook, vectorcall);
+  pack_hook_type.tp_call = PyVectorcall_Call;
+  if (PyType_Ready(&packed_type) < 0 || PyType_Ready(&pack_hook_type) < 0) throw py::error_already_set();
+  m.attr("Packed") = py::handle(reinterpret_cast<PyObject*>(&packed_type));
+  m.attr("PackHook") = py::handle(reinterpret_cast<PyObject*>(&pack_hook_type));
+  m.attr("unpack") =
+      py::reinterpret_steal<py::object>(PyCFunction_NewEx(&unpack_def, nullptr, m.attr("__name__").ptr()));
+  m.attr("plain_pack") = make_pack_hook(nullptr, py::none());
+}
 
 // ---------------------------------------------------------------- choosing
 
@@ -133,7 +244,7 @@ PYBIND11_MODULE(_C, m) {
   m.doc() = "torch_offload's C++ core (use the torch_offload package, not this module)";
   offload::python::register_error_translator();
 
-  py::class_<Packed>(m, "Packed", "One saved tensor held by torch_offload (opaque).");
+  ready_hook_types(m);
 
   py::class_<offload::ScopeMark>(m, "_ScopeMark");
   py::class_<offload::AnyManager>(m, "Manager")
@@ -155,14 +266,8 @@ PYBIND11_MODULE(_C, m) {
           }),
           py::arg("device"), py::arg("storage"), py::arg("sync"), py::arg("options"), py::arg("pin_memory"),
           py::arg("fallback"))
-      .def(
-          "pack",
-          [](offload::AnyManager& self, const at::Tensor& tensor) {
-            return Packed::with_hooks(self.make_hooks(), tensor);
-          },
-          py::call_guard<py::gil_scoped_release>())
-      .def_static(
-          "unpack", [](Packed& packed) { return packed.unpack(); }, py::call_guard<py::gil_scoped_release>())
+      // The pack hook of this manager (a PackHook: keeps the manager alive).
+      .def("pack_hook", [](py::object self) { return make_pack_hook(&self.cast<offload::AnyManager&>(), self); })
       // What the manager had seen when a `with` opened (for its warnings at exit).
       .def("on_scope_enter", [](offload::AnyManager& self) { return offload::interface_of(self)->on_scope_enter(); })
       // Streamed settles its forward stash here: it may wait for copies.
@@ -184,7 +289,6 @@ PYBIND11_MODULE(_C, m) {
         return out;
       });
 
-  m.def("plain_pack", [](const at::Tensor& tensor) { return Packed::plain(tensor); });
   m.def("option_fields", [] {
     std::vector<std::tuple<std::string_view, std::int64_t, std::int64_t, std::string_view>>
         out;  // (name, lo, hi, unit)

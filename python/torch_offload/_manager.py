@@ -158,7 +158,7 @@ class Manager(_HookRegion):
                 raise ValueError(f"offload::Options: {name} must be in [{lo}, {hi}], got {value}")
             options[name] = value
         impl = _C.Manager(device, storage, sync, options, bool(pin_memory), fallback)
-        super().__init__(impl.pack, _C.Manager.unpack)
+        super().__init__(impl.pack_hook(), _C.unpack)
         self._impl = impl
         self._requested = device
         self._marks = threading.local()  # per thread: what the manager had seen at each open `with`
@@ -216,7 +216,7 @@ class no_offload(_HookRegion):
     for in-place changes to saved tensors still applies. Re-enterable."""
 
     def __init__(self):
-        super().__init__(_C.plain_pack, _C.Manager.unpack)
+        super().__init__(_C.plain_pack, _C.unpack)
 
     def __enter__(self):
         # None, as saved_tensors_hooks: TRL and torchtune enter it from a
