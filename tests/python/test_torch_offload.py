@@ -125,10 +125,11 @@ def test_device_target_keeps_steps_under_it_bitwise_equal(sync):
         if sync == "streamed" and fwd.target_guard_offloads > 0 and fwd.passed_target == 0:
             continue
         assert p <= target + target // 50, (p, target)  # within 2 %
-    stats = manager.stats()  # of the last step
-    assert stats.tensors_offloaded > 0 and stats.passed_target > 0, stats
-    assert stats.target_steps_planned == 1 and stats.target_kept_bytes > 0, stats
-    assert stats.passed_through >= stats.passed_target, stats
+    for fwd in forwards[1:]:
+        assert fwd.tensors_offloaded > 0 and fwd.target_steps_planned == 1, fwd
+        assert fwd.passed_through >= fwd.passed_target, fwd
+    kept = [fwd for fwd in forwards[1:] if fwd.passed_target > 0]
+    assert kept and all(fwd.target_kept_bytes > 0 for fwd in kept), forwards  # the plan kept something
 
 
 @pytest.mark.parametrize("region", ["blocking", "streamed", "no_offload"])
