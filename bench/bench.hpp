@@ -12,6 +12,7 @@
 #include <cstdio>
 #include <ctime>
 #include <fstream>
+#include <functional>
 #include <iomanip>
 #include <iostream>
 #include <map>
@@ -168,6 +169,75 @@ inline std::string mib(std::int64_t bytes) { return fixed(static_cast<double>(by
 inline std::string size_label(std::int64_t bytes) {
   if (bytes >= (std::int64_t{1} << 20)) return std::to_string(bytes >> 20) + " MiB";
   return std::to_string(bytes >> 10) + " KiB";
+}
+
+// ---------------------------------------------------------------- result rows
+
+/// One column of a benchmark's result table: its header (name and unit) and
+/// how a row's cell is formatted. A benchmark returns its rows as JSON objects
+/// (the raw numbers, written to its result file as they are) and lists its
+/// columns once; print_rows() prints the table from those same rows, so the
+/// table shows nothing the file does not hold.
+struct Column {
+  std::string name;                                  ///< header before the unit
+  std::string unit;                                  ///< appended to the header ("MiB", "ms"); "" for none
+  std::function<std::string(const Json& row)> cell;  ///< the cell of `row`; "" when it has none
+  std::string header() const { return unit.empty() ? name : name + " " + unit; }
+};
+
+/// The number `row[key]` (throws nlohmann::json's error when it is missing).
+inline double number(const Json& row, const std::string& key) { return row.at(key).get<double>(); }
+inline std::int64_t integer(const Json& row, const std::string& key) { return row.at(key).get<std::int64_t>(); }
+/// Whether `row` has a value (not null) at `key`.
+inline bool has(const Json& row, const std::string& key) { return row.contains(key) && !row.at(key).is_null(); }
+
+// The columns below show "" for a row without a value at `key`.
+
+/// `row[key]` as it reads: a string as is, an integer in decimal.
+inline Column text_column(std::string name, std::string key) {
+  return {std::move(name), "", [key](const Json& row) {
+            if (!has(row, key)) return std::string();
+            const auto& v = row.at(key);
+            return v.is_string() ? v.get<std::string>() : std::to_string(v.get<std::int64_t>());
+          }};
+}
+/// `row[key]` with `digits` digits after the point, then `suffix`.
+inline Column fixed_column(std::string name, std::string unit, std::string key, int digits, std::string suffix = "") {
+  return {std::move(name), std::move(unit), [key, digits, suffix](const Json& row) {
+            return has(row, key) ? fixed(number(row, key), digits) + suffix : std::string();
+          }};
+}
+/// The bytes `row[key]` in MiB (`unit` says so: "MiB", "MiB/step").
+inline Column mib_column(std::string name, std::string key, std::string unit = "MiB") {
+  return {std::move(name), std::move(unit),
+          [key](const Json& row) { return has(row, key) ? mib(integer(row, key)) : std::string(); }};
+}
+/// The median and the quartiles "q1..q3" of the summary_json() at `row[key]`.
+inline Column median_column(std::string name, std::string unit, std::string key, int digits) {
+  return {std::move(name), std::move(unit), [key, digits](const Json& row) {
+            return has(row, key) ? fixed(number(row.at(key), "median"), digits) : std::string();
+          }};
+}
+inline Column iqr_column(std::string name, std::string unit, std::string key, int digits) {
+  return {std::move(name), std::move(unit), [key, digits](const Json& row) {
+            if (!has(row, key)) return std::string();
+            const auto& s = row.at(key);
+            return fixed(number(s, "q1"), digits) + ".." + fixed(number(s, "q3"), digits);
+          }};
+}
+
+/// Prints `rows` as a markdown table of `columns`.
+inline void print_rows(const std::vector<Column>& columns, const std::vector<Json>& rows,
+                       std::ostream& os = std::cout) {
+  std::vector<std::string> headers;
+  for (const auto& c : columns) headers.push_back(c.header());
+  Table table(std::move(headers));
+  for (const auto& row : rows) {
+    std::vector<std::string> cells;
+    for (const auto& c : columns) cells.push_back(c.cell(row));
+    table.row(std::move(cells));
+  }
+  table.print(os);
 }
 
 }  // namespace bench

@@ -178,7 +178,24 @@ int run_hook(const Args& args) {
             << " rounds after " << warmup << " warm-up rounds, 1 intra-op thread. Direct: the hooks object "
             << "alone (make_hooks + pack + unpack + destroy in a loop, no engine), same tensor.\n\n";
 
-  Table table({"case", "end-to-end ns/tensor (median)", "IQR", "direct ns/tensor", "no-hooks ns/op", "Python / this"});
+  const std::vector<Column> columns = {
+      text_column("case", "case"),
+      fixed_column("end-to-end ns/tensor (median)", "", "cpp_ns_per_tensor", 0),
+      iqr_column("IQR", "", "cpp_ns_per_tensor_spread", 0),
+      {"direct ns/tensor", "",
+       [](const Json& row) {
+         if (!has(row, "direct_ns_per_tensor")) return std::string();
+         const auto& d = row.at("direct_ns_per_tensor");
+         return fixed(number(d, "median"), 0) + " (" + fixed(number(d, "q1"), 0) + ".." + fixed(number(d, "q3"), 0) +
+                ")";
+       }},
+      fixed_column("no-hooks ns/op", "", "baseline_ns_per_op", 0),
+      {"Python / this", "",
+       [](const Json& row) {
+         if (has(row, "ratio_text")) return row.at("ratio_text").get<std::string>();
+         return has(row, "ratio") ? fixed(number(row, "ratio"), 2) + "x" : std::string("n/a");
+       }},
+  };
   std::vector<Json> rows;
   double headline_cpp = 0, headline_direct = 0;
   for (const auto& c : cases) {
@@ -232,9 +249,6 @@ int run_hook(const Args& args) {
       headline_cpp = s.median;
       headline_direct = direct.median;
     }
-    table.row({c.key, fixed(s.median, 0), fixed(s.q1, 0) + ".." + fixed(s.q3, 0),
-               fixed(direct.median, 0) + " (" + fixed(direct.q1, 0) + ".." + fixed(direct.q3, 0) + ")",
-               fixed(base.median, 0), ratio ? fixed(*ratio, 2) + "x" : "n/a"});
     rows.push_back(Json::object({
         {"case", Json(c.key)},
         {"what", Json(c.what)},
@@ -251,12 +265,19 @@ int run_hook(const Args& args) {
         {"stats", offload_json::stats(stats)},
     }));
   }
+  // The Python floor, a row of the table only: its numbers are the Python
+  // run's file, and this file's python_ns_per_tensor.
+  std::vector<Json> shown = rows;
   if (python_ns) {
-    table.row({"Python identity hooks (CPU)", fixed(*python_ns, 0),
-               python_q1 && python_q3 ? fixed(*python_q1, 0) + ".." + fixed(*python_q3, 0) : "", "",
-               python_base ? fixed(*python_base, 0) : "", "1.00x (the floor)"});
+    Json floor = Json::object({{"case", Json("Python identity hooks (CPU)")},
+                               {"cpp_ns_per_tensor", Json(*python_ns)},
+                               {"baseline_ns_per_op", python_base ? Json(*python_base) : Json(nullptr)},
+                               {"ratio_text", Json("1.00x (the floor)")}});
+    if (python_q1 && python_q3)
+      floor["cpp_ns_per_tensor_spread"] = Json::object({{"q1", *python_q1}, {"q3", *python_q3}});
+    shown.push_back(floor);
   }
-  table.print();
+  print_rows(columns, shown);
   std::optional<double> headline_ratio, direct_ratio;
   if (python_ns && headline_cpp > 0) headline_ratio = *python_ns / headline_cpp;
   if (python_ns && headline_direct > 0) direct_ratio = *python_ns / headline_direct;
@@ -314,8 +335,10 @@ int run_copy(const Args& args) {
   bool all_met = true;
   for (const bool d2h : {true, false}) {
     const std::string dir = d2h ? "D2H" : "H2D";
-    Table table({"size", "memcpy GB/s", "PinnedHost copy_", "PinnedHost alloc+copy_", "PinnedHost async",
-                 "PageableHost copy_", "PageableHost alloc+copy_"});
+    // One line per size: that size's rows, one column per path (the first,
+    // memcpy, in GB/s; the others with their ratio to it).
+    std::vector<Column> columns = {{"size", "", [](const Json& line) { return size_label(integer(line, "bytes")); }}};
+    std::vector<Json> lines;
     for (std::int64_t n = 64 << 10; n <= top; n *= 4) {
       auto dev = at::empty({n}, sim_options);
       dev.fill_(1);
@@ -379,7 +402,22 @@ int run_copy(const Args& args) {
           if (r >= 2) times[i].push_back(t);
         }
       }
-      std::vector<std::string> cells = {size_label(n)};
+      if (columns.size() == 1) {
+        for (std::size_t i = 0; i < copies.size(); ++i) {
+          const auto key = copies[i].key;
+          const auto path = [key](const Json& line) -> const Json& { return line.at("paths").at(key); };
+          if (i == 0)
+            columns.push_back({copies[i].label, "GB/s",
+                               [path](const Json& line) { return fixed(number(path(line), "gb_per_s"), 2); }});
+          else
+            columns.push_back({copies[i].label, "", [path](const Json& line) {
+                                 const auto& row = path(line);
+                                 return fixed(number(row, "gb_per_s"), 2) + " (" +
+                                        fixed(number(row, "ratio_vs_memcpy"), 2) + "x)";
+                               }});
+        }
+      }
+      Json line = Json::object({{"bytes", Json(n)}, {"paths", Json::object()}});
       double memcpy_gbs = 0;
       for (std::size_t i = 0; i < copies.size(); ++i) {
         const auto s = summarize(times[i]);
@@ -388,7 +426,6 @@ int run_copy(const Args& args) {
         const double gbs_hi = static_cast<double>(n) / s.q1;
         if (i == 0) memcpy_gbs = gbs;
         const double ratio = gbs / memcpy_gbs;
-        cells.push_back(i == 0 ? fixed(gbs, 2) : fixed(gbs, 2) + " (" + fixed(ratio, 2) + "x)");
         const bool target_row = copies[i].key == "pinned_copy" || copies[i].key == "pageable_copy";
         if (target_row && n >= (1 << 20) && ratio < 0.8) all_met = false;
         rows.push_back(Json::object({{"direction", Json(dir)},
@@ -398,11 +435,12 @@ int run_copy(const Args& args) {
                                      {"gb_per_s_iqr", Json::array({Json(gbs_lo), Json(gbs_hi)})},
                                      {"ratio_vs_memcpy", Json(ratio)},
                                      {"ns", summary_json(s)}}));
+        line["paths"][copies[i].key] = rows.back();
       }
-      table.row(cells);
+      lines.push_back(std::move(line));
     }
     std::cout << "\n### " << dir << (d2h ? " (sim device -> host buffer)" : " (host buffer -> sim device)") << "\n\n";
-    table.print();
+    print_rows(columns, lines);
   }
   std::cout << "\nTarget: copy_ rows >= 0.8x memcpy at >= 1 MiB: " << (all_met ? "met" : "MISSED") << "\n";
   auto fields = header(args, torch_version());
@@ -512,7 +550,16 @@ int run_sim(const Args& args) {
             << "a 50 ms link while the batch runs. Target: <= 5000 ns each for event record/wait/query and a queued "
             << "copy's fixed cost (issue, and per copy on a stream); the round trip per copy (issue, the worker "
             << "wakes, runs it, the host wakes) is shown beside them.\n\n";
-  Table table({"operation", "ns (median)", "IQR ns", "target"});
+  const std::vector<Column> columns = {
+      text_column("operation", "label"),
+      median_column("ns (median)", "", "ns", 0),
+      iqr_column("IQR", "ns", "ns", 0),
+      {"target", "",
+       [](const Json& row) -> std::string {
+         if (!row.at("has_target").get<bool>()) return "(no target)";
+         return number(row.at("ns"), "median") <= 5000 ? "met" : "MISSED";
+       }},
+  };
   std::vector<Json> rows;
   bool all_met = true;
   for (auto& op : ops) {
@@ -528,8 +575,6 @@ int run_sim(const Args& args) {
     const auto s = summarize(per);
     const bool met = s.median <= 5000;
     if (op.has_target) all_met = all_met && met;
-    table.row({op.label, fixed(s.median, 0), fixed(s.q1, 0) + ".." + fixed(s.q3, 0),
-               op.has_target ? (met ? "met" : "MISSED") : "(no target)"});
     rows.push_back(Json::object({{"op", Json(op.key)},
                                  {"label", Json(op.label)},
                                  {"ns", summary_json(s)},
@@ -537,7 +582,7 @@ int run_sim(const Args& args) {
   }
   offload::sim::set_copy_latency_us(offload::sim::Config{}.copy_latency_us);
   offload::sim::set_copy_bandwidth_gbps(offload::sim::Config{}.copy_bandwidth_gbps);
-  table.print();
+  print_rows(columns, rows);
   std::cout << "\nTarget (every row with one <= 5 us): " << (all_met ? "met" : "MISSED") << "\n";
   auto fields = header(args, torch_version());
   fields.push_back({"batch", Json(kBatch)});

@@ -52,6 +52,41 @@ std::string mode_key(Mode m) {
   return "?";
 }
 
+/// The mode a row's "mode" key names, as the tables print it.
+std::string mode_name_of(const Json& row) {
+  const auto key = row.at("mode").get<std::string>();
+  for (const Mode m : {Mode::none, Mode::blocking, Mode::streamed})
+    if (mode_key(m) == key) return mode_name(m);
+  return key;
+}
+
+/// The "mode" column: mode_name_of().
+Column mode_column() { return {"mode", "", mode_name_of}; }
+
+/// The "loss" column: the row's loss, "(=)" when bitwise equal to the run
+/// without offloading, "(DIFFERS)" otherwise.
+Column loss_column() {
+  return {"loss", "", [](const Json& row) {
+            return fixed(number(row, "loss"), 6) +
+                   (row.at("loss_bitwise_equal_to_none").get<bool>() ? " (=)" : " (DIFFERS)");
+          }};
+}
+
+/// The "fwd/bwd/opt peak MiB" column: the peaks of the step's three phases.
+Column phase_peaks_column() {
+  return {"fwd/bwd/opt peak", "MiB", [](const Json& row) {
+            return mib(integer(row, "peak_forward_bytes")) + " / " + mib(integer(row, "peak_backward_bytes")) + " / " +
+                   mib(integer(row, "peak_optimizer_bytes"));
+          }};
+}
+
+/// `column`, with "" in the rows of `mode` none.
+Column unless_none(Column column) {
+  auto cell = std::move(column.cell);
+  column.cell = [cell](const Json& row) { return row.at("mode") == "none" ? std::string() : cell(row); };
+  return column;
+}
+
 template <class Device>
 std::optional<offload::AnyManager> make_source(Mode mode, const offload::Options& options) {
   using offload::storage::PinnedHost;
@@ -269,8 +304,27 @@ int run_memory(const Args& args) {
             << "activation bytes (measured) = peak_none - 16P; removed = (peak_none - peak) / that.\n"
             << "A_blk (analytical saved bytes per block) = 4 (16 BTW + BHT^2 + 4 BT) + T^2.\n\n";
 
-  Table table({"L", "mode", "peak MiB", "floor MiB", "peak/floor", "peak/(16P+W_blk)", "act. removed",
-               "fwd/bwd/opt peak MiB", "offloaded MiB/step", "step s", "loss"});
+  const std::vector<Column> columns = {
+      text_column("L", "layers"),
+      mode_column(),
+      mib_column("peak", "peak_bytes"),
+      unless_none(mib_column("floor", "floor_bytes")),
+      unless_none(fixed_column("peak/floor", "", "peak_over_floor", 3, "x")),
+      unless_none({"peak/(16P+W_blk)", "",
+                   [](const Json& row) {
+                     return fixed(static_cast<double>(integer(row, "peak_bytes")) /
+                                      static_cast<double>(integer(row, "state_bytes_16P") +
+                                                          integer(row, "working_set_bytes")),
+                                  3) +
+                            "x";
+                   }}),
+      unless_none({"act. removed", "",
+                   [](const Json& row) { return fixed(100 * number(row, "activation_fraction_removed"), 1) + " %"; }}),
+      phase_peaks_column(),
+      unless_none(mib_column("offloaded", "bytes_offloaded", "MiB/step")),
+      fixed_column("step", "s", "step_seconds", 2),
+      loss_column(),
+  };
   std::vector<Json> rows;
   bool target_met = true;
   for (const auto layers : layer_counts) {
@@ -297,14 +351,6 @@ int run_memory(const Args& args) {
       const double removed = mode == Mode::none ? 0.0 : static_cast<double>(peak_none - peak) / activation_bytes;
       const double ratio = static_cast<double>(peak) / static_cast<double>(fl);
       if (layers == 16 && mode != Mode::none && (removed < 0.9 || ratio > 1.2)) target_met = false;
-      table.row(
-          {std::to_string(layers), mode_name(mode), mib(peak), mode == Mode::none ? "" : mib(fl),
-           mode == Mode::none ? "" : fixed(ratio, 3) + "x",
-           mode == Mode::none ? ""
-                              : fixed(static_cast<double>(peak) / static_cast<double>(a.state + a.working), 3) + "x",
-           mode == Mode::none ? "" : fixed(100 * removed, 1) + " %", mib(fwd) + " / " + mib(bwd) + " / " + mib(opt),
-           mode == Mode::none ? "" : mib(st.bytes_offloaded), fixed(ns / 1e9, 2),
-           std::string(fixed(loss, 6)) + (std::memcmp(&loss, &loss_none, sizeof loss) == 0 ? " (=)" : " (DIFFERS)")});
       rows.push_back(Json::object({
           {"layers", Json(layers)},
           {"mode", Json(mode_key(mode))},
@@ -338,7 +384,7 @@ int run_memory(const Args& args) {
               << " MiB), W_blk = " << mib(a.working) << " MiB, Streamed window = " << mib(a.window) << " MiB\n";
   }
   std::cout << "\n";
-  table.print();
+  print_rows(columns, rows);
   std::cout << "\nTarget (L=16, Blocking and Streamed): >= 90 % of activation bytes removed and peak <= 1.2x floor: "
             << (target_met ? "met" : "MISSED") << "\n";
   auto fields = header(args, torch_version());
@@ -397,8 +443,27 @@ int run_checkpoint(const Args& args) {
             << " MiB): independent of L\n"
             << "moved/step: bytes offloaded + bytes brought back in the measured step.\n\n";
 
-  Table table({"L", "mode", "peak MiB", "fixed MiB", "above fixed MiB", "analytical MiB", "above/analytical",
-               "above vs none", "fwd/bwd/opt peak MiB", "moved MiB/step", "tensors offloaded", "step s", "loss"});
+  // A row that offloads nothing shows "-" for what it moved.
+  const auto if_offloads = [](Column column) {
+    auto cell = std::move(column.cell);
+    column.cell = [cell](const Json& row) { return row.at("offloads").get<bool>() ? cell(row) : std::string("-"); };
+    return column;
+  };
+  const std::vector<Column> columns = {
+      text_column("L", "layers"),
+      text_column("mode", "mode"),
+      mib_column("peak", "peak_bytes"),
+      mib_column("fixed", "fixed_bytes"),
+      mib_column("above fixed", "above_fixed_bytes"),
+      mib_column("analytical", "analytical_above_fixed_bytes"),
+      fixed_column("above/analytical", "", "above_over_analytical", 3, "x"),
+      fixed_column("above vs none", "", "above_over_none", 3, "x"),
+      phase_peaks_column(),
+      if_offloads(mib_column("moved", "bytes_moved_per_step", "MiB/step")),
+      if_offloads(text_column("tensors offloaded", "tensors_offloaded")),
+      fixed_column("step", "s", "step_seconds", 2),
+      loss_column(),
+  };
   std::vector<Json> rows;
   for (const auto layers : layer_counts) {
     Shapes s = base;
@@ -439,14 +504,10 @@ int run_checkpoint(const Args& args) {
       const auto ratio = [](std::int64_t x, std::int64_t y) {
         return static_cast<double>(x) / static_cast<double>(y);
       };
-      table.row({std::to_string(layers), c.name, mib(peak), mib(fixed_bytes), mib(above), mib(c.analytical),
-                 fixed(ratio(above, c.analytical), 3) + "x", fixed(ratio(above, above_none), 3) + "x",
-                 mib(fwd) + " / " + mib(bwd) + " / " + mib(opt), c.mode == Mode::none ? "-" : mib(moved),
-                 c.mode == Mode::none ? "-" : std::to_string(st.tensors_offloaded), fixed(ns / 1e9, 2),
-                 std::string(fixed(loss, 6)) + (same ? " (=)" : " (DIFFERS)")});
       rows.push_back(Json::object({
           {"layers", Json(layers)},
           {"mode", Json(c.name)},
+          {"offloads", Json(c.mode != Mode::none)},
           {"peak_bytes", Json(peak)},
           {"peak_forward_bytes", Json(fwd)},
           {"peak_backward_bytes", Json(bwd)},
@@ -471,7 +532,7 @@ int run_checkpoint(const Args& args) {
               << " MiB, W_out = " << mib(w_out) << " MiB, L s_in = " << mib(layers * s_in) << " MiB\n";
   }
   std::cout << "\n";
-  table.print();
+  print_rows(columns, rows);
   auto fields = header(args, torch_version());
   fields.push_back({"shapes", Json(base.describe())});
   fields.push_back({"options", options_json(options)});
@@ -600,18 +661,30 @@ int run_overlap(const Args& args) {
             << "Every copy, blocking or not, costs latency + bytes / bandwidth on its stream. Step time in ms: "
             << "median of " << rounds << " rounds (each runs every cell once, in a rotated order) after one "
             << "warm-up step per mode. Options: " << describe(options) << ".\n\n";
-  Table table({"mode", "R", "GB/s", "link ms/step", "step ms", "IQR ms", "vs none", "CPU ms", "copies/step", "hidden"});
+  const std::vector<Column> columns = {
+      mode_column(),
+      fixed_column("R", "", "R", 2),
+      fixed_column("GB/s", "", "bandwidth_gbps", 3),
+      fixed_column("link", "ms/step", "link_ms_per_step", 1),
+      median_column("step", "ms", "step_ms", 1),
+      iqr_column("IQR", "ms", "step_ms", 1),
+      fixed_column("vs none", "", "ratio_vs_none", 3, "x"),
+      median_column("CPU", "ms", "cpu_ms", 1),
+      {"copies/step", "",
+       [](const Json& row) {
+         return has(row, "d2h_copies") ? std::to_string(integer(row, "d2h_copies") + integer(row, "h2d_copies"))
+                                       : std::string();
+       }},
+      {"hidden", "",
+       [](const Json& row) {
+         return has(row, "fraction_hidden") ? fixed(100 * number(row, "fraction_hidden"), 1) + " %" : std::string();
+       }},
+  };
   std::vector<Json> rows;
   for (std::size_t c = 0; c < cells.size(); ++c) {
     const auto& cell = cells[c];
     const Mode m = modes[cell.mode];
-    const auto n = stats[c].storages_offloaded + stats[c].tensors_reloaded;
     const bool link = m != Mode::none;
-    table.row({mode_name(m), link ? fixed(cell.r, 2) : "", link ? fixed(bandwidth(cell.r), 3) : "",
-               link ? fixed(link_ms(cell.r), 1) : "", fixed(sum[c].median, 1),
-               fixed(sum[c].q1, 1) + ".." + fixed(sum[c].q3, 1), fixed(sum[c].median / t_none, 3) + "x",
-               fixed(cpu_sum[c].median, 1), link ? std::to_string(n) : "",
-               m == Mode::streamed && cell.r > 0 ? fixed(100 * hidden(cell.r), 1) + " %" : ""});
     Json row = Json::object({{"mode", Json(mode_key(m))},
                              {"step_ms", summary_json(sum[c])},
                              {"cpu_ms", summary_json(cpu_sum[c])},
@@ -629,7 +702,7 @@ int run_overlap(const Args& args) {
     }
     rows.push_back(row);
   }
-  table.print();
+  print_rows(columns, rows);
   // Each trainer steps from the same seed on the same batch, so the k-th
   // loss of every mode must be bitwise the same.
   bool same_loss = true;
@@ -689,7 +762,15 @@ int run_gpu(const Args& args) {
 
   std::cout << "## GPU: " << args.get("gpu-name", "?") << "\n\nModel " << s.describe() << ", AdamW, median of " << steps
             << " steps after 2 warm-up steps.\n\n";
-  Table table({"mode", "step ms", "IQR ms", "vs none", "peak MiB", "offloaded MiB/step", "loss"});
+  const std::vector<Column> columns = {
+      mode_column(),
+      median_column("step", "ms", "step_ms", 1),
+      iqr_column("IQR", "ms", "step_ms", 1),
+      fixed_column("vs none", "", "ratio_vs_none", 3, "x"),
+      mib_column("peak", "peak_bytes"),
+      mib_column("offloaded", "bytes_offloaded", "MiB/step"),
+      fixed_column("loss", "", "loss", 6),
+  };
   std::vector<Json> rows;
   double t_none = 0;
   float loss_none = 0;
@@ -716,8 +797,6 @@ int run_gpu(const Args& args) {
       t_none = sm.median;
       loss_none = loss;
     }
-    table.row({mode_name(mode), fixed(sm.median, 1), fixed(sm.q1, 1) + ".." + fixed(sm.q3, 1),
-               fixed(sm.median / t_none, 3) + "x", mib(peak), mib(st.bytes_offloaded), fixed(loss, 6)});
     rows.push_back(Json::object({{"mode", Json(mode_key(mode))},
                                  {"step_ms", summary_json(sm)},
                                  {"ratio_vs_none", Json(sm.median / t_none)},
@@ -729,13 +808,25 @@ int run_gpu(const Args& args) {
                                  {"loss_bitwise_equal_to_none", Json(std::memcmp(&loss, &loss_none, sizeof loss) == 0)},
                                  {"stats", offload_json::stats(st)}}));
   }
-  table.print();
+  print_rows(columns, rows);
 
   // Copies: the policy's path (PinnedHost buffer, side stream, event) vs a
   // plain pinned copy_ on the current stream, same bytes.
   std::cout << "\nCopy GB/s (1 GB = 1e9 bytes), median of repeated copies:\n\n";
-  Table copies({"size", "D2H pinned copy_", "D2H PinnedHost side stream", "ratio", "H2D pinned copy_",
-                "H2D PinnedHost side stream", "ratio"});
+  const auto ratio_column = [](std::string policy, std::string plain) {
+    return Column{"ratio", "", [policy, plain](const Json& row) {
+                    return fixed(number(row, policy) / number(row, plain), 2) + "x";
+                  }};
+  };
+  const std::vector<Column> copy_columns = {
+      {"size", "", [](const Json& row) { return size_label(integer(row, "bytes")); }},
+      fixed_column("D2H pinned copy_", "", "d2h_pinned_copy_gb_per_s", 2),
+      fixed_column("D2H PinnedHost side stream", "", "d2h_policy_gb_per_s", 2),
+      ratio_column("d2h_policy_gb_per_s", "d2h_pinned_copy_gb_per_s"),
+      fixed_column("H2D pinned copy_", "", "h2d_pinned_copy_gb_per_s", 2),
+      fixed_column("H2D PinnedHost side stream", "", "h2d_policy_gb_per_s", 2),
+      ratio_column("h2d_policy_gb_per_s", "h2d_pinned_copy_gb_per_s"),
+  };
   std::vector<Json> copy_rows;
   const auto side = offload::device::Cuda::side_stream(0);
   for (std::int64_t n = 1 << 20; n <= (std::int64_t{1} << 30); n *= 4) {
@@ -776,8 +867,6 @@ int run_gpu(const Args& args) {
       sync();
     });
     const double h2d_policy = measure([&] { on_side(false); });
-    copies.row({size_label(n), fixed(d2h_plain, 2), fixed(d2h_policy, 2), fixed(d2h_policy / d2h_plain, 2) + "x",
-                fixed(h2d_plain, 2), fixed(h2d_policy, 2), fixed(h2d_policy / h2d_plain, 2) + "x"});
     copy_rows.push_back(Json::object({{"bytes", Json(n)},
                                       {"d2h_pinned_copy_gb_per_s", Json(d2h_plain)},
                                       {"d2h_policy_gb_per_s", Json(d2h_policy)},
@@ -785,7 +874,7 @@ int run_gpu(const Args& args) {
                                       {"h2d_policy_gb_per_s", Json(h2d_policy)},
                                       {"policy_pinned", Json(policy.pinned)}}));
   }
-  copies.print();
+  print_rows(copy_columns, copy_rows);
   auto fields = header(args, torch_version());
   fields.push_back({"gpu", Json(args.get("gpu-name", "?"))});
   fields.push_back({"date", Json(args.get("date", ""))});

@@ -1,26 +1,77 @@
 // SPDX-License-Identifier: MIT
 #pragma once
-// The shared fixture of the runtime suites on the `sim` device: its two
-// device indices, and the substrate (sim installed once per process, a
-// copy latency and poisoning of freed memory for one test, restored after).
+// The shared fixture of the runtime suites: the device the parametrised
+// suites run on (OFFLOAD_TEST_DEVICE: `sim`, the default, or `cuda`), the
+// manager types of each device this build has, the decorators that skip a
+// case on the other device or off sim, and sim's substrate (sim installed once per process, a copy
+// latency and poisoning of freed memory for one test, restored after).
 
 #include <cstdint>
+#include <string>
+#include <string_view>
+#include <vector>
 
+#include <ATen/core/Tensor.h>
 #include <c10/core/Device.h>
 
+#include <offload/config.hpp>
+#include <offload/offload.hpp>
 #include <offload/sim.hpp>
+
+#include "doctest.hpp"
 
 namespace fixture {
 
-/// sim:0 and sim:1.
+/// sim:0 and sim:1 (the suites that run on sim only).
 inline const c10::Device sim0(c10::DeviceType::PrivateUse1, 0);
 inline const c10::Device sim1(c10::DeviceType::PrivateUse1, 1);
 
-/// Installs the sim backend (once per process) and, while it lives, makes
-/// every copy between host and sim cost `latency_us` microseconds on its
-/// stream (plus bytes over sim's bandwidth) and (with `poison`) fills freed
-/// device memory with NaN, so a missing wait or an early free shows up as
-/// wrong numbers. Restores the knobs after.
+/// The device of the parametrised suites (parity, views, zoo, Streamed).
+enum class Target { sim, cuda };
+
+/// OFFLOAD_TEST_DEVICE, read once: unset or empty is `sim`. Thread-safe.
+Target target();
+/// "sim" or "cuda".
+std::string_view target_name();
+/// Empty when the suites can run on target(); else one line naming
+/// OFFLOAD_TEST_DEVICE, its value and what is wrong (an unknown value, with
+/// the accepted ones; `cuda` in a build without device::Cuda or with no
+/// CUDA device visible). main() prints it and runs nothing.
+std::string target_error();
+/// Prepares the target before any test runs: on CUDA, deterministic
+/// kernels (bitwise comparisons need them: embedding backward uses atomics
+/// otherwise, cuBLAS a fixed workspace).
+void prepare_target();
+
+/// Device index 0 of target(), and a second device: sim:1, or the last
+/// visible CUDA device (cuda:0 on a machine with one GPU).
+c10::Device device0();
+c10::Device device1();
+
+/// A case (or the one instantiation of a templated case) that uses sim
+/// (its knobs, its copy latency, poisoning of freed memory, its capacity or
+/// its host allocator's counts) is skipped on another target; `reason` says
+/// why, and main() lists the skipped ones with it.
+///   TEST_CASE("..." * fixture::sim_only("copy latency widens the race")) {...}
+struct sim_only {
+  const char* reason;
+  void fill(doctest::detail::TestCase& test) const;
+};
+/// A templated case over the manager types of every device (the
+/// FIXTURE_*_TYPES lists): the instantiations whose device policy is not
+/// target()'s are skipped.
+struct on_target {
+  void fill(doctest::detail::TestCase& test) const;
+};
+/// The sim-only cases skipped in this run: "name (reason)".
+std::vector<std::string> skipped_sim_only();
+
+/// The copy latency and poisoning of sim (a no-op for another target's
+/// tensors): installs the sim backend (once per process) and, while it
+/// lives, makes every copy between host and sim cost `latency_us`
+/// microseconds on its stream (plus bytes over sim's bandwidth) and (with
+/// `poison`) fills freed device memory with NaN, so a missing wait or an
+/// early free shows up as wrong numbers. Restores the knobs after.
 struct Substrate {
   explicit Substrate(std::int64_t latency_us, bool poison = true) {
     offload::sim::install();
@@ -36,4 +87,49 @@ struct SlowPoisonedSim : Substrate {
   explicit SlowPoisonedSim(std::int64_t latency_us = 1000) : Substrate(latency_us) {}
 };
 
+/// The manager of `Device` with `Storage` and `Sync`.
+template <class Device, class Storage, class Sync>
+using Manager = offload::Manager<Device, Storage, Sync>;
+
+/// The minimal complete sync policy: copy to the host, copy back, nothing
+/// else (no step callback). It must pass every parity case.
+struct CopyOnly {
+  static constexpr std::string_view name = "copy_only";
+  static constexpr bool needs_events = false;
+  template <offload::device_policy Device>
+  struct State {
+    struct EntryState {};
+    explicit State(const offload::Options& /*options*/) {}
+    void offload(const offload::Transfer<EntryState>& t, const at::Tensor& device_bytes) {
+      t.copy_to_host(device_bytes, /*non_blocking=*/false);
+    }
+    offload::Reloaded reload(const offload::Transfer<EntryState>& t) {
+      auto bytes = t.empty_device_bytes();
+      t.copy_to_device(bytes, /*non_blocking=*/false);
+      return {bytes, /*copied=*/true};
+    }
+  };
+};
+
+/// The copy delay of the parity cases on sim (microseconds).
+constexpr std::int64_t kParityDelayUs = 200;
+
 }  // namespace fixture
+
+/// The manager types of the parametrised suites, over every device this
+/// build has (device::Cuda only with OFFLOAD_HAS_CUDA), for
+/// TEST_CASE_TEMPLATE("..." * fixture::on_target(), M, FIXTURE_TYPES(Storage, Sync)).
+#if OFFLOAD_HAS_CUDA
+#define FIXTURE_TYPES(Storage, Sync)                                       \
+  fixture::Manager<offload::device::Sim, offload::storage::Storage, Sync>, \
+      fixture::Manager<offload::device::Cuda, offload::storage::Storage, Sync>
+#else
+#define FIXTURE_TYPES(Storage, Sync) fixture::Manager<offload::device::Sim, offload::storage::Storage, Sync>
+#endif
+
+/// Every manager type of the parity cases: both storages under Blocking and
+/// Streamed, and pinned storage under CopyOnly.
+#define FIXTURE_PARITY_TYPES                                                                                    \
+  FIXTURE_TYPES(PinnedHost, offload::sync::Blocking), FIXTURE_TYPES(PageableHost, offload::sync::Blocking),     \
+      FIXTURE_TYPES(PinnedHost, offload::sync::Streamed), FIXTURE_TYPES(PageableHost, offload::sync::Streamed), \
+      FIXTURE_TYPES(PinnedHost, fixture::CopyOnly)

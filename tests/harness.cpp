@@ -11,6 +11,9 @@
 #if OFFLOAD_HAS_SIM
 #include <iostream>
 
+#include <c10/core/CachingDeviceAllocator.h>
+#include <c10/core/impl/DeviceGuardImplInterface.h>
+
 #include <offload/offload.hpp>
 #include <offload/sim.hpp>
 #endif
@@ -147,15 +150,44 @@ CustomFunctionResult custom_function_saving_cpu(c10::Device device, const Wrap& 
 }
 
 #if OFFLOAD_HAS_SIM
-std::int64_t settled_device_bytes() {
+void synchronize(c10::Device device) {
+  if (device.type() == c10::DeviceType::PrivateUse1) {
+    offload::sim::synchronize();
+  } else {
+    c10::impl::getDeviceGuardImpl(device.type())->synchronizeDevice(device.index());
+    // A caching allocator returns a block freed while a side stream still
+    // used it (record_stream) only when it next processes its events: this
+    // does, so the counts below are exact.
+    c10::getDeviceAllocator(device.type())->emptyCache();
+  }
+}
+
+std::int64_t device_bytes(c10::Device device) {
+  if (device.type() == c10::DeviceType::PrivateUse1) return offload::sim::device_memory(device.index()).current_bytes;
+  return c10::getDeviceAllocator(device.type())->getDeviceStats(device.index()).allocated_bytes[0].current;
+}
+
+std::int64_t peak_bytes(c10::Device device) {
+  if (device.type() == c10::DeviceType::PrivateUse1) return offload::sim::device_memory(device.index()).peak_bytes;
+  return c10::getDeviceAllocator(device.type())->getDeviceStats(device.index()).allocated_bytes[0].peak;
+}
+
+void reset_peak(c10::Device device) {
+  if (device.type() == c10::DeviceType::PrivateUse1) {
+    offload::sim::reset_peak(device.index());
+  } else {
+    c10::getDeviceAllocator(device.type())->resetPeakStats(device.index());
+  }
+}
+
+std::int64_t settled_device_bytes(c10::Device device) {
   {
     const offload::NoOffload no_offload;
-    const auto leaf =
-        torch::zeros({0}, torch::TensorOptions().device(c10::DeviceType::PrivateUse1, 0)).requires_grad_();
+    const auto leaf = torch::zeros({0}, torch::TensorOptions().device(device)).requires_grad_();
     (leaf * 2).backward(torch::zeros_like(leaf));
   }
-  offload::sim::synchronize();
-  return offload::sim::device_memory(0).current_bytes;
+  synchronize(device);
+  return device_bytes(device);
 }
 
 ReadmeRun run_readme_snippet() {

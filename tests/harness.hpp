@@ -72,17 +72,27 @@ struct ReadmeRun {
 /// GPT) and the same steps without it.
 ReadmeRun run_readme_snippet();
 
-/// Device bytes in use on sim:0 (offload::sim::device_memory) once
-/// LibTorch's autograd thread for device index 0 has let go of the last
-/// backward's buffers. backward() returns when the graph task completes,
-/// before that thread ends its loop iteration and drops its reference to
-/// the GraphTask (which can still hold tensors, e.g. autograd::grad's
-/// results held by its future), so a count read at once can include them.
-/// This runs a backward of zero-element sim:0 tensors (no offloading, 0
-/// bytes) through the same thread first: when it completes, the thread has
-/// finished every earlier iteration. Covers sim:0's thread only. Calls
-/// offload::sim::synchronize().
-std::int64_t settled_device_bytes();
+/// Waits for everything queued on `device` (on sim: on every sim device;
+/// elsewhere also lets the caching allocator return what it still held for
+/// a side stream's use, and its cached blocks).
+void synchronize(c10::Device device);
+/// Bytes allocated on `device` now, and at most since reset_peak(device):
+/// sim's allocator (offload::sim::device_memory), or the device type's
+/// caching allocator (c10::getDeviceAllocator).
+std::int64_t device_bytes(c10::Device device);
+std::int64_t peak_bytes(c10::Device device);
+void reset_peak(c10::Device device);
+
+/// Device bytes in use on `device` once LibTorch's autograd thread for its
+/// index has let go of the last backward's buffers. backward() returns
+/// when the graph task completes, before that thread ends its loop
+/// iteration and drops its reference to the GraphTask (which can still hold
+/// tensors, e.g. autograd::grad's results held by its future), so a count
+/// read at once can include them. This runs a backward of zero-element
+/// tensors on `device` (no offloading, 0 bytes) through the same thread
+/// first: when it completes, the thread has finished every earlier
+/// iteration. Covers that device's thread only. Calls synchronize(device).
+std::int64_t settled_device_bytes(c10::Device device = c10::Device(c10::DeviceType::PrivateUse1, 0));
 #endif
 
 /// A Wrap that runs the forward pass inside an offload::Scope of `manager`

@@ -2,19 +2,39 @@
 // The one main() of the doctest suites. The sim backend is installed before
 // any test runs: LibTorch's autograd engine sizes its per-device worker
 // pools at the first backward pass of the process, so a backend registered
-// later has no worker queue (the same holds for any real backend).
+// later has no worker queue (the same holds for any real backend). The
+// parametrised suites run on the device OFFLOAD_TEST_DEVICE names (sim by
+// default; tests/fixture.hpp): a value they cannot run on stops the run
+// before any test, with one line saying why.
 #define DOCTEST_CONFIG_IMPLEMENT
 #include "doctest.hpp"
+
+#include <iostream>
 
 #include <offload/config.hpp>
 #if OFFLOAD_HAS_SIM
 #include <offload/sim.hpp>
+
+#include "fixture.hpp"
 #endif
 
 int main(int argc, char** argv) {
 #if OFFLOAD_HAS_SIM
+  if (const auto error = fixture::target_error(); !error.empty()) {
+    std::cerr << "offload_tests: " << error << "\n";
+    return 2;
+  }
   offload::sim::install();
+  fixture::prepare_target();
 #endif
   doctest::Context context(argc, argv);
-  return context.run();
+  const int status = context.run();
+#if OFFLOAD_HAS_SIM
+  if (const auto skipped = fixture::skipped_sim_only(); !skipped.empty() && !context.shouldExit()) {
+    std::cout << "offload_tests: on " << fixture::target_name() << ", " << skipped.size()
+              << " sim-only cases skipped (run them with OFFLOAD_TEST_DEVICE=sim):\n";
+    for (const auto& line : skipped) std::cout << "  " << line << "\n";
+  }
+#endif
+  return status;
 }

@@ -2,7 +2,10 @@
 // sync::Streamed beyond parity: the forward stash window bounds device
 // memory, backward prefetch is bounded, stashed tensors are reused, a
 // non-default compute stream is honoured, and memory freed in place under
-// a copy is not reused before the copy has read it.
+// a copy is not reused before the copy has read it. The windows and the
+// in-place free are measured under sim's copy latency (and poisoning): they
+// run on sim only; stash reuse and the compute stream run on the test
+// device (OFFLOAD_TEST_DEVICE, sim by default).
 
 #include "doctest.hpp"
 
@@ -20,12 +23,14 @@
 namespace {
 
 using Streamed = offload::Manager<offload::device::Sim, offload::storage::PinnedHost, offload::sync::Streamed>;
+#define STREAMED_TYPES FIXTURE_TYPES(PinnedHost, offload::sync::Streamed)
 using fixture::sim0;
 constexpr std::int64_t kSide = 256;
 constexpr std::int64_t kAct = kSide * kSide * 4;  // bytes of one activation
 
 struct Chain {
-  at::Tensor x = at::randn({kSide, kSide}).to(sim0).requires_grad_();
+  explicit Chain(c10::Device device = sim0) : x(at::randn({kSide, kSide}).to(device).requires_grad_()) {}
+  at::Tensor x;
   // 16 tanh layers: each saves its 256 KiB output
   at::Tensor forward() const {
     auto h = x * 1;
@@ -77,7 +82,8 @@ Peaks measure(const Chain& chain, const Streamed* manager) {
 
 }  // namespace
 
-TEST_CASE("Streamed: forward memory stays within the stash window; backward prefetch is bounded") {
+TEST_CASE("Streamed: forward memory stays within the stash window; backward prefetch is bounded" *
+          fixture::sim_only{"the bounds hold with copies kept in flight by sim's copy latency"}) {
   const SlowPoisonedSim sim;
   Chain chain;
   const auto plain = measure(chain, nullptr);
@@ -104,7 +110,8 @@ TEST_CASE("Streamed: forward memory stays within the stash window; backward pref
   }
 }
 
-TEST_CASE("Streamed: memory freed in place under a device-to-host copy is not reused before the copy read it") {
+TEST_CASE("Streamed: memory freed in place under a device-to-host copy is not reused before the copy read it" *
+          fixture::sim_only{"the free must come before the copy (sim's copy latency) and read as poison"}) {
   // A saved view of b, whose owner frees b's memory in place right after
   // forward (`untyped_storage().resize_(0)`, as FSDP2 does to its unsharded
   // parameters), while the delayed copy has not run, and fills it again
@@ -135,7 +142,8 @@ TEST_CASE("Streamed: memory freed in place under a device-to-host copy is not re
   CHECK(at::equal(off, plain));
 }
 
-TEST_CASE("Streamed: the prefetch window counts bytes, not tensors, when prefetch_bytes is set") {
+TEST_CASE("Streamed: the prefetch window counts bytes, not tensors, when prefetch_bytes is set" *
+          fixture::sim_only{"the window fills while sim's copy latency keeps copies in flight"}) {
   const SlowPoisonedSim sim;
   Chain chain;
   const auto plain = measure(chain, nullptr);
@@ -157,7 +165,8 @@ TEST_CASE("Streamed: the prefetch window counts bytes, not tensors, when prefetc
   CHECK(tiny.stats().prefetch_peak == 1);
 }
 
-TEST_CASE("Streamed: with prefetch_bytes 0 small saved tensors do not take a prefetch slot each") {
+TEST_CASE("Streamed: with prefetch_bytes 0 small saved tensors do not take a prefetch slot each" *
+          fixture::sim_only{"the window fills while sim's copy latency keeps copies in flight"}) {
   const SlowPoisonedSim sim;
   // 8 layers, each saving its 256 KiB output and four 4 KiB tensors (the
   // shape of LayerNorm's saved mean and rstd next to a large activation)
@@ -187,7 +196,8 @@ TEST_CASE("Streamed: with prefetch_bytes 0 small saved tensors do not take a pre
   }
 }
 
-TEST_CASE("Streamed: the window shrinks once the largest saved tensor came back") {
+TEST_CASE("Streamed: the window shrinks once the largest saved tensor came back" *
+          fixture::sim_only{"the window fills while sim's copy latency keeps copies in flight"}) {
   const SlowPoisonedSim sim;
   // 8 chained 256 KiB activations, then one 4 MiB tensor saved last (as
   // the logits are) and so needed first in backward.
@@ -210,10 +220,11 @@ TEST_CASE("Streamed: the window shrinks once the largest saved tensor came back"
   CHECK(stats.prefetch_peak <= 2);
 }
 
-TEST_CASE("Streamed: a tensor still in the forward stash is reused, not copied back") {
+TEST_CASE_TEMPLATE("Streamed: a tensor still in the forward stash is reused, not copied back" * fixture::on_target(), M,
+                   STREAMED_TYPES) {
   const fixture::Substrate substrate(/*latency_us=*/100, /*poison=*/false);
-  Chain chain;
-  Streamed manager(offload::Options{.min_offload_bytes = 0, .max_fwd_stash = 4, .prefetch_depth = 2});
+  Chain chain(fixture::device0());
+  M manager(offload::Options{.min_offload_bytes = 0, .max_fwd_stash = 4, .prefetch_depth = 2});
   {
     offload::Scope scope(manager);  // open across forward and backward
     auto loss = chain.forward();
@@ -225,14 +236,16 @@ TEST_CASE("Streamed: a tensor still in the forward stash is reused, not copied b
   CHECK(stats.tensors_reloaded + stats.stash_reuses == stats.tensors_offloaded);
 }
 
-TEST_CASE("Streamed: correct under a non-default current compute stream") {
+TEST_CASE_TEMPLATE("Streamed: correct under a non-default current compute stream" * fixture::on_target(), M,
+                   STREAMED_TYPES) {
   const fixture::Substrate substrate(/*latency_us=*/300);
-  const auto plain = harness::train(harness::ModelKind::block, sim0, 2);
-  const auto* guard = c10::impl::getDeviceGuardImpl(c10::DeviceType::PrivateUse1);
-  const c10::StreamGuard on_pool(guard->getStreamFromGlobalPool(sim0));
+  const auto device = fixture::device0();
+  const auto plain = harness::train(harness::ModelKind::block, device, 2);
+  const auto* guard = c10::impl::getDeviceGuardImpl(device.type());
+  const c10::StreamGuard on_pool(guard->getStreamFromGlobalPool(device));
   for (int r = 0; r < 5; ++r) {
-    Streamed manager(offload::Options{.min_offload_bytes = 0, .max_fwd_stash = 2});
-    const auto offloaded = harness::train(harness::ModelKind::block, sim0, 2, [&](const harness::Forward& f) {
+    M manager(offload::Options{.min_offload_bytes = 0, .max_fwd_stash = 2});
+    const auto offloaded = harness::train(harness::ModelKind::block, device, 2, [&](const harness::Forward& f) {
       offload::Scope scope(manager);
       return f();
     });

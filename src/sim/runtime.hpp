@@ -1,9 +1,9 @@
 // SPDX-License-Identifier: MIT
 #pragma once
 
-// Internal interface between the sim runtime (backend.cpp: streams,
-// allocators, guard, hooks) and the sim kernels (kernels.cpp, cells.cpp).
-// Not installed.
+// Internal interface between the sim runtime (streams.cpp, runtime.cpp,
+// the allocators, guard.cpp, hooks.cpp, install.cpp) and the sim kernels
+// (kernels.cpp, cells.cpp). Not installed.
 
 #include <c10/core/Device.h>
 #include <c10/core/Stream.h>

@@ -1,7 +1,13 @@
 # SPDX-License-Identifier: MIT
 """pytest setup: the package from the build tree (PYTHONPATH, set by
-tests/meson.build) and the simulated device, installed once per process
-with checking mode on and a link latency that widens race windows."""
+tests/meson.build), the device of the suite (OFFLOAD_TEST_DEVICE: sim, the
+default, or cuda; testdevice.py), and on sim the simulated device,
+installed once per process with checking mode on and a link latency that
+widens race windows. On another device sim is not installed: a registered
+PrivateUse1 backend is the accelerator LibTorch detects first, and the
+cases that let device="auto" choose must get the device under test. A
+value of OFFLOAD_TEST_DEVICE the suite cannot run on stops it before any
+case."""
 
 import os
 import sys
@@ -11,11 +17,28 @@ import torch
 
 sys.path.insert(0, os.path.dirname(__file__))
 
+import testdevice  # noqa: E402
 import torch_offload.sim  # noqa: E402
 
 LATENCY_US = 50
-torch_offload.sim.install(copy_latency_us=LATENCY_US, poison_freed=True)
+if testdevice.DEV == "sim":
+    torch_offload.sim.install(copy_latency_us=LATENCY_US, poison_freed=True)
 torch.set_num_threads(1)
+
+
+def pytest_configure(config):
+    problem = testdevice.error()
+    if problem:
+        raise pytest.UsageError(problem)
+    if testdevice.DEV == "cuda":
+        # Bitwise comparisons need deterministic kernels (an operation
+        # without one warns; the comparison of its case decides).
+        os.environ.setdefault("CUBLAS_WORKSPACE_CONFIG", ":4096:8")
+        torch.use_deterministic_algorithms(True, warn_only=True)
+
+
+def pytest_report_header(config):
+    return f"OFFLOAD_TEST_DEVICE: {testdevice.DEV}"
 
 
 @pytest.hookimpl(hookwrapper=True)
@@ -27,24 +50,25 @@ def pytest_runtest_makereport(item, call):
 
 @pytest.fixture(autouse=True)
 def memory_returns_to_baseline(request):
-    """Every case that passed leaves host and device bytes where it found
-    them (a failed one may still hold its tensors in the traceback)."""
+    """Every case that passed leaves device bytes (on sim also host bytes)
+    where it found them (a failed one may still hold its tensors in the
+    traceback)."""
     import gc
 
     gc.collect()
-    torch_offload.sim.synchronize(0)
-    device0 = torch_offload.sim.device_memory(0)["current_bytes"]
-    host0 = torch_offload.sim.host_memory()["current_bytes"]
+    testdevice.synchronize(0)
+    device0 = testdevice.device_bytes(0)
+    host0 = testdevice.host_bytes()
     yield
     import gc
 
     if getattr(request.node, "call_failed", False):
         return
     gc.collect()
-    for i in range(torch_offload.sim.config()["num_devices"]):
-        torch_offload.sim.synchronize(i)
-    assert torch_offload.sim.device_memory(0)["current_bytes"] == device0
-    assert torch_offload.sim.host_memory()["current_bytes"] == host0
+    for i in range(testdevice.device_count()):
+        testdevice.synchronize(i)
+    assert testdevice.device_bytes(0) == device0
+    assert testdevice.host_bytes() == host0
 
 
 def pytest_terminal_summary(terminalreporter):

@@ -1,11 +1,11 @@
 # SPDX-License-Identifier: MIT
 """torch_offload.CheckpointOffload as a Hugging Face gradient_checkpointing_func:
 a tiny model built from torch.nn modules that calls its layers the way
-transformers' GradientCheckpointingLayer does, on the slow, poisoned sim
-(conftest.py). Bitwise parity with torch.utils.checkpoint without
-offloading (dropout on), only the layers' inputs reach the manager, and a
-lower peak of device memory. transformers' own models: tests/thirdparty/
-test_checkpoint_hf.py."""
+transformers' GradientCheckpointingLayer does, on the test device
+(OFFLOAD_TEST_DEVICE; sim by default, slow and poisoned: conftest.py).
+Bitwise parity with torch.utils.checkpoint without offloading (dropout on),
+only the layers' inputs reach the manager, and a lower peak of device
+memory. transformers' own models: tests/thirdparty/test_checkpoint_hf.py."""
 
 import functools
 
@@ -15,9 +15,9 @@ from torch import nn
 from torch.nn import functional as F
 
 import torch_offload
-import torch_offload.sim
+import testdevice
 
-DEV = "sim:0"
+DEV = f"{testdevice.DEV}:0"
 
 
 class Layer(nn.Module):
@@ -65,8 +65,8 @@ def train(func, steps=3, layers=6, width=64, seq=32):
     before, and the layers' checkpoint function, of `steps` AdamW steps with
     each layer checkpointed by `func` (None: no checkpoint; "offload":
     enable_gradient_checkpointing with a streamed manager)."""
-    torch_offload.sim.synchronize(0)
-    base = torch_offload.sim.device_memory(0)["current_bytes"]
+    testdevice.synchronize(0)
+    base = testdevice.device_bytes(0)
     torch.manual_seed(0)
     model = TinyLM(width=width, layers=layers).to(DEV).train()
     if func == "offload":
@@ -81,16 +81,16 @@ def train(func, steps=3, layers=6, width=64, seq=32):
     ids, labels = data[:, :-1].to(DEV), data[:, 1:].to(DEV)
     optimizer = torch.optim.AdamW(model.parameters(), lr=1e-2)
     losses = []
-    torch_offload.sim.synchronize(0)
-    torch_offload.sim.reset_peak(0)
+    testdevice.synchronize(0)
+    testdevice.reset_peak(0)
     for _ in range(steps):
         optimizer.zero_grad()
         loss = model(ids, labels)
         loss.backward()
         optimizer.step()
         losses.append(loss.item())
-    torch_offload.sim.synchronize(0)
-    peak = torch_offload.sim.device_memory(0)["peak_bytes"] - base
+    testdevice.synchronize(0)
+    peak = testdevice.peak_bytes(0) - base
     grads = [p.grad.cpu() for p in model.parameters()]
     return losses, grads, peak, model.layers[0]._gradient_checkpointing_func if func else None
 

@@ -18,6 +18,9 @@ import sys
 import pytest
 
 import dist_worker
+from testdevice import sim_only
+
+pytestmark = sim_only("2 ranks on sim, collectives through the offload_sim backend")
 
 WORLD = 2
 TIMEOUT_S = 240

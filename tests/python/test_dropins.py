@@ -19,6 +19,7 @@ import torch_offload.torchtune
 import torch_offload.trl
 
 from test_torch_offload import assert_bitwise, leaf
+from testdevice import DEV
 
 # ---------------------------------------------------------------- signatures
 
@@ -52,7 +53,7 @@ def test_positional_orders_mean_what_each_peer_means():
     assert (trl["min_offload_bytes"], trl["max_fwd_stash"]) == (2048, 3) == \
         (tune["min_offload_bytes"], tune["max_fwd_stash"])
     top = torch_offload.OffloadActivations(False, False, min_offload_size=2048, max_fwd_stash_size=3)
-    assert "Manager<sim, pageable_host, blocking>" in repr(top)
+    assert f"Manager<{DEV}, pageable_host, blocking>" in repr(top)
     assert (top.options["min_offload_bytes"], top.options["max_fwd_stash"]) == (2048, 3)
     assert torch_offload.trl.NoOpManager is torch_offload.torchtune.NoOpManager is torch_offload.NoOpManager
     model = nn.Linear(2, 2)
@@ -76,7 +77,7 @@ def test_update_model_params_keeps_frozen_weights_on_the_device(make):
         loss.backward()
         return manager.stats(), x.grad
 
-    frozen = nn.Linear(64, 64).to("sim").requires_grad_(False)  # a 16 KiB weight saved for x's gradient
+    frozen = nn.Linear(64, 64).to(DEV).requires_grad_(False)  # a 16 KiB weight saved for x's gradient
     plain, ref = run(make(), frozen)
     # A frozen weight is a parameter (a floating-point leaf): it stays even
     # untold, counted before exclusion is looked at.
@@ -227,11 +228,11 @@ class HeadedNet(nn.Module):
 def test_kept_head_trains_bitwise_and_saves_on_the_device(get, head_attr):
     def run(ctx_of):
         torch.manual_seed(0)
-        model = HeadedNet(head_attr).to("sim")
+        model = HeadedNet(head_attr).to(DEV)
         if head_attr == "output.linear":
-            model.output.linear.to("sim")
+            model.output.linear.to(DEV)
         ctx = ctx_of(model)
-        x = torch.randn(32, 64).to("sim")
+        x = torch.randn(32, 64).to(DEV)
         with ctx:
             loss = model(x).square().sum()
         loss.backward()

@@ -456,7 +456,9 @@ class Core final : public HookSource, public std::enable_shared_from_this<Core<D
     const std::lock_guard lock(mutex_);
     if (planner_.active()) {
       kept_.clear();
-      if (const auto warning = planner_.begin_step(peak_on(target_index_)); !warning.empty()) warn(warning);
+      if (const auto warning = planner_.begin_step(peak_on(target_index_), allocated_on(target_index_));
+          !warning.empty())
+        warn(warning);
     }
     return ScopeMark{seen_defined_.load(std::memory_order_relaxed), seen_on_device_.load(std::memory_order_relaxed)};
   }

@@ -50,14 +50,21 @@ class Planner {
 
   /// A step begins (a Scope opened): the step recorded so far becomes the
   /// one the new plan is made from. `peak`: the most bytes the device has
-  /// had allocated at once so far, or -1. Returns the warning to give when
-  /// the target cannot be met even offloading everything (once per
+  /// had allocated at once so far, or -1; `allocated`: the device's
+  /// allocated bytes now, or -1. What is allocated now beyond what the
+  /// recorded step began with (optimizer state created after the first
+  /// step) is added to every recorded point. Returns the warning to give
+  /// when the target cannot be met even offloading everything (once per
   /// planner), else an empty string.
-  std::string begin_step(std::int64_t peak) {
+  std::string begin_step(std::int64_t peak, std::int64_t allocated = -1) {
     std::string warning;
-    if (!current_.saved.empty()) warning = plan_from(current_);
+    if (!current_.saved.empty()) {
+      const bool known = allocated >= 0 && current_.start_allocated >= 0;
+      warning = plan_from(current_, known ? std::max<std::int64_t>(0, allocated - current_.start_allocated) : 0);
+    }
     current_ = Record{};
     current_.start_peak = peak;
+    current_.start_allocated = allocated;
     kept_now_ = 0;
     growth_ = 1.0;
     ++step_;
@@ -159,16 +166,19 @@ class Planner {
   struct Record {
     std::vector<Saved> saved;
     std::vector<Point> points;
-    bool measured = false;         // the device reported allocated memory
-    std::int64_t start_peak = -1;  // the device's peak when the step began
-    std::int64_t end_peak = -1;    // ... when its backward ended
+    bool measured = false;              // the device reported allocated memory
+    std::int64_t start_peak = -1;       // the device's peak when the step began
+    std::int64_t start_allocated = -1;  // ... its allocated bytes then
+    std::int64_t end_peak = -1;         // ... when its backward ended
   };
 
   std::int64_t scaled(std::int64_t bytes) const noexcept {
     return static_cast<std::int64_t>(static_cast<double>(bytes) * growth_);
   }
 
-  std::string plan_from(const Record& r) {
+  // `grown`: bytes allocated at this step's start beyond the recorded
+  // step's start, added to every recorded point.
+  std::string plan_from(const Record& r, std::int64_t grown) {
     const auto n = r.saved.size();
     std::int64_t eligible = 0;
     std::int64_t largest = 0;
@@ -206,7 +216,7 @@ class Planner {
     std::int64_t least = 0;  // the fewest bytes to offload: the largest excess keeping everything
     for (const auto& p : r.points) {
       const std::size_t q = p.prefix < 0 ? n : static_cast<std::size_t>(p.prefix);
-      const std::int64_t base = p.allocated - p.kept;  // with nothing kept
+      const std::int64_t base = p.allocated + grown - p.kept;  // with nothing kept
       needs = std::max(needs, base);
       least = std::max(least, base + eligible_before[q] - limit);
       slack[q] = std::min(slack[q], limit - base);

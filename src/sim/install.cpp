@@ -1,0 +1,88 @@
+// SPDX-License-Identifier: MIT
+//
+// offload::sim::install(): builds the runtime, registers the backend, its
+// guard, allocator, hooks and kernels, and drains every stream at exit.
+
+#include "internal.hpp"
+
+#include <ATen/detail/PrivateUse1HooksInterface.h>
+#include <c10/core/Allocator.h>
+#include <c10/core/CachingDeviceAllocator.h>
+#include <c10/core/impl/DeviceGuardImplInterface.h>
+#include <c10/util/Exception.h>
+
+#include <cstdlib>
+#include <memory>
+#include <mutex>
+
+namespace offload::sim {
+namespace detail {
+namespace {
+
+std::mutex g_install_mutex;
+
+// Registered by install(), so it runs before the statics constructed
+// earlier are destroyed (Python drains sooner: torch_offload.sim registers
+// its own drain with Python's atexit). Work queued from here on (e.g. a
+// release a static's destructor queues) runs on the thread that queues it,
+// so the idle, detached workers touch nothing more and the process exits
+// with its own status.
+void drain_everything_at_exit() {
+  auto* rt = g_runtime.load();
+  if (rt == nullptr) {
+    return;
+  }
+  g_exiting.store(true);
+  for (int d = 0; d < rt->installed.num_devices; ++d) {
+    for (auto& s : rt->streams[static_cast<std::size_t>(d)]) {
+      try {
+        s->synchronize();
+      } catch (...) {  // errors of queued work have nobody left to report to
+      }
+    }
+  }
+}
+
+}  // namespace
+}  // namespace detail
+
+void install(const Config& config) {
+  detail::validate(config);
+  std::lock_guard<std::mutex> lock(detail::g_install_mutex);
+  if (installed()) {
+    // Compared with what was installed: the runtime knobs may have moved since.
+    const auto& have = detail::runtime().installed;
+    TORCH_CHECK(have == config, "offload::sim::install: already installed with a different Config (",
+                detail::differences(have, config), ")");
+    return;
+  }
+  TORCH_CHECK(!c10::is_privateuse1_backend_registered() || c10::get_privateuse1_backend() == config.backend_name,
+              "offload::sim::install: the PrivateUse1 backend is already registered as '",
+              c10::get_privateuse1_backend(), "', cannot register '", config.backend_name, "'");
+
+  auto* rt = new detail::Runtime();
+  rt->installed = config;
+  rt->copy_latency_us.store(config.copy_latency_us);
+  rt->copy_bandwidth_gbps.store(config.copy_bandwidth_gbps);
+  rt->poison.store(config.poison_freed);
+  for (int d = 0; d < config.num_devices; ++d) {
+    for (int id = 0; id < detail::kStreamsPerDevice; ++id) {
+      rt->streams[static_cast<std::size_t>(d)][static_cast<std::size_t>(id)] =
+          std::make_unique<detail::SimStream>(static_cast<c10::DeviceIndex>(d), static_cast<c10::StreamId>(id));
+    }
+  }
+  detail::set_device_capacity(config.capacity_bytes);
+
+  c10::register_privateuse1_backend(config.backend_name);
+  // Re-register the guard in case another library overwrote the slot.
+  const c10::impl::DeviceGuardImplRegistrar registrar(c10::DeviceType::PrivateUse1, &detail::guard_impl());
+  c10::SetAllocator(c10::DeviceType::PrivateUse1, &detail::device_allocator());
+  at::RegisterPrivateUse1HooksInterface(&detail::hooks());
+  detail::g_runtime.store(rt, std::memory_order_release);
+  detail::register_kernels();
+  std::atexit(&detail::drain_everything_at_exit);
+}
+
+bool installed() noexcept { return detail::g_runtime.load(std::memory_order_acquire) != nullptr; }
+
+}  // namespace offload::sim

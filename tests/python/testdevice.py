@@ -1,0 +1,93 @@
+# SPDX-License-Identifier: MIT
+"""The device the Python suite runs on: OFFLOAD_TEST_DEVICE, ``sim`` (the
+default: the simulated device with a link latency and poisoning of freed
+memory, installed by conftest.py) or ``cuda``; and device memory in one
+call for either. Cases that need sim itself (its knobs, its copy latency,
+poisoning of freed memory, its device module, its collectives) carry
+``sim_only(reason)`` and are skipped, with that reason, on another device."""
+
+import os
+
+import pytest
+import torch
+
+ACCEPTED = ("sim", "cuda")
+DEV = os.environ.get("OFFLOAD_TEST_DEVICE", "") or "sim"
+
+
+def error():
+    """None when the suite can run on DEV; else one line naming
+    OFFLOAD_TEST_DEVICE, its value and what is wrong."""
+    if DEV not in ACCEPTED:
+        return f"OFFLOAD_TEST_DEVICE={DEV!r} is not a test device (accepted: sim, the default, or cuda)"
+    if DEV == "cuda":
+        import torch_offload
+
+        if "cuda" not in torch_offload._C.compiled_device_policies():
+            return "OFFLOAD_TEST_DEVICE=cuda: this torch_offload has no device::Cuda (a CUDA torch build is needed)"
+        if not torch.cuda.is_available():
+            return "OFFLOAD_TEST_DEVICE=cuda: no CUDA device is visible (run the suite on sim: unset OFFLOAD_TEST_DEVICE)"
+    return None
+
+
+def sim_only(reason):
+    """Marks a case (or a module, as ``pytestmark``) that needs sim: skipped
+    on another device with `reason`."""
+    return pytest.mark.skipif(DEV != "sim", reason=f"sim only: {reason}")
+
+
+def synchronize(index=0):
+    if DEV == "sim":
+        import torch_offload.sim
+
+        torch_offload.sim.synchronize(index)
+    else:
+        torch.cuda.synchronize(index)
+        # Blocks freed while a side stream still used them come back to the
+        # allocator's count only when it processes its events: this does.
+        torch.cuda.empty_cache()
+
+
+def device_bytes(index=0):
+    """Bytes allocated on device `index` now."""
+    if DEV == "sim":
+        import torch_offload.sim
+
+        return torch_offload.sim.device_memory(index)["current_bytes"]
+    return torch.cuda.memory_allocated(index)
+
+
+def peak_bytes(index=0):
+    """The most bytes allocated on device `index` at once since reset_peak(index)."""
+    if DEV == "sim":
+        import torch_offload.sim
+
+        return torch_offload.sim.device_memory(index)["peak_bytes"]
+    return torch.cuda.max_memory_allocated(index)
+
+
+def reset_peak(index=0):
+    if DEV == "sim":
+        import torch_offload.sim
+
+        torch_offload.sim.reset_peak(index)
+    else:
+        torch.cuda.reset_peak_memory_stats(index)
+
+
+def device_count():
+    if DEV == "sim":
+        import torch_offload.sim
+
+        return torch_offload.sim.config()["num_devices"]
+    return torch.cuda.device_count()
+
+
+def host_bytes():
+    """Bytes of sim's host allocator now; None on another device (no count
+    of host memory to compare)."""
+    if DEV != "sim":
+        return None
+    import torch_offload.sim
+
+    return torch_offload.sim.host_memory()["current_bytes"]
