@@ -6,6 +6,7 @@
 #include "bench.hpp"
 
 #include <algorithm>
+#include <cctype>
 #include <cstring>
 #include <ctime>
 #include <functional>
@@ -40,16 +41,11 @@ std::string mode_name(Mode m) {
   }
   return "?";
 }
+/// The JSON key of a mode: its name in lower case.
 std::string mode_key(Mode m) {
-  switch (m) {
-    case Mode::none:
-      return "none";
-    case Mode::blocking:
-      return "blocking";
-    case Mode::streamed:
-      return "streamed";
-  }
-  return "?";
+  auto key = mode_name(m);
+  key[0] = static_cast<char>(std::tolower(static_cast<unsigned char>(key[0])));
+  return key;
 }
 
 /// The mode a row's "mode" key names, as the tables print it.

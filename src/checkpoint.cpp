@@ -197,16 +197,9 @@ class CollectHooks final : public torch::autograd::SavedVariableHooks {
 
 // A hook source that is not a manager: the parts of HookSource a Scope
 // does not use answer "nothing".
-class BlockSource : public detail::HookSource {
+class BlockSource : public detail::NullSource {
  public:
   std::string describe() const override { return "offload::checkpoint"; }
-  Stats stats() const override { return {}; }
-  void reset_stats() override {}
-  void exclude(at::TensorList /*tensors*/) override {}
-  const Options& options() const noexcept override { return options_; }
-
- private:
-  Options options_;
 };
 
 class RecordSource final : public BlockSource {

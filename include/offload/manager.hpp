@@ -29,19 +29,11 @@ class AnyManager;
 namespace detail {
 /// Stands in for Core when the policies failed their checks, so that the
 /// one static_assert that names the failing member is the only error.
-class InvalidCore final : public HookSource {
+class InvalidCore final : public NullSource {
  public:
   template <class... A>
   explicit InvalidCore(A&&... /*unused*/) {}
   std::unique_ptr<torch::autograd::SavedVariableHooks> make_hooks() override { return nullptr; }
-  std::string describe() const override { return {}; }
-  Stats stats() const override { return {}; }
-  void reset_stats() override {}
-  void exclude(at::TensorList /*tensors*/) override {}
-  const Options& options() const noexcept override { return options_; }
-
- private:
-  Options options_;
 };
 }  // namespace detail
 
