@@ -497,9 +497,7 @@ int run_checkpoint(const Args& args) {
       }
       const bool same = std::memcmp(&loss, &loss_none, sizeof loss) == 0;
       const auto moved = st.bytes_offloaded + st.bytes_reloaded;
-      const auto ratio = [](std::int64_t x, std::int64_t y) {
-        return static_cast<double>(x) / static_cast<double>(y);
-      };
+      const auto ratio = [](std::int64_t x, std::int64_t y) { return static_cast<double>(x) / static_cast<double>(y); };
       rows.push_back(Json::object({
           {"layers", Json(layers)},
           {"mode", Json(c.name)},
@@ -533,10 +531,10 @@ int run_checkpoint(const Args& args) {
   fields.push_back({"shapes", Json(base.describe())});
   fields.push_back({"options", options_json(options)});
   fields.push_back({"grads", Json("zeroed in place (set_to_none=false): fixed memory allocated for the whole step")});
-  fields.push_back({"analytical",
-                    Json("above fixed: none L A_blk + W_out; offload max(max_fwd_stash s_max + s_in, s_max + prefetch "
-                         "window + W_out); checkpoint (L-1) s_in + A_blk + W_out; checkpoint + offload A_blk + W_out "
-                         "+ prefetch window of block inputs; s_in = 4BTW, W_out = 4 (5BTW + 4W^2)")});
+  fields.push_back(
+      {"analytical", Json("above fixed: none L A_blk + W_out; offload max(max_fwd_stash s_max + s_in, s_max + prefetch "
+                          "window + W_out); checkpoint (L-1) s_in + A_blk + W_out; checkpoint + offload A_blk + W_out "
+                          "+ prefetch window of block inputs; s_in = 4BTW, W_out = 4 (5BTW + 4W^2)")});
   fields.push_back({"rows", Json(rows)});
   write_result(args, "checkpoint.json", fields);
   return 0;
