@@ -46,6 +46,7 @@ namespace {
 struct Packed {
   PyObject ob_base;
   torch::autograd::SavedVariableHooks* hooks;
+  bool on_cpu;  // a CPU tensor: never offloaded, so neither hook can wait for a copy
 };
 
 /// pack for one manager (or, without one, no_offload's plain pack). Holds a
@@ -61,18 +62,22 @@ struct PackHook {
 PyTypeObject packed_type{};
 PyTypeObject pack_hook_type{};
 
-/// Runs `body` with the GIL released; a C++ exception becomes the Python
-/// error (errors.hpp) once the GIL is back, and the result is then false.
+/// Runs `body` with the GIL released (`release`: it may wait for copies),
+/// else with it held (a CPU tensor's hooks: nothing to wait for, and the two
+/// GIL hand-overs cost more than the hook); a C++ exception becomes the
+/// Python error (errors.hpp) once the GIL is back, and the result is then
+/// false. Holding the GIL while the manager takes its lock is what
+/// Packed's destructor already does.
 template <class Body>
-bool without_gil(Body&& body) {
+bool without_gil(Body&& body, bool release = true) {
   std::exception_ptr error;
-  PyThreadState* state = PyEval_SaveThread();
+  PyThreadState* state = release ? PyEval_SaveThread() : nullptr;
   try {
     body();
   } catch (...) {
     error = std::current_exception();
   }
-  PyEval_RestoreThread(state);
+  if (release) PyEval_RestoreThread(state);
   if (!error) return true;
   offload::python::set_error(error);
   return false;
@@ -94,12 +99,15 @@ PyObject* pack_call(PyObject* self, PyObject* const* args, std::size_t nargsf, P
   out->hooks = nullptr;
   offload::AnyManager* manager = reinterpret_cast<PackHook*>(self)->manager;
   const at::Tensor& tensor = THPVariable_Unpack(args[0]);
-  const bool ok = without_gil([&] {
-    std::unique_ptr<torch::autograd::SavedVariableHooks> hooks = manager ? manager->make_hooks() : nullptr;
-    if (!hooks) hooks = offload::make_plain_hooks();
-    hooks->call_pack_hook(tensor);
-    out->hooks = hooks.release();
-  });
+  out->on_cpu = tensor.is_cpu();
+  const bool ok = without_gil(
+      [&] {
+        std::unique_ptr<torch::autograd::SavedVariableHooks> hooks = manager ? manager->make_hooks() : nullptr;
+        if (!hooks) hooks = offload::make_plain_hooks();
+        hooks->call_pack_hook(tensor);
+        out->hooks = hooks.release();
+      },
+      /*release=*/!out->on_cpu);
   if (ok) return reinterpret_cast<PyObject*>(out);
   Py_DECREF(out);
   return nullptr;
@@ -111,9 +119,10 @@ PyObject* unpack_call(PyObject* /*module*/, PyObject* handle) {
                  Py_TYPE(handle)->tp_name);
     return nullptr;
   }
-  auto* hooks = reinterpret_cast<Packed*>(handle)->hooks;
+  const auto* packed = reinterpret_cast<Packed*>(handle);
+  auto* hooks = packed->hooks;
   at::Tensor tensor;
-  if (!without_gil([&] { tensor = hooks->call_unpack_hook(); })) return nullptr;
+  if (!without_gil([&] { tensor = hooks->call_unpack_hook(); }, /*release=*/!packed->on_cpu)) return nullptr;
   return THPVariable_Wrap(std::move(tensor));
 }
 

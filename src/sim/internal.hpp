@@ -55,9 +55,13 @@ inline std::int64_t now_ns() {
 /// queued before it, so no worker runs while the process tears down statics.
 extern std::atomic<bool> g_exiting;
 
-/// One simulated stream: a FIFO of tasks run in order by one worker thread
-/// (started on first use). Positions count tasks: position p is reached when
-/// the first p tasks have run (and their captures have been destroyed).
+/// One simulated stream: a FIFO of tasks run in order, one at a time, by its
+/// worker thread (started on first use) or by a thread waiting for the
+/// stream (wait(), synchronize()), which runs the next queued task itself
+/// when the worker is not running one: a wait then costs no thread
+/// wake-up, as a device's host-side wait costs none beyond the work waited
+/// for. Positions count tasks: position p is reached when the first p tasks
+/// have run (and their captures have been destroyed).
 class SimStream {
  public:
   SimStream(c10::DeviceIndex device, c10::StreamId id) : device_(device), id_(id) {}
@@ -86,9 +90,20 @@ class SimStream {
   /// task raised.
   void synchronize();
 
+  /// The end of the link time of a copy of `link_ns` that starts now, or
+  /// when this stream's link is free (the end of its previous copy's link
+  /// time) if that is later. Called from this stream's running task only.
+  std::int64_t link_slot_end(std::int64_t link_ns);
+
  private:
   std::uint64_t run_here(std::function<void()> task);
   void run();
+  // Runs the next queued task on the calling thread: `lock` held on entry
+  // and on return, released while the task runs.
+  void run_next(std::unique_lock<std::mutex>& lock);
+  // Waits until `position` is reached, running queued tasks meanwhile
+  // whenever no other thread is running one; `lock` held.
+  void wait_locked(std::unique_lock<std::mutex>& lock, std::uint64_t position);
 
   const c10::DeviceIndex device_;
   const c10::StreamId id_;
@@ -97,8 +112,10 @@ class SimStream {
   std::condition_variable done_cv_;
   std::deque<std::function<void()>> queue_;
   std::uint64_t enqueued_ = 0;
-  std::uint64_t completed_ = 0;
+  std::atomic<std::uint64_t> completed_{0};  // written under mutex_; read by spinning waiters
+  bool running_ = false;                     // a thread is running one of this stream's tasks
   bool started_ = false;
+  std::int64_t link_free_ns_ = 0;  // link_slot_end(): the running task's thread only
   std::exception_ptr error_;
 };
 

@@ -44,7 +44,8 @@ std::int64_t link_time_ns(std::size_t bytes);
 /// Steady-clock time in nanoseconds (the clock wait_until_ns() reads).
 std::int64_t steady_now_ns();
 
-/// On a stream's worker thread: the end of the link time of a copy of
+/// In a stream's task (on its worker, or on a thread waiting for the
+/// stream that runs the task): the end of the link time of a copy of
 /// `link_ns` that starts now, or when the link of this stream is free
 /// (the end of the previous copy's link time) if that is later. So the
 /// host memcpy a queued copy does after its link time overlaps the next

@@ -5,6 +5,8 @@
 
 #include "internal.hpp"
 
+#include <c10/util/Exception.h>
+
 #ifdef __linux__
 #include <sys/prctl.h>
 #endif
@@ -25,8 +27,13 @@ namespace {
 // late. Stream workers ask for a slack of 1 ns and spin less.
 thread_local std::int64_t t_spin_ns = 60'000;
 
-// Whether this thread is running a stream's task (a worker, or run_here).
+// Whether this thread is running a stream's task (a worker, a waiter that
+// runs one, or run_here), and which stream's.
 thread_local bool t_in_task = false;
+thread_local SimStream* t_running = nullptr;
+
+// How long a waiter spins for the task another thread runs before it sleeps.
+constexpr std::int64_t kWaitSpinNs = 50'000;
 
 }  // namespace
 
@@ -63,10 +70,7 @@ std::optional<std::uint64_t> SimStream::pending_position() {
   return enqueued_;
 }
 
-bool SimStream::reached(std::uint64_t position) {
-  std::lock_guard<std::mutex> lock(mutex_);
-  return completed_ >= position;
-}
+bool SimStream::reached(std::uint64_t position) { return completed_.load(std::memory_order_acquire) >= position; }
 
 bool SimStream::idle() {
   std::lock_guard<std::mutex> lock(mutex_);
@@ -75,17 +79,68 @@ bool SimStream::idle() {
 
 void SimStream::wait(std::uint64_t position) {
   std::unique_lock<std::mutex> lock(mutex_);
-  done_cv_.wait(lock, [&] { return completed_ >= position; });
+  wait_locked(lock, position);
 }
 
 void SimStream::synchronize() {
   std::unique_lock<std::mutex> lock(mutex_);
-  const auto target = enqueued_;
-  done_cv_.wait(lock, [&] { return completed_ >= target; });
+  wait_locked(lock, enqueued_);
   if (error_) {
     auto error = std::exchange(error_, nullptr);
     lock.unlock();
     std::rethrow_exception(error);
+  }
+}
+
+std::int64_t SimStream::link_slot_end(std::int64_t link_ns) {
+  link_free_ns_ = std::max(now_ns(), link_free_ns_) + link_ns;
+  return link_free_ns_;
+}
+
+void SimStream::run_next(std::unique_lock<std::mutex>& lock) {
+  std::function<void()> task = std::move(queue_.front());
+  queue_.pop_front();
+  running_ = true;
+  lock.unlock();
+  const bool outer = !std::exchange(t_in_task, true);
+  SimStream* const previous = std::exchange(t_running, this);
+  try {
+    task();
+  } catch (...) {
+    std::lock_guard<std::mutex> guard(mutex_);
+    if (!error_) {
+      error_ = std::current_exception();
+    }
+  }
+  task = nullptr;  // captures die before the position counts as reached
+  t_running = previous;
+  if (outer) {
+    t_in_task = false;
+  }
+  lock.lock();
+  running_ = false;
+  completed_.fetch_add(1, std::memory_order_release);
+  done_cv_.notify_all();
+  if (!queue_.empty()) {
+    work_cv_.notify_one();
+  }
+}
+
+void SimStream::wait_locked(std::unique_lock<std::mutex>& lock, std::uint64_t position) {
+  while (completed_ < position) {
+    if (!running_ && !queue_.empty()) {
+      run_next(lock);  // nobody runs the next task: run it here rather than wake the worker
+      continue;
+    }
+    // Another thread runs the next task: spin a while (a short task ends
+    // sooner than a sleeping thread is woken), then sleep until it ends.
+    lock.unlock();
+    const auto until = now_ns() + kWaitSpinNs;
+    while (completed_.load(std::memory_order_acquire) < position && now_ns() < until) {
+      std::this_thread::yield();
+    }
+    lock.lock();
+    done_cv_.wait(lock, [&] { return completed_ >= position || (!running_ && !queue_.empty()); });
   }
 }
 
@@ -94,16 +149,18 @@ void SimStream::synchronize() {
 std::uint64_t SimStream::run_here(std::function<void()> task) {
   std::unique_lock<std::mutex> lock(mutex_);
   if (!t_in_task) {
-    done_cv_.wait(lock, [&] { return completed_ >= enqueued_; });
+    wait_locked(lock, enqueued_);
   }
   const auto position = ++enqueued_;
   lock.unlock();
   const bool outer = !std::exchange(t_in_task, true);
+  SimStream* const previous = std::exchange(t_running, this);
   try {
     task();
   } catch (...) {  // nobody is left to report it to
   }
   task = nullptr;
+  t_running = previous;
   t_in_task = !outer;
   lock.lock();
   ++completed_;
@@ -119,28 +176,10 @@ void SimStream::run() {
     t_spin_ns = 15'000;
   }
 #endif
+  std::unique_lock<std::mutex> lock(mutex_);
   for (;;) {
-    std::function<void()> task;
-    {
-      std::unique_lock<std::mutex> lock(mutex_);
-      work_cv_.wait(lock, [&] { return !queue_.empty(); });
-      task = std::move(queue_.front());
-      queue_.pop_front();
-    }
-    try {
-      task();
-    } catch (...) {
-      std::lock_guard<std::mutex> lock(mutex_);
-      if (!error_) {
-        error_ = std::current_exception();
-      }
-    }
-    task = nullptr;  // captures die before the position counts as reached
-    {
-      std::lock_guard<std::mutex> lock(mutex_);
-      ++completed_;
-    }
-    done_cv_.notify_all();
+    work_cv_.wait(lock, [&] { return !queue_.empty() && !running_; });
+    run_next(lock);
   }
 }
 
@@ -161,10 +200,8 @@ void wait_until_ns(std::int64_t deadline_ns) {
 std::int64_t steady_now_ns() { return now_ns(); }
 
 std::int64_t link_slot_end_ns(std::int64_t link_ns) {
-  // Each stream is one worker thread: its link's timeline is thread-local.
-  thread_local std::int64_t link_free_ns = 0;
-  link_free_ns = std::max(now_ns(), link_free_ns) + link_ns;
-  return link_free_ns;
+  TORCH_INTERNAL_ASSERT(t_running != nullptr, "offload::sim: a link slot outside a stream's task");
+  return t_running->link_slot_end(link_ns);
 }
 
 }  // namespace offload::sim::detail

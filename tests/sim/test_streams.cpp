@@ -11,6 +11,8 @@
 #include <doctest/doctest.h>
 
 #include <chrono>
+#include <thread>
+#include <vector>
 
 using namespace sim_tests;
 
@@ -126,4 +128,45 @@ TEST_CASE("sim: a stream blocked on an event waits for that recording") {
     b.synchronize();
     CHECK(a.elapsedTime(b) >= 25.0);  // milliseconds
   }
+}
+
+TEST_CASE("sim: threads waiting for a stream run its queued work in order, each task once, with its link time") {
+  const auto d = sim_device();
+  sim::ScopedKnobs knobs;
+  const auto side = pool_stream();
+  // 64 copies into one host buffer, each of a different value: the buffer
+  // ends with the last only if they ran in queue order; each takes its
+  // link time, whichever thread (the stream's worker or a waiter) runs it.
+  constexpr int kCopies = 64;
+  std::vector<at::Tensor> values;
+  for (int i = 0; i < kCopies; ++i)
+    values.push_back(torch::full({1024}, static_cast<float>(i), torch::TensorOptions().device(d)));
+  const auto host = torch::zeros({1024}).pin_memory();
+  sim::set_copy_latency_us(2'000);
+  const auto t0 = std::chrono::steady_clock::now();
+  {
+    const c10::StreamGuard guard(side);
+    for (const auto& v : values) host.copy_(v, /*non_blocking=*/true);
+  }
+  c10::Event done(kSim);
+  done.record(side);
+  std::vector<std::thread> waiters;
+  for (int k = 0; k < 3; ++k) waiters.emplace_back([&, k] { k == 0 ? done.synchronize() : side.synchronize(); });
+  side.synchronize();
+  for (auto& w : waiters) w.join();
+  CHECK(std::chrono::steady_clock::now() - t0 >= std::chrono::milliseconds(kCopies * 2));
+  CHECK(done.query());
+  CHECK(bitwise_equal(host, torch::full({1024}, static_cast<float>(kCopies - 1))));
+
+  // The current stream blocked on the side stream: its next operator waits
+  // for every queued copy (the waiting thread may run them itself).
+  const auto dst = torch::zeros({1024}, torch::TensorOptions().device(d));
+  const auto ones = torch::ones({1024}).pin_memory();
+  {
+    const c10::StreamGuard guard(side);
+    for (int i = 0; i < 8; ++i) dst.copy_(ones * i, /*non_blocking=*/true);
+    done.record(side);
+  }
+  done.block(current_stream());
+  CHECK(bitwise_equal(dst + 0, torch::full({1024}, 7.0F)));
 }

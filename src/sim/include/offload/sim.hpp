@@ -10,9 +10,11 @@
 // caching allocator with an optional capacity, released in stream order and,
 // in checking mode, filled with 0xFF bytes (NaN for floating types) when it
 // is handed out and when it is released. Every stream of every device is one
-// worker thread with a FIFO queue: a `non_blocking` copy between the CPU and
+// worker thread with a FIFO queue (a thread waiting for the stream runs the
+// next queued task itself when the worker is not running one, one task at a
+// time in queue order): a `non_blocking` copy between the CPU and
 // a sim device is queued on the current stream of the sim device, events
-// complete when their stream's worker reaches them, and every other operator
+// complete when their stream reaches them, and every other operator
 // first waits for the current stream of its device to drain, then runs
 // inline on the calling thread. Every copy between the CPU and a sim device
 // crosses a simulated link: it takes `latency + bytes / bandwidth` (the two
