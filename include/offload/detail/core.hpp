@@ -17,6 +17,7 @@
 #include <type_traits>
 #include <unordered_map>
 #include <utility>
+#include <vector>
 
 #include <ATen/core/Tensor.h>
 #include <ATen/ops/empty.h>
@@ -246,9 +247,15 @@ class Core final : public HookSource, public std::enable_shared_from_this<Core<D
   using Packed = detail::Packed<Entry>;
   /// Whether the sync policy opted into the step callbacks.
   static constexpr bool steps = requirement::declares_steps<SyncState>;
+  // Whether the sync policy brings tensors back ahead of need.
+  static constexpr bool prefetches = requires(const SyncState& s) { s.prefetched_bytes(); };
 
   Core(const Options& options, Storage storage)
-      : options_(options), storage_(std::move(storage)), sync_(options_), planner_(options_.device_target_bytes) {}
+      : options_(options),
+        storage_(std::move(storage)),
+        sync_(options_),
+        planner_(options_.device_target_bytes, prefetches ? options_.prefetch_depth : 0,
+                 prefetches ? options_.prefetch_bytes : 0) {}
 
   std::unique_ptr<torch::autograd::SavedVariableHooks> make_hooks() override {
     return std::make_unique<Hooks<Core>>(this->shared_from_this());
@@ -353,6 +360,7 @@ class Core final : public HookSource, public std::enable_shared_from_this<Core<D
     stats_.bytes_offloaded += piece_bytes;
     stats_.host_bytes_peak = std::max(stats_.host_bytes_peak, stats_.host_bytes_in_use);
     prune_aliases();
+    if (packed.ticket.index >= 0) planned_offloads_.emplace_back(packed.ticket, entry);
     aliases_[key] = entry;
     view->entry = std::move(entry);
     packed.offloaded = std::move(view);
@@ -364,7 +372,8 @@ class Core final : public HookSource, public std::enable_shared_from_this<Core<D
       if (packed.ticket.index >= 0) {
         const std::lock_guard lock(mutex_);
         const auto allocated = allocated_on(packed.passthrough.device().index());
-        planner_.at_unpack(packed.ticket, allocated < 0 ? -1 : allocated - floor_prefetched_bytes());
+        planner_.at_unpack(packed.ticket, allocated, prefetched_bytes());
+        note_still_allocated();
         watch_backward_end();
       }
       if (packed.versioned) {
@@ -456,6 +465,7 @@ class Core final : public HookSource, public std::enable_shared_from_this<Core<D
     const std::lock_guard lock(mutex_);
     if (planner_.active()) {
       kept_.clear();
+      planned_offloads_.clear();
       if (const auto warning = planner_.begin_step(peak_on(target_index_), allocated_on(target_index_));
           !warning.empty())
         warn(warning);
@@ -465,7 +475,10 @@ class Core final : public HookSource, public std::enable_shared_from_this<Core<D
   void on_scope_exit(const ScopeMark& opened, bool in_order) noexcept override {
     const std::lock_guard lock(mutex_);
     if constexpr (steps) sync_.end_forward();
-    if (planner_.active()) planner_.end_forward(allocated_on(target_index_));
+    if (planner_.active()) {
+      planner_.end_forward(allocated_on(target_index_));
+      note_still_allocated();
+    }
     // Scopes on other threads may pack meanwhile: a tensor on the device
     // seen by any of them silences the first warning (never a false alarm
     // from this scope's own tensors).
@@ -524,14 +537,35 @@ class Core final : public HookSource, public std::enable_shared_from_this<Core<D
       return -1;
     }
   }
-  // Device bytes the sync policy brought back ahead of need into the
-  // headroom under the target (beyond its own window), not yet used.
-  std::int64_t floor_prefetched_bytes() const {
-    if constexpr (requires { sync_.floor_prefetched_bytes(); }) {
-      return sync_.floor_prefetched_bytes();
+  // Device bytes the sync policy brought back ahead of need, not yet used.
+  std::int64_t prefetched_bytes() const {
+    if constexpr (prefetches) {
+      return sync_.prefetched_bytes();
     } else {
       return 0;
     }
+  }
+  // With a device-memory target, after the planner recorded a point: tells
+  // it which tensors offloaded in this step still have their device
+  // storage allocated (held by the model, not only by the sync policy), and
+  // forgets those that no longer do.
+  void note_still_allocated() {
+    std::erase_if(planned_offloads_, [this](const auto& planned) {
+      const auto entry = planned.second.lock();
+      if (!entry || !source_allocated(*entry)) return true;
+      planner_.still_allocated(planned.first);
+      return false;
+    });
+  }
+  // Whether the storage `entry` was offloaded from is still allocated on
+  // the device, held by more than the sync policy.
+  bool source_allocated(Entry& entry) {
+    if (!entry.source) return false;
+    std::uint32_t held = 0;
+    if constexpr (requires { sync_.holds_device_bytes(Transfer(entry)); }) {
+      held = sync_.holds_device_bytes(Transfer(entry)) ? 1 : 0;
+    }
+    return entry.source->use_count() > held;
   }
   // With a device-memory target, for a tensor that would be offloaded:
   // whether it stays on the device (a storage the plan kept earlier in
@@ -543,12 +577,14 @@ class Core final : public HookSource, public std::enable_shared_from_this<Core<D
     const auto allocated = allocated_on(target_index_);
     if (auto found = kept_.find(key); found != kept_.end() && !found->second.expired()) {
       packed.ticket = planner_.at_pack(0, /*eligible=*/false, allocated, offload);
+      note_still_allocated();
       return true;
     }
     const auto alias = aliases_.find(key);
     const auto entry = alias != aliases_.end() ? alias->second.lock() : nullptr;
     const bool aliased = entry && entry->version == version;  // offloaded already: no new storage
     packed.ticket = planner_.at_pack(nbytes, !aliased, allocated, offload);
+    note_still_allocated();
     if (offload || aliased) return false;
     kept_.insert_or_assign(key,
                            c10::weak_intrusive_ptr<c10::StorageImpl>(
@@ -560,7 +596,8 @@ class Core final : public HookSource, public std::enable_shared_from_this<Core<D
   // as much ahead as the headroom under the target allows.
   void plan_unpack(const PlanTicket& ticket, c10::DeviceIndex index) {
     const auto allocated = allocated_on(index);
-    planner_.at_unpack(ticket, allocated < 0 ? -1 : allocated - floor_prefetched_bytes());
+    planner_.at_unpack(ticket, allocated, prefetched_bytes());
+    note_still_allocated();
     if constexpr (requires { sync_.set_headroom(std::int64_t{0}); }) sync_.set_headroom(planner_.headroom(allocated));
   }
   template <class... Args>
@@ -673,6 +710,9 @@ class Core final : public HookSource, public std::enable_shared_from_this<Core<D
   // of one stays too), and the device index of the planned tensors.
   std::unordered_map<const c10::StorageImpl*, c10::weak_intrusive_ptr<c10::StorageImpl>> kept_;
   c10::DeviceIndex target_index_ = 0;
+  // Tensors offloaded in this step whose device storage may still be
+  // allocated (Planner::still_allocated).
+  std::vector<std::pair<PlanTicket, std::weak_ptr<Entry>>> planned_offloads_;
 };
 
 }  // namespace offload::detail

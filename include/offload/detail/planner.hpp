@@ -7,9 +7,11 @@
 /// C++ (no LibTorch); the manager calls it under its lock.
 
 #include <algorithm>
+#include <cstddef>
 #include <cstdint>
 #include <limits>
 #include <string>
+#include <utility>
 #include <vector>
 
 #include <offload/stats.hpp>
@@ -30,12 +32,17 @@ struct PlanTicket {
 /// set of tensors changes the memory at a point by the bytes of the kept
 /// tensors it counts: every one for points in forward and at scope exit,
 /// those saved before the one being unpacked for a point in backward
-/// (later ones were used and released). A reserve stands for what an
+/// (later ones were used and released). A storage the model holds anyway
+/// (seen allocated while offloaded: still_allocated(); what was learned
+/// for a tensor carries to the steps that keep it) stays allocated at the
+/// forward points up to then whatever the plan does. Points in backward
+/// leave out what was prefetched, and the plan sets the options' prefetch
+/// window aside there instead. A reserve stands for what an
 /// operation allocates between points (the gradient of an activation):
-/// measured as the step's peak above its
-/// highest point where the device reports its peak. The plan keeps tensors from the latest
-/// back while every point stays under target - reserve, and offloads the
-/// rest (the earliest: backward needs them last).
+/// measured as the step's peak above its highest point where the device
+/// reports its peak. The plan keeps tensors from the latest back while
+/// every point stays under target - reserve, and offloads the rest (the
+/// earliest: backward needs them last).
 ///
 /// Allocated memory -1 (a device policy without memory statistics): the
 /// target counts only the saved bytes the manager keeps on the device.
@@ -43,7 +50,12 @@ struct PlanTicket {
 /// Thread-safety: none; the caller serialises every call.
 class Planner {
  public:
-  explicit Planner(std::int64_t target) : target_(target) {}
+  /// `target`: Options::device_target_bytes; `prefetch_depth` and
+  /// `prefetch_bytes`: the options' prefetch window of a sync policy that
+  /// brings tensors back ahead of need in backward (0, 0 for one that does
+  /// not).
+  explicit Planner(std::int64_t target, std::int64_t prefetch_depth = 0, std::int64_t prefetch_bytes = 0)
+      : target_(target), prefetch_depth_(prefetch_depth), prefetch_bytes_(prefetch_bytes) {}
 
   /// Whether a target is set (else every call is a no-op and packs offload).
   bool active() const noexcept { return target_ > 0; }
@@ -56,7 +68,7 @@ class Planner {
   /// step) is added to every recorded point. Returns the warning to give
   /// when the target cannot be met even offloading everything (once per
   /// planner), else an empty string.
-  std::string begin_step(std::int64_t peak, std::int64_t allocated = -1) {
+  std::string begin_step(std::int64_t peak, std::int64_t allocated) {
     std::string warning;
     if (!current_.saved.empty()) {
       const bool known = allocated >= 0 && current_.start_allocated >= 0;
@@ -94,34 +106,45 @@ class Planner {
         offload = false;
       }
     }
-    current_.saved.push_back({bytes, eligible, kept});
+    const auto point = static_cast<std::int32_t>(allocated >= 0 ? current_.points.size() : -1);
+    current_.saved.push_back({bytes, eligible, kept, point, eligible && !kept ? point : -1});
     if (kept) {
       kept_now_ += bytes;
       kept_bytes_ += bytes;
     }
     if (allocated >= 0) {
-      current_.points.push_back({-1, allocated, kept_now_});
+      current_.points.push_back({-1, allocated, kept_now_, 0});
       current_.measured = true;
     }
     return {step_, index};
   }
 
+  /// Offloaded saved tensor `ticket`'s device storage was still allocated
+  /// at the point recorded last (the model holds it for later use, or the
+  /// caller does): keeping it on the device would have cost nothing there.
+  void still_allocated(const PlanTicket& ticket) noexcept {
+    if (ticket.index < 0 || ticket.step != step_ || current_.points.empty()) return;
+    if (static_cast<std::size_t>(ticket.index) >= current_.saved.size()) return;
+    auto& saved = current_.saved[ticket.index];
+    if (saved.allocated_until >= 0) saved.allocated_until = static_cast<std::int32_t>(current_.points.size() - 1);
+  }
+
   /// The forward pass of the step ended (its Scope closed).
   void end_forward(std::int64_t allocated) {
-    current_.points.push_back({-1, allocated >= 0 ? allocated : kept_now_, kept_now_});
+    current_.points.push_back({-1, allocated >= 0 ? allocated : kept_now_, kept_now_, 0});
   }
 
   /// Saved tensor `ticket` was unpacked; `allocated`: the device's
-  /// allocated bytes with it on the device, less buffers brought back
-  /// ahead of need, or -1.
-  void at_unpack(const PlanTicket& ticket, std::int64_t allocated) {
+  /// allocated bytes with it on the device, or -1; `ahead`: of them, the
+  /// buffers brought back ahead of need and not used yet.
+  void at_unpack(const PlanTicket& ticket, std::int64_t allocated, std::int64_t ahead) {
     if (ticket.index < 0 || ticket.step != step_ || allocated < 0) return;
     if (static_cast<std::size_t>(ticket.index) >= current_.saved.size()) return;
     std::int64_t kept_before = 0;  // kept tensors saved before this one
     for (std::int32_t i = 0; i < ticket.index; ++i) {
       if (current_.saved[i].kept) kept_before += current_.saved[i].bytes;
     }
-    current_.points.push_back({ticket.index, allocated, kept_before});
+    current_.points.push_back({ticket.index, allocated - ahead, kept_before, ahead});
   }
 
   /// A backward pass through the step's saved tensors ended; `peak` as for
@@ -154,14 +177,17 @@ class Planner {
     std::int64_t bytes;
     bool eligible;
     bool kept;
+    std::int32_t point;            // the point recorded at its pack, or -1
+    std::int32_t allocated_until;  // offloaded: the last point at which its storage was still allocated; else -1
   };
   // A measurement: `prefix` -1 counts every kept tensor (forward, scope
   // exit), else those saved before index `prefix` (backward); `kept` is
   // what the recorded decisions kept among them then.
   struct Point {
     std::int32_t prefix;
-    std::int64_t allocated;
+    std::int64_t allocated;  // less `ahead`
     std::int64_t kept;
+    std::int64_t ahead;  // buffers brought back ahead of need (backward)
   };
   struct Record {
     std::vector<Saved> saved;
@@ -194,7 +220,7 @@ class Planner {
     // of the largest activation); else what was learned before; at first
     // the largest eligible storage.
     std::int64_t highest = 0;
-    for (const auto& p : r.points) highest = std::max(highest, p.allocated);
+    for (const auto& p : r.points) highest = std::max(highest, p.allocated + p.ahead);
     if (!r.measured) {
       reserve_ = 0;  // only kept saved bytes count
     } else if (r.start_peak >= 0 && r.end_peak > r.start_peak) {
@@ -203,30 +229,62 @@ class Planner {
     } else if (!learned_) {
       reserve_ = largest;
     }
-    // slack[q]: what the kept tensors counted by points with prefix q may
-    // total (q = n: every tensor).
+    // Every kept tensor counts at every forward point (prefix -1), those
+    // saved before q at a backward point with prefix q. A storage the model
+    // holds anyway (seen allocated while offloaded, from its pack to
+    // allocated_until; for one kept in this record, the last record that
+    // offloaded it) is allocated at those points whatever the plan does:
+    // it belongs to the memory with nothing kept there.
     constexpr auto none = std::numeric_limits<std::int64_t>::max();
-    std::vector<std::int64_t> slack(n + 1, none);
+    std::vector<std::int32_t> forward;  // indices of the forward points in r.points
+    for (std::size_t k = 0; k < r.points.size(); ++k) {
+      if (r.points[k].prefix < 0) forward.push_back(static_cast<std::int32_t>(k));
+    }
+    const auto ordinal = [&forward](std::int32_t k) {
+      return static_cast<std::size_t>(std::upper_bound(forward.begin(), forward.end(), k) - forward.begin());
+    };
+    learned_span_.resize(n, {0, -1});
+    std::vector<std::int64_t> held_from(forward.size() + 1, 0);  // differences: kept bytes held anyway there
     std::vector<std::int64_t> eligible_before(n + 1, 0);
     for (std::size_t i = 0; i < n; ++i) {
-      eligible_before[i + 1] = eligible_before[i] + (r.saved[i].eligible ? r.saved[i].bytes : 0);
+      const auto& s = r.saved[i];
+      eligible_before[i + 1] = eligible_before[i] + (s.eligible ? s.bytes : 0);
+      if (!s.eligible || s.point < 0) continue;
+      auto& learned = learned_span_[i];
+      if (!s.kept) learned = {s.bytes, s.allocated_until - s.point};
+      if (!s.kept || learned.first != s.bytes || learned.second < 0) continue;
+      held_from[ordinal(s.point - 1)] += s.bytes;
+      held_from[ordinal(s.point + learned.second)] -= s.bytes;
     }
+    // The window the options give: prefetch_bytes, or prefetch_depth times
+    // the largest offloaded storage.
+    const auto window_for = [this](std::int64_t largest_offloaded) {
+      return prefetch_bytes_ > 0 ? prefetch_bytes_ : prefetch_depth_ * largest_offloaded;
+    };
     const std::int64_t limit = target_ - reserve_;
-    std::int64_t needs = 0;  // the most a point needs with every eligible tensor offloaded
-    std::int64_t least = 0;  // the fewest bytes to offload: the largest excess keeping everything
-    for (const auto& p : r.points) {
-      const std::size_t q = p.prefix < 0 ? n : static_cast<std::size_t>(p.prefix);
-      const std::int64_t base = p.allocated + grown - p.kept;  // with nothing kept
+    std::int64_t needs = 0;            // the most a point needs with every eligible tensor offloaded
+    std::int64_t room_forward = none;  // what the kept tensors may total at the forward points
+    std::vector<std::int64_t> base_back(r.points.size() - forward.size());  // backward points, nothing kept
+    std::int64_t held_here = 0;
+    for (std::size_t f = 0, b = 0, k = 0; k < r.points.size(); ++k) {
+      const auto& p = r.points[k];
+      std::int64_t base = p.allocated + grown - p.kept;  // with nothing kept
+      if (p.prefix < 0) {
+        held_here += held_from[f++];
+        base += held_here;
+        room_forward = std::min(room_forward, limit - base);
+      } else {
+        base_back[b++] = base;
+        base += window_for(largest);
+      }
       needs = std::max(needs, base);
-      least = std::max(least, base + eligible_before[q] - limit);
-      slack[q] = std::min(slack[q], limit - base);
     }
-    plan_.assign(n, false);
     plan_bytes_.resize(n);
     for (std::size_t i = 0; i < n; ++i) plan_bytes_[i] = r.saved[i].eligible ? r.saved[i].bytes : 0;
     keep_after_.assign(n + 1, 0);
     ++steps_planned_;
     if (needs > limit) {
+      plan_.assign(n, false);
       planned_offload_ = eligible;
       min_offload_ = eligible;
       if (warned_) return {};
@@ -238,31 +296,72 @@ class Planner {
              "manager)";
     }
     // From the latest back: keep a tensor while every point counting it
-    // has room (points with prefix q count the tensors before q).
-    std::int64_t room = none;
-    std::int64_t kept = 0;
-    for (std::size_t i = n; i-- > 0;) {
-      room = std::min(room, slack[i + 1]);
-      if (r.saved[i].eligible && r.saved[i].bytes <= room) {
+    // has room, given a prefetch window of `window` bytes in backward.
+    // Returns the bytes offloaded, and the largest offloaded storage.
+    const auto plan = [&](std::int64_t window, std::int64_t& least) {
+      // slack[q]: what the kept tensors counted at points with prefix q may
+      // total (q = n: every tensor, the forward points).
+      std::vector<std::int64_t> slack(n + 1, none);
+      slack[n] = room_forward;
+      least = eligible_before[n] - room_forward;
+      for (std::size_t b = 0, k = 0; k < r.points.size(); ++k) {
+        const auto& p = r.points[k];
+        if (p.prefix < 0) continue;
+        const std::int64_t base = base_back[b++] + window;
+        least = std::max(least, base + eligible_before[p.prefix] - limit);
+        slack[p.prefix] = std::min(slack[p.prefix], limit - base);
+      }
+      plan_.assign(n, false);
+      std::int64_t room = none, offloaded = 0, largest_offloaded = 0;
+      for (std::size_t i = n; i-- > 0;) {
+        room = std::min(room, slack[i + 1]);
+        const auto& s = r.saved[i];
+        if (!s.eligible) continue;
+        if (s.bytes > room) {
+          offloaded += s.bytes;
+          largest_offloaded = std::max(largest_offloaded, s.bytes);
+          continue;
+        }
         plan_[i] = true;
-        room -= r.saved[i].bytes;
-        kept += r.saved[i].bytes;
+        room -= s.bytes;
+      }
+      return std::pair{offloaded, largest_offloaded};
+    };
+    // Planned first with the window of the largest eligible storage; again
+    // with that of the largest the first plan offloads, kept if it
+    // offloads nothing larger.
+    std::int64_t least = 0;
+    auto [offloaded, largest_offloaded] = plan(window_for(largest), least);
+    if (window_for(largest_offloaded) < window_for(largest)) {
+      std::int64_t least_again = 0;
+      const auto first_plan = plan_;
+      const auto again = plan(window_for(largest_offloaded), least_again);
+      if (again.second <= largest_offloaded) {
+        offloaded = again.first;
+        least = least_again;
+      } else {
+        plan_ = first_plan;
       }
     }
     for (std::size_t i = n; i-- > 0;)
       keep_after_[i] = keep_after_[i + 1] + (i + 1 < n && plan_[i + 1] ? r.saved[i + 1].bytes : 0);
-    planned_offload_ = eligible - kept;
+    planned_offload_ = offloaded;
     min_offload_ = std::clamp<std::int64_t>(least, 0, eligible);
     return {};
   }
 
   std::int64_t target_;
+  std::int64_t prefetch_depth_;
+  std::int64_t prefetch_bytes_;
   std::uint32_t step_ = 0;
   Record current_;
   std::vector<bool> plan_;                // per saved tensor of this step: keep it
   std::vector<std::int64_t> plan_bytes_;  // per saved tensor of the recorded step: its bytes (0: not eligible)
   std::vector<std::int64_t> keep_after_;  // bytes the plan keeps after index i
-  double growth_ = 1.0;                   // the most a tensor of this step grew against the recorded one
+  // per saved tensor: its bytes and how many points after its pack its
+  // storage stayed allocated when last offloaded (-1: not known)
+  std::vector<std::pair<std::int64_t, std::int32_t>> learned_span_;
+  double growth_ = 1.0;  // the most a tensor of this step grew against the recorded one
   std::int64_t reserve_ = 0;
   std::int64_t kept_now_ = 0;  // bytes kept in this step so far
   bool warned_ = false;

@@ -218,11 +218,12 @@ struct Streamed {
       track(t);
     }
 
-    /// Device bytes brought back ahead of need and not yet used, beyond
-    /// the window the options give (what a window floor added).
-    std::int64_t floor_prefetched_bytes() const noexcept {
-      return std::max<std::int64_t>(0, outstanding_bytes_ - options_window_bytes());
-    }
+    /// Device bytes brought back ahead of need and not yet used.
+    std::int64_t prefetched_bytes() const noexcept { return outstanding_bytes_; }
+
+    /// Whether this policy holds a reference to `t`'s device storage (the
+    /// forward stash, until its device-to-host copy is done).
+    bool holds_device_bytes(const Transfer& t) const noexcept { return t.state().stash.defined(); }
 
     /// Device memory free for prefetching now (the manager passes the
     /// headroom under Options::device_target_bytes): until the next call
