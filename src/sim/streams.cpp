@@ -35,6 +35,26 @@ thread_local SimStream* t_running = nullptr;
 // How long a waiter spins for the task another thread runs before it sleeps.
 constexpr std::int64_t kWaitSpinNs = 50'000;
 
+// Runs `task` on this thread as a task of `stream` (t_in_task and t_running
+// set meanwhile), then destroys it, so that its captures die before its
+// position counts as reached. Returns what it threw.
+std::exception_ptr run_as_task_of(SimStream* stream, std::function<void()>& task) {
+  const bool outer = !std::exchange(t_in_task, true);
+  SimStream* const previous = std::exchange(t_running, stream);
+  std::exception_ptr error;
+  try {
+    task();
+  } catch (...) {
+    error = std::current_exception();
+  }
+  task = nullptr;
+  t_running = previous;
+  if (outer) {
+    t_in_task = false;
+  }
+  return error;
+}
+
 }  // namespace
 
 std::uint64_t SimStream::enqueue(std::function<void()> task) {
@@ -102,22 +122,11 @@ void SimStream::run_next(std::unique_lock<std::mutex>& lock) {
   queue_.pop_front();
   running_ = true;
   lock.unlock();
-  const bool outer = !std::exchange(t_in_task, true);
-  SimStream* const previous = std::exchange(t_running, this);
-  try {
-    task();
-  } catch (...) {
-    std::lock_guard<std::mutex> guard(mutex_);
-    if (!error_) {
-      error_ = std::current_exception();
-    }
-  }
-  task = nullptr;  // captures die before the position counts as reached
-  t_running = previous;
-  if (outer) {
-    t_in_task = false;
-  }
+  const auto error = run_as_task_of(this, task);
   lock.lock();
+  if (error && !error_) {
+    error_ = error;
+  }
   running_ = false;
   completed_.fetch_add(1, std::memory_order_release);
   done_cv_.notify_all();
@@ -153,15 +162,7 @@ std::uint64_t SimStream::run_here(std::function<void()> task) {
   }
   const auto position = ++enqueued_;
   lock.unlock();
-  const bool outer = !std::exchange(t_in_task, true);
-  SimStream* const previous = std::exchange(t_running, this);
-  try {
-    task();
-  } catch (...) {  // nobody is left to report it to
-  }
-  task = nullptr;
-  t_running = previous;
-  t_in_task = !outer;
+  (void)run_as_task_of(this, task);  // an error: nobody is left to report it to
   lock.lock();
   ++completed_;
   lock.unlock();
