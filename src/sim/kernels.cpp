@@ -1,11 +1,14 @@
 // SPDX-License-Identifier: MIT
 //
 // The sim kernels: factories, views, resize/set_, local scalar and copies are
-// native (they alias or allocate sim memory); every other operator goes
-// through the boxed CPU fallback after the current stream of its device has
-// drained, including those that other backends would run through a
-// CompositeExplicitAutograd decomposition, so results match the CPU bit for
-// bit. Registered at install() time, not at load time.
+// native (they alias or allocate sim memory); every other operator runs on
+// the CPU after the current stream of its device has drained, including
+// those that other backends would run through a CompositeExplicitAutograd
+// decomposition, so results match the CPU bit for bit. An operator that
+// writes none of its arguments reads them in place through CPU views of sim
+// memory; any other goes through the boxed CPU fallback, which copies its
+// arguments to the CPU and back. Registered at install() time, not at load
+// time.
 
 #include "runtime.hpp"
 
@@ -26,11 +29,13 @@
 #include <c10/core/DeviceGuard.h>
 #include <torch/library.h>
 
+#include <cstddef>
 #include <cstring>
 #include <optional>
 #include <string>
 #include <string_view>
 #include <utility>
+#include <vector>
 
 namespace offload::sim::detail {
 namespace {
@@ -250,6 +255,109 @@ bool mixing_allowed(std::string_view name) {
          name == "aten::index_put";
 }
 
+// Whether a sim tensor reaches a CPU kernel as it is: no conjugate or
+// negative bit, which the CPU fallback's copy resolves and a view would not.
+bool plain(const at::Tensor& t) { return !t.defined() || !is_sim(t) || (!t.is_conj() && !t.is_neg()); }
+
+// Whether an operator can run on CPU views of its sim arguments (`args`,
+// the top of the stack): it writes none of them and returns nothing that
+// aliases them, so it only reads sim memory and returns new tensors (most of
+// a model's operators), and no argument carries a math bit.
+bool runs_on_host_views(const c10::FunctionSchema& schema, c10::ArrayRef<c10::IValue> args) {
+  if (schema.is_mutable()) {
+    return false;
+  }
+  for (const auto& ret : schema.returns()) {
+    if (ret.alias_info() != nullptr) {
+      return false;
+    }
+  }
+  for (const auto& v : args) {
+    if (v.isTensor() && !plain(v.toTensor())) {
+      return false;
+    }
+    if (v.isTensorList()) {
+      for (const at::Tensor& t : v.toTensorList()) {
+        if (!plain(t)) {
+          return false;
+        }
+      }
+    }
+    if (v.isOptionalTensorList()) {
+      for (const std::optional<at::Tensor>& t : v.toOptionalTensorList()) {
+        if (t.has_value() && !plain(*t)) {
+          return false;
+        }
+      }
+    }
+  }
+  return true;
+}
+
+// A sim tensor argument becomes a CPU view of its memory; anything else
+// stays as it is.
+c10::IValue to_host_view(const c10::IValue& v) {
+  if (v.isTensor()) {
+    const auto& t = v.toTensor();
+    return t.defined() && is_sim(t) ? c10::IValue(host_view(t)) : v;
+  }
+  if (v.isTensorList()) {
+    c10::List<at::Tensor> out;
+    out.reserve(v.toTensorList().size());
+    for (const at::Tensor& t : v.toTensorList()) {
+      out.push_back(t.defined() && is_sim(t) ? host_view(t) : t);
+    }
+    return c10::IValue(std::move(out));
+  }
+  if (v.isOptionalTensorList()) {
+    c10::List<std::optional<at::Tensor>> out;
+    for (const std::optional<at::Tensor>& t : v.toOptionalTensorList()) {
+      out.push_back(t.has_value() && t->defined() && is_sim(*t) ? std::optional<at::Tensor>(host_view(*t)) : t);
+    }
+    return c10::IValue(std::move(out));
+  }
+  return v;
+}
+
+// A CPU result goes to `device` (a copy, as the CPU fallback makes, taking
+// no link time); anything else stays.
+c10::IValue to_device(const c10::IValue& v, c10::Device device) {
+  if (v.isTensor()) {
+    const auto& t = v.toTensor();
+    return t.defined() && t.is_cpu() ? c10::IValue(t.to(device)) : v;
+  }
+  if (v.isTensorList()) {
+    c10::List<at::Tensor> out;
+    out.reserve(v.toTensorList().size());
+    for (const at::Tensor& t : v.toTensorList()) {
+      out.push_back(t.defined() && t.is_cpu() ? t.to(device) : t);
+    }
+    return c10::IValue(std::move(out));
+  }
+  return v;
+}
+
+// Runs a read-only operator (runs_on_host_views) on CPU views of its sim
+// arguments, without the CPU fallback's copy of every input: the CPU kernel
+// reads sim memory where it lies (sim memory is host memory) and sees the
+// same sizes, strides and bits as on the CPU, so results are the CPU's bit
+// for bit. Only the results are copied to the device.
+void run_on_host_views(const c10::OperatorHandle& op, torch::jit::Stack* stack, c10::Device device) {
+  const auto num_args = op.schema().arguments().size();
+  const auto first = stack->size() - num_args;
+  // The views do not own the memory: the arguments stay alive here until
+  // the kernel has run (a temporary's only reference may be the stack's).
+  std::vector<c10::IValue> arguments(stack->begin() + static_cast<std::ptrdiff_t>(first), stack->end());
+  for (std::size_t i = first; i < stack->size(); ++i) {
+    (*stack)[i] = to_host_view((*stack)[i]);
+  }
+  op.redispatchBoxed(c10::DispatchKeySet(c10::DispatchKey::CPU), stack);
+  const auto num_returns = op.schema().returns().size();
+  for (std::size_t i = stack->size() - num_returns; i < stack->size(); ++i) {
+    (*stack)[i] = to_device((*stack)[i], device);
+  }
+}
+
 void sim_fallback(const c10::OperatorHandle& op, torch::jit::Stack* stack) {
   const auto& schema = op.schema();
   const auto args = torch::jit::last(*stack, schema.arguments().size());
@@ -297,6 +405,10 @@ void sim_fallback(const c10::OperatorHandle& op, torch::jit::Stack* stack) {
       " cannot run on ", sim_device ? sim_device->str() : c10::get_privateuse1_backend(),
       ": it has no kernel for this device, and none for the CPU that the sim could run instead");
   const InsideKernel inside;
+  if (sim_device && runs_on_host_views(schema, args)) {
+    run_on_host_views(op, stack, *sim_device);
+    return;
+  }
   at::native::cpu_fallback(op, stack, /*error_on_views=*/true);
 }
 

@@ -725,3 +725,56 @@ TEST_CASE("sim: views alias their base") {
   CHECK(bitwise_equal(grow.slice(0, 0, 4), torch::arange(4, torch::kFloat)));
   CHECK(grow[2].item<float>() == 2.0f);
 }
+
+TEST_CASE("sim: operators that only read their arguments read strided, offset and listed sim tensors in place") {
+  const auto dev = sim_device(0);
+  torch::manual_seed(3);
+  const auto a = torch::randn({6, 8});
+  const auto b = torch::randn({8, 5});
+  const auto idx = torch::tensor({4, 0, 2}, torch::kLong);
+  const auto sa = a.to(dev);
+  const auto sb = b.to(dev);
+  // Each pair: the operator on CPU tensors, and on the same values on sim.
+  const auto cases =
+      std::vector<std::pair<std::string, std::function<torch::Tensor(const torch::Tensor&, const torch::Tensor&)>>>{
+          {"mm of a transposed view", [](const auto& x, const auto& y) { return torch::mm(y.t(), x.t()); }},
+          {"offset slice", [](const auto& x, const auto&) { return torch::gelu(x.slice(0, 2, 5).slice(1, 3)); }},
+          {"strided sum", [](const auto& x, const auto&) { return x.slice(1, 0, 8, 3).sum(0); }},
+          {"cat of a list", [](const auto& x, const auto& y) { return torch::cat({x.t(), y, y.slice(1, 1, 4)}, 1); }},
+          {"stack of views", [](const auto& x, const auto&) { return torch::stack({x[1], x[3], x.select(0, 5)}); }},
+          {"softmax of a negative view", [](const auto& x, const auto&) { return torch::softmax(x._neg_view(), -1); }},
+          {"where", [](const auto& x, const auto&) { return torch::where(x > 0, x, x * 0.5); }},
+  };
+  for (const auto& [name, op] : cases) {
+    INFO(name);
+    const auto expected = op(a, b);
+    const auto actual = op(sa, sb);
+    CHECK(actual.device() == dev);
+    CHECK(bitwise_equal(expected, actual.cpu()));
+  }
+  // Optional-tensor lists (index with a None) and a CPU index next to sim.
+  const torch::List<std::optional<torch::Tensor>> indices({std::nullopt, idx});
+  CHECK(bitwise_equal(at::index(a, indices), at::index(sa, indices).cpu()));
+  CHECK(bitwise_equal(at::index(a, {idx}), at::index(sa, {idx.to(dev)}).cpu()));
+  // An argument whose only reference is the operator's stack (the math-bit
+  // fallbacks put the resolved copy of a negative or conjugate view there)
+  // stays alive until the kernel has read it, also when freed memory is
+  // poisoned at once.
+  {
+    const sim::ScopedKnobs knobs;
+    sim::set_poison_freed(true);
+    const auto c = torch::view_as_complex(a.reshape({-1, 4, 2}));
+    const auto sc = torch::view_as_complex(sa.reshape({-1, 4, 2}));
+    for (int k = 0; k < 4; ++k) {
+      CHECK(bitwise_equal(torch::softmax(a._neg_view(), -1), torch::softmax(sa._neg_view(), -1).cpu()));
+      CHECK(bitwise_equal(torch::view_as_real(c * c.conj()), torch::view_as_real(sc * sc.conj()).cpu()));
+    }
+  }
+  // The inputs are untouched and results are new tensors, not aliases.
+  CHECK(bitwise_equal(a, sa.cpu()));
+  CHECK(bitwise_equal(b, sb.cpu()));
+  const auto r = torch::relu(sa);
+  CHECK(r.data_ptr() != sa.data_ptr());
+  r.fill_(0);
+  CHECK(bitwise_equal(a, sa.cpu()));
+}
