@@ -65,7 +65,9 @@ class InsideKernel {
 c10::Allocator* sim_allocator() { return c10::GetAllocator(kSimType); }
 
 // A CPU tensor aliasing the memory of the sim tensor `t` (sim memory is host
-// memory): same sizes, strides, dtype and neg/conj bits. Does not own it.
+// memory): same sizes, strides, dtype, neg/conj bits and wrapped-number
+// flag (a Python scalar made a tensor, which type promotion treats as a
+// number). Does not own it.
 at::Tensor host_view(const at::Tensor& t) {
   auto view = at::from_blob(t.data_ptr(), t.sizes(), t.strides(), t.options().device(c10::kCPU));
   if (t.is_neg()) {
@@ -73,6 +75,9 @@ at::Tensor host_view(const at::Tensor& t) {
   }
   if (t.is_conj()) {
     view._set_conj(true);
+  }
+  if (t.unsafeGetTensorImpl()->is_wrapped_number()) {
+    view.unsafeGetTensorImpl()->set_wrapped_number(true);
   }
   return view;
 }
@@ -259,20 +264,55 @@ bool mixing_allowed(std::string_view name) {
 // negative bit, which the CPU fallback's copy resolves and a view would not.
 bool plain(const at::Tensor& t) { return !t.defined() || !is_sim(t) || (!t.is_conj() && !t.is_neg()); }
 
+// Whether a return of this type holds no tensor, or only tensors that
+// to_device() copies: an object (a prepacked weight, say) could keep a view
+// of sim memory past the arguments' life.
+bool copyable_return(const c10::TypePtr& type) {
+  switch (type->kind()) {
+    case c10::TypeKind::TensorType:
+    case c10::TypeKind::IntType:
+    case c10::TypeKind::SymIntType:
+    case c10::TypeKind::FloatType:
+    case c10::TypeKind::SymFloatType:
+    case c10::TypeKind::ComplexType:
+    case c10::TypeKind::BoolType:
+    case c10::TypeKind::SymBoolType:
+    case c10::TypeKind::NumberType:
+    case c10::TypeKind::ScalarTypeType:
+    case c10::TypeKind::StringType:
+    case c10::TypeKind::NoneType:
+      return true;
+    case c10::TypeKind::OptionalType:
+      return copyable_return(type->castRaw<c10::OptionalType>()->getElementType());
+    case c10::TypeKind::ListType: {
+      const auto element = type->castRaw<c10::ListType>()->getElementType()->kind();
+      return element == c10::TypeKind::TensorType || element == c10::TypeKind::IntType ||
+             element == c10::TypeKind::SymIntType || element == c10::TypeKind::FloatType ||
+             element == c10::TypeKind::BoolType;
+    }
+    default:
+      return false;
+  }
+}
+
 // Whether an operator can run on CPU views of its sim arguments (`args`,
 // the top of the stack): it writes none of them and returns nothing that
 // aliases them, so it only reads sim memory and returns new tensors (most of
-// a model's operators), and no argument carries a math bit.
+// a model's operators) or plain values. No argument carries a math bit or
+// names a device (the CPU fallback runs those on the CPU and returns there).
 bool runs_on_host_views(const c10::FunctionSchema& schema, c10::ArrayRef<c10::IValue> args) {
   if (schema.is_mutable()) {
     return false;
   }
   for (const auto& ret : schema.returns()) {
-    if (ret.alias_info() != nullptr) {
+    if (ret.alias_info() != nullptr || !copyable_return(ret.real_type())) {
       return false;
     }
   }
   for (const auto& v : args) {
+    if (v.isDevice()) {
+      return false;
+    }
     if (v.isTensor() && !plain(v.toTensor())) {
       return false;
     }

@@ -752,6 +752,19 @@ TEST_CASE("sim: operators that only read their arguments read strided, offset an
     CHECK(actual.device() == dev);
     CHECK(bitwise_equal(expected, actual.cpu()));
   }
+  // A number made a tensor (a wrapped number) keeps promoting as a number:
+  // int64 with it gives the default float dtype, not its float64.
+  const auto ints = torch::arange(6, torch::kLong);
+  const auto number = [](const c10::Device& d) {
+    auto w = torch::scalar_tensor(0.5, torch::kDouble).to(d);
+    w.unsafeGetTensorImpl()->set_wrapped_number(true);
+    return w;
+  };
+  const auto mixed = torch::where(ints > 2, ints, number(torch::kCPU));
+  const auto sim_mixed = torch::where(ints.to(dev) > 2, ints.to(dev), number(dev));
+  CHECK(mixed.dtype() == torch::kFloat);
+  CHECK(sim_mixed.dtype() == mixed.dtype());
+  CHECK(bitwise_equal(mixed, sim_mixed.cpu()));
   // Optional-tensor lists (index with a None) and a CPU index next to sim.
   const torch::List<std::optional<torch::Tensor>> indices({std::nullopt, idx});
   CHECK(bitwise_equal(at::index(a, indices), at::index(sa, indices).cpu()));
