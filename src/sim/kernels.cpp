@@ -260,12 +260,8 @@ bool mixing_allowed(std::string_view name) {
          name == "aten::index_put";
 }
 
-// Whether a sim tensor reaches a CPU kernel as it is: no conjugate or
-// negative bit, which the CPU fallback's copy resolves and a view would not.
-bool plain(const at::Tensor& t) { return !t.defined() || !is_sim(t) || (!t.is_conj() && !t.is_neg()); }
-
 // Whether a return of this type holds no tensor, or only tensors that
-// to_device() copies: an object (a prepacked weight, say) could keep a view
+// run_on_host_views() copies: an object (a prepacked weight, say) could keep a view
 // of sim memory past the arguments' life.
 bool copyable_return(const c10::TypePtr& type) {
   switch (type->kind()) {
@@ -295,12 +291,14 @@ bool copyable_return(const c10::TypePtr& type) {
   }
 }
 
-// Whether an operator can run on CPU views of its sim arguments (`args`,
-// the top of the stack): it writes none of them and returns nothing that
-// aliases them, so it only reads sim memory and returns new tensors (most of
-// a model's operators) or plain values. No argument carries a math bit or
-// names a device (the CPU fallback runs those on the CPU and returns there).
-bool runs_on_host_views(const c10::FunctionSchema& schema, c10::ArrayRef<c10::IValue> args) {
+// Whether an operator can run on CPU views of its sim arguments: it writes
+// none of them and returns nothing that aliases them, so it only reads sim
+// memory and returns new tensors (most of a model's operators) or plain
+// values. (sim_fallback also sends there only operators whose arguments
+// carry no math bit, which the CPU fallback's copy resolves and a view would
+// not, and name no device, which the CPU fallback runs on the CPU and
+// returns there.)
+bool runs_on_host_views(const c10::FunctionSchema& schema) {
   if (schema.is_mutable()) {
     return false;
   }
@@ -309,68 +307,30 @@ bool runs_on_host_views(const c10::FunctionSchema& schema, c10::ArrayRef<c10::IV
       return false;
     }
   }
-  for (const auto& v : args) {
-    if (v.isDevice()) {
-      return false;
-    }
-    if (v.isTensor() && !plain(v.toTensor())) {
-      return false;
-    }
-    if (v.isTensorList()) {
-      for (const at::Tensor& t : v.toTensorList()) {
-        if (!plain(t)) {
-          return false;
-        }
-      }
-    }
-    if (v.isOptionalTensorList()) {
-      for (const std::optional<at::Tensor>& t : v.toOptionalTensorList()) {
-        if (t.has_value() && !plain(*t)) {
-          return false;
-        }
-      }
-    }
-  }
   return true;
 }
 
-// A sim tensor argument becomes a CPU view of its memory; anything else
-// stays as it is.
-c10::IValue to_host_view(const c10::IValue& v) {
+// `f` applied to every tensor of `v` (a tensor, a tensor list or an
+// optional-tensor list; undefined tensors and Nones are kept as they are);
+// anything else stays.
+template <class F>
+c10::IValue map_tensors(const c10::IValue& v, const F& f) {
+  const auto apply = [&](const at::Tensor& t) { return t.defined() ? f(t) : t; };
   if (v.isTensor()) {
-    const auto& t = v.toTensor();
-    return t.defined() && is_sim(t) ? c10::IValue(host_view(t)) : v;
+    return c10::IValue(apply(v.toTensor()));
   }
   if (v.isTensorList()) {
     c10::List<at::Tensor> out;
     out.reserve(v.toTensorList().size());
     for (const at::Tensor& t : v.toTensorList()) {
-      out.push_back(t.defined() && is_sim(t) ? host_view(t) : t);
+      out.push_back(apply(t));
     }
     return c10::IValue(std::move(out));
   }
   if (v.isOptionalTensorList()) {
     c10::List<std::optional<at::Tensor>> out;
     for (const std::optional<at::Tensor>& t : v.toOptionalTensorList()) {
-      out.push_back(t.has_value() && t->defined() && is_sim(*t) ? std::optional<at::Tensor>(host_view(*t)) : t);
-    }
-    return c10::IValue(std::move(out));
-  }
-  return v;
-}
-
-// A CPU result goes to `device` (a copy, as the CPU fallback makes, taking
-// no link time); anything else stays.
-c10::IValue to_device(const c10::IValue& v, c10::Device device) {
-  if (v.isTensor()) {
-    const auto& t = v.toTensor();
-    return t.defined() && t.is_cpu() ? c10::IValue(t.to(device)) : v;
-  }
-  if (v.isTensorList()) {
-    c10::List<at::Tensor> out;
-    out.reserve(v.toTensorList().size());
-    for (const at::Tensor& t : v.toTensorList()) {
-      out.push_back(t.defined() && t.is_cpu() ? t.to(device) : t);
+      out.push_back(t.has_value() ? std::optional<at::Tensor>(apply(*t)) : t);
     }
     return c10::IValue(std::move(out));
   }
@@ -389,12 +349,14 @@ void run_on_host_views(const c10::OperatorHandle& op, torch::jit::Stack* stack, 
   // the kernel has run (a temporary's only reference may be the stack's).
   std::vector<c10::IValue> arguments(stack->begin() + static_cast<std::ptrdiff_t>(first), stack->end());
   for (std::size_t i = first; i < stack->size(); ++i) {
-    (*stack)[i] = to_host_view((*stack)[i]);
+    (*stack)[i] = map_tensors((*stack)[i], [](const at::Tensor& t) { return is_sim(t) ? host_view(t) : t; });
   }
   op.redispatchBoxed(c10::DispatchKeySet(c10::DispatchKey::CPU), stack);
+  // Each CPU result goes to the device (a copy, as the CPU fallback makes,
+  // taking no link time).
   const auto num_returns = op.schema().returns().size();
   for (std::size_t i = stack->size() - num_returns; i < stack->size(); ++i) {
-    (*stack)[i] = to_device((*stack)[i], device);
+    (*stack)[i] = map_tensors((*stack)[i], [&](const at::Tensor& t) { return t.is_cpu() ? t.to(device) : t; });
   }
 }
 
@@ -403,7 +365,11 @@ void sim_fallback(const c10::OperatorHandle& op, torch::jit::Stack* stack) {
   const auto args = torch::jit::last(*stack, schema.arguments().size());
   std::optional<c10::Device> sim_device;
   std::optional<c10::Device> other_device;
+  bool views_possible = true;  // no sim tensor with a math bit, no Device argument (runs_on_host_views)
   const auto visit = [&](const c10::IValue& v) {
+    if (v.isDevice()) {
+      views_possible = false;
+    }
     if (!v.isTensor()) {
       return;
     }
@@ -416,6 +382,7 @@ void sim_fallback(const c10::OperatorHandle& op, torch::jit::Stack* stack) {
                   "Expected all tensors to be on the same device, but found at least two devices, ", *sim_device,
                   " and ", t.device(), "! (when checking arguments for ", schema.name(), ")");
       sim_device = t.device();
+      views_possible = views_possible && !t.is_conj() && !t.is_neg();
     } else if (t.dim() > 0) {
       other_device = t.device();  // 0-dim CPU tensors are scalars, as on CUDA
     }
@@ -445,7 +412,7 @@ void sim_fallback(const c10::OperatorHandle& op, torch::jit::Stack* stack) {
       " cannot run on ", sim_device ? sim_device->str() : c10::get_privateuse1_backend(),
       ": it has no kernel for this device, and none for the CPU that the sim could run instead");
   const InsideKernel inside;
-  if (sim_device && runs_on_host_views(schema, args)) {
+  if (sim_device && views_possible && runs_on_host_views(schema)) {
     run_on_host_views(op, stack, *sim_device);
     return;
   }
