@@ -62,22 +62,22 @@ struct PackHook {
 PyTypeObject packed_type{};
 PyTypeObject pack_hook_type{};
 
-/// Runs `body` with the GIL released (`release`: it may wait for copies),
+/// Runs `body` with the GIL released (`release_gil`: it may wait for copies),
 /// else with it held (a CPU tensor's hooks: nothing to wait for, and the two
 /// GIL hand-overs cost more than the hook); a C++ exception becomes the
 /// Python error (errors.hpp) once the GIL is back, and the result is then
 /// false. Holding the GIL while the manager takes its lock is what
 /// Packed's destructor already does.
 template <class Body>
-bool without_gil(Body&& body, bool release = true) {
+bool run_hook(Body&& body, bool release_gil) {
   std::exception_ptr error;
-  PyThreadState* state = release ? PyEval_SaveThread() : nullptr;
+  PyThreadState* state = release_gil ? PyEval_SaveThread() : nullptr;
   try {
     body();
   } catch (...) {
     error = std::current_exception();
   }
-  if (release) PyEval_RestoreThread(state);
+  if (release_gil) PyEval_RestoreThread(state);
   if (!error) return true;
   offload::python::set_error(error);
   return false;
@@ -100,14 +100,14 @@ PyObject* pack_call(PyObject* self, PyObject* const* args, std::size_t nargsf, P
   offload::AnyManager* manager = reinterpret_cast<PackHook*>(self)->manager;
   const at::Tensor& tensor = THPVariable_Unpack(args[0]);
   out->on_cpu = tensor.is_cpu();
-  const bool ok = without_gil(
+  const bool ok = run_hook(
       [&] {
         std::unique_ptr<torch::autograd::SavedVariableHooks> hooks = manager ? manager->make_hooks() : nullptr;
         if (!hooks) hooks = offload::make_plain_hooks();
         hooks->call_pack_hook(tensor);
         out->hooks = hooks.release();
       },
-      /*release=*/!out->on_cpu);
+      /*release_gil=*/!out->on_cpu);
   if (ok) return reinterpret_cast<PyObject*>(out);
   Py_DECREF(out);
   return nullptr;
@@ -122,7 +122,7 @@ PyObject* unpack_call(PyObject* /*module*/, PyObject* handle) {
   const auto* packed = reinterpret_cast<Packed*>(handle);
   auto* hooks = packed->hooks;
   at::Tensor tensor;
-  if (!without_gil([&] { tensor = hooks->call_unpack_hook(); }, /*release=*/!packed->on_cpu)) return nullptr;
+  if (!run_hook([&] { tensor = hooks->call_unpack_hook(); }, /*release_gil=*/!packed->on_cpu)) return nullptr;
   return THPVariable_Wrap(std::move(tensor));
 }
 
