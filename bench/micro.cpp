@@ -475,10 +475,11 @@ int run_sim(const Args& args) {
   };
   struct Op {
     std::string key, label;
-    std::function<void()> setup;     // before a batch, untimed
-    std::function<void(int)> run;    // one operation (index in the batch)
-    std::function<void()> teardown;  // after a batch, untimed
-    bool has_target = true;          // false: shown beside the targets
+    std::function<void()> setup;             // before a batch, untimed
+    std::function<void(int)> run;            // one operation (index in the batch)
+    std::function<void()> teardown;          // after a batch, untimed
+    bool has_target = true;                  // false: shown beside the targets
+    std::function<void()> before_each = {};  // set: runs before each operation, untimed
   };
   std::vector<c10::Event> events;
   const auto fresh_events = [&] {
@@ -486,6 +487,15 @@ int run_sim(const Args& args) {
     for (int i = 0; i < kBatch; ++i) events.emplace_back(kSim.type());
   };
   const auto sync_all = [] { offload::sim::synchronize(0); };
+  // Before each of the `after_idle` operations, untimed: the side stream
+  // drains, then the host computes (spins) for 1 ms, as between two saved
+  // tensors of a training step.
+  const auto idle_then_compute = [&] {
+    guard->synchronizeStream(side);
+    const auto until = std::chrono::steady_clock::now() + std::chrono::milliseconds(1);
+    while (std::chrono::steady_clock::now() < until) {
+    }
+  };
   std::vector<Op> ops = {
       {"record_idle", "event record, idle stream", fresh_events, [&](int i) { events[i].record(side); }, sync_all},
       {"record_busy", "event record, busy stream (a marker is queued)",
@@ -542,6 +552,21 @@ int run_sim(const Args& args) {
        },
        sync_all},
       {"copy_blocking", "blocking copy of 4 bytes (free link)", [] {}, [&](int) { host.copy_(dev); }, sync_all},
+      {"copy_queued_after_idle",
+       "non_blocking copy of 4 bytes issued after the stream was idle for 1 ms of host compute, host cost of issuing "
+       "it (free link)",
+       [] {},
+       [&](int) {
+         const c10::StreamGuard on(side);
+         host.copy_(dev, /*non_blocking=*/true);
+       },
+       sync_all, false, idle_then_compute},
+      {"copy_blocking_after_idle",
+       "blocking copy of 4 bytes after 1 ms of host compute (free link): the host's own cold path, beside the row "
+       "above",
+       [] {}, [&](int) { host.copy_(dev); }, sync_all, false, idle_then_compute},
+      {"record_after_idle", "event record, idle stream, after 1 ms of host compute: the host's own cold path",
+       fresh_events, [&](int i) { events[i].record(side); }, sync_all, false, idle_then_compute},
   };
 
   std::cout << "## sim's own machinery: host ns per operation\n\n"
@@ -566,9 +591,17 @@ int run_sim(const Args& args) {
     std::vector<double> per;
     for (int r = 0; r < reps + 2; ++r) {
       op.setup();
-      const double ns = time_ns([&] {
-        for (int i = 0; i < kBatch; ++i) op.run(i);
-      });
+      double ns = 0;
+      if (op.before_each) {
+        for (int i = 0; i < kBatch; ++i) {
+          op.before_each();
+          ns += time_ns([&] { op.run(i); });
+        }
+      } else {
+        ns = time_ns([&] {
+          for (int i = 0; i < kBatch; ++i) op.run(i);
+        });
+      }
       op.teardown();
       if (r >= 2) per.push_back(ns / kBatch);
     }
