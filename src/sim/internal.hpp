@@ -61,13 +61,7 @@ extern std::atomic<bool> g_exiting;
 /// when the worker is not running one: a wait then costs no thread
 /// wake-up, as a device's host-side wait costs none beyond the work waited
 /// for. Positions count tasks: position p is reached when the first p tasks
-/// have run (and their captures have been destroyed). After its last task
-/// (or the last one queued, whichever is later) the worker looks for new
-/// work every 50 us for 5 ms before it sleeps until woken: queuing a task
-/// meanwhile wakes no thread, as queuing work on a device's stream costs the
-/// host none. A wake-up is a futex call and an interrupt to another core; in
-/// a virtual machine it cost the queuing thread up to 125 us
-/// (bench/README.md, `offload-bench sim`).
+/// have run (and their captures have been destroyed).
 class SimStream {
  public:
   SimStream(c10::DeviceIndex device, c10::StreamId id) : device_(device), id_(id) {}
@@ -121,10 +115,7 @@ class SimStream {
   std::atomic<std::uint64_t> completed_{0};  // written under mutex_; read by spinning waiters
   bool running_ = false;                     // a thread is running one of this stream's tasks
   bool started_ = false;
-  bool asleep_ = false;                        // the worker waits on work_cv_ until woken: only then is it notified
-  std::atomic<std::uint64_t> queued_{0};       // enqueued_, for the polling worker to read unlocked
-  std::atomic<std::int64_t> queued_at_ns_{0};  // when the last task was queued (now_ns())
-  std::int64_t link_free_ns_ = 0;              // link_slot_end(): the running task's thread only
+  std::int64_t link_free_ns_ = 0;  // link_slot_end(): the running task's thread only
   std::exception_ptr error_;
 };
 

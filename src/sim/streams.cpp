@@ -35,20 +35,6 @@ thread_local SimStream* t_running = nullptr;
 // How long a waiter spins for the task another thread runs before it sleeps.
 constexpr std::int64_t kWaitSpinNs = 50'000;
 
-// An idle worker looks for new work every kNapNs, for kPollForNs after its
-// last task, then sleeps until enqueue() wakes it (see SimStream).
-constexpr std::int64_t kNapNs = 50'000;
-constexpr std::int64_t kPollForNs = 5'000'000;
-
-// Takes `lock` without sleeping on it: a worker that slept on the mutex
-// would have the thread queuing work (which holds it briefly) wake it on
-// unlock, the very wake-up the polling worker exists to avoid.
-void lock_spinning(std::unique_lock<std::mutex>& lock) {
-  while (!lock.try_lock()) {
-    std::this_thread::yield();
-  }
-}
-
 // Runs `task` on this thread as a task of `stream` (t_in_task and t_running
 // set meanwhile), then destroys it, so that its captures die before its
 // position counts as reached. Returns what it threw.
@@ -82,11 +68,7 @@ std::uint64_t SimStream::enqueue(std::function<void()> task) {
   }
   queue_.push_back(std::move(task));
   ++enqueued_;
-  queued_at_ns_.store(now_ns(), std::memory_order_relaxed);
-  queued_.store(enqueued_, std::memory_order_release);
-  if (std::exchange(asleep_, false)) {
-    work_cv_.notify_one();  // a polling worker finds the task by itself
-  }
+  work_cv_.notify_one();
   return enqueued_;
 }
 
@@ -141,14 +123,14 @@ void SimStream::run_next(std::unique_lock<std::mutex>& lock) {
   running_ = true;
   lock.unlock();
   const auto error = run_as_task_of(this, task);
-  lock_spinning(lock);
+  lock.lock();
   if (error && !error_) {
     error_ = error;
   }
   running_ = false;
   completed_.fetch_add(1, std::memory_order_release);
   done_cv_.notify_all();
-  if (!queue_.empty() && std::exchange(asleep_, false)) {
+  if (!queue_.empty()) {
     work_cv_.notify_one();
   }
 }
@@ -179,7 +161,6 @@ std::uint64_t SimStream::run_here(std::function<void()> task) {
     wait_locked(lock, enqueued_);
   }
   const auto position = ++enqueued_;
-  queued_.store(enqueued_, std::memory_order_release);
   lock.unlock();
   (void)run_as_task_of(this, task);  // an error: nobody is left to report it to
   lock.lock();
@@ -199,26 +180,9 @@ void SimStream::run() {
   prctl(PR_SET_NAME, "sim-stream", 0UL, 0UL, 0UL);
 #endif
   std::unique_lock<std::mutex> lock(mutex_);
-  const auto ready = [&] { return !queue_.empty() && !running_; };
-  std::int64_t ran_at_ns = now_ns();  // when this worker last ran a task
   for (;;) {
-    while (!ready()) {
-      const auto active_ns = std::max(queued_at_ns_.load(std::memory_order_relaxed), ran_at_ns);
-      if (now_ns() - active_ns < kPollForNs) {
-        lock.unlock();
-        do {  // unlocked: the queue's cache line stays with the thread that queues
-          std::this_thread::sleep_for(std::chrono::nanoseconds(kNapNs));
-        } while (queued_.load(std::memory_order_acquire) == completed_.load(std::memory_order_acquire) &&
-                 now_ns() - active_ns < kPollForNs);
-        lock_spinning(lock);
-      } else {
-        asleep_ = true;  // cleared by whoever wakes it
-        work_cv_.wait(lock);
-      }
-    }
-    asleep_ = false;
+    work_cv_.wait(lock, [&] { return !queue_.empty() && !running_; });
     run_next(lock);
-    ran_at_ns = now_ns();
   }
 }
 
