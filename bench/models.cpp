@@ -682,7 +682,8 @@ int run_overlap(const Args& args) {
     Json row = Json::object({{"mode", Json(mode_key(m))},
                              {"step_ms", summary_json(sum[c])},
                              {"cpu_ms", summary_json(cpu_sum[c])},
-                             {"ratio_vs_none", Json(sum[c].median / t_none)}});
+                             {"ratio_vs_none", Json(sum[c].median / t_none)},
+                             {"step_ms_each_round", Json(times[c])}});
     if (link) {
       row["R"] = cell.r;
       row["bandwidth_gbps"] = bandwidth(cell.r);
