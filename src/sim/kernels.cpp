@@ -29,8 +29,6 @@
 #include <c10/core/DeviceGuard.h>
 #include <torch/library.h>
 
-#include <algorithm>
-#include <atomic>
 #include <cstddef>
 #include <cstring>
 #include <optional>
@@ -93,30 +91,6 @@ void copy_host(const at::Tensor& dst, const at::Tensor& src) {
   }
   at::AutoDispatchBelowADInplaceOrView below_autograd;
   const_cast<at::Tensor&>(dst).copy_(src);
-}
-
-// How long the host memcpy of a queued copy is expected to take: an
-// exponentially weighted mean of the ns per byte measured on earlier queued
-// copies of at least 64 KiB (smaller ones are mostly fixed cost), starting
-// from 10 GB/s. Read and updated by any stream's task, without a lock: a
-// stale estimate only moves when a copy's bytes land by a little.
-std::atomic<double> g_memcpy_ns_per_byte{0.1};
-constexpr std::size_t kMeasuredCopyBytes = 64 * 1024;
-
-std::int64_t expected_memcpy_ns(std::size_t bytes) {
-  return static_cast<std::int64_t>(static_cast<double>(bytes) * g_memcpy_ns_per_byte.load(std::memory_order_relaxed));
-}
-
-// copy_host, timed into the estimate above.
-void measured_copy_host(const at::Tensor& dst, const at::Tensor& src) {
-  const auto bytes = dst.nbytes();
-  const auto start_ns = steady_now_ns();
-  copy_host(dst, src);
-  if (bytes >= kMeasuredCopyBytes) {
-    const double measured = static_cast<double>(steady_now_ns() - start_ns) / static_cast<double>(bytes);
-    const double old = g_memcpy_ns_per_byte.load(std::memory_order_relaxed);
-    g_memcpy_ns_per_byte.store(old + (measured - old) / 8, std::memory_order_relaxed);
-  }
 }
 
 // ------------------------------------------------------------------ factories
@@ -230,20 +204,15 @@ at::Tensor copy_from(const at::Tensor& self, const at::Tensor& dst, bool non_blo
     wait_until_ns(start_ns + link_ns);
     return dst;
   }
-  // Queued on the current stream of the sim device; its bytes land at the
+  // Queued on the current stream of the sim device; its bytes move at the
   // end of its link time, so a reader that does not wait for the copy sees
   // the old destination, and a source freed too early is read poisoned.
-  // The memcpy that moves them starts as long before that end as a memcpy
-  // of their size is expected to take (at most half the link time, so the
-  // bytes never land early), so that a queued copy, like a blocking one,
-  // costs its link time and not its link time plus the memcpy (the memcpy
-  // is the floor when the link is faster than it).
   // The CPU tensor is kept alive by the task (as a pinned host block is by
   // CUDA's host allocator); the sim memory is not: freeing it early is the
   // fault this must expose.
   enqueue(index, current_stream_id(index), [dst_host, src_host, link_ns] {
-    wait_until_ns(link_slot_end_ns(link_ns) - std::min(expected_memcpy_ns(dst_host.nbytes()), link_ns / 2));
-    measured_copy_host(dst_host, src_host);
+    wait_until_ns(link_slot_end_ns(link_ns));
+    copy_host(dst_host, src_host);
   });
   return dst;
 }
