@@ -23,8 +23,6 @@
 #include <c10/core/DeviceGuard.h>
 #include <c10/core/ScalarType.h>
 #include <c10/core/StorageImpl.h>
-#include <c10/core/TensorImpl.h>
-#include <c10/core/TensorOptions.h>
 #include <c10/util/ArrayRef.h>
 #include <c10/util/Exception.h>
 #include <c10/util/SmallVector.h>
@@ -70,22 +68,6 @@ using WeakNode = typename weak_of<NodeRef>::type;
 /// installed, so the manager makes it). `unpacked` is the tensor rebuilt.
 [[noreturn]] void throw_modified_inplace(const at::Tensor& unpacked, std::uint32_t current, std::uint32_t saved,
                                          const WeakNode& grad_fn, std::int64_t output_nr);
-
-/// A tensor of `dtype` on `device` (the device of `storage`) viewing
-/// `storage` with the given storage offset (in elements), sizes and strides
-/// (no copy). Built directly, as at::empty builds its result (the dispatch
-/// keys of the device, autograd's keys unless in inference mode), without
-/// the two operator calls of `at::empty({0})` and `set_`: one runs for
-/// every offloaded saved tensor at pack and at unpack.
-inline at::Tensor view_of(const c10::Storage& storage, c10::Device device, c10::ScalarType dtype,
-                          std::int64_t storage_offset, c10::IntArrayRef sizes, c10::IntArrayRef strides) {
-  TORCH_INTERNAL_ASSERT_DEBUG_ONLY(storage.device() == device);
-  auto impl = c10::make_intrusive<c10::TensorImpl>(
-      c10::Storage(storage), c10::DispatchKeySet(c10::computeDispatchKey(dtype, c10::kStrided, device)),
-      c10::scalarTypeToTypeMeta(dtype));
-  impl->set_sizes_and_strides(sizes, strides, storage_offset);
-  return at::Tensor(std::move(impl));
-}
 
 /// How to rebuild one offloaded saved tensor from its entry's storage;
 /// `E` is the manager's Entry<...> type.

@@ -14,6 +14,9 @@
 #include <ATen/core/Tensor.h>
 #include <c10/core/Device.h>
 #include <c10/core/StorageImpl.h>
+#include <c10/core/TensorImpl.h>
+#include <c10/core/TensorOptions.h>
+#include <c10/util/Exception.h>
 #include <c10/util/SmallVector.h>
 #include <c10/util/intrusive_ptr.h>
 
@@ -40,15 +43,52 @@ struct Piece {
   friend bool operator==(const Piece&, const Piece&) = default;
 };
 
+/// A tensor of `dtype` on `device` (the device of `storage`) viewing
+/// `storage` with the given storage offset (in elements), sizes and strides
+/// (no copy). Built directly, as at::empty builds its result (the dispatch
+/// keys of the device, autograd's keys unless in inference mode), without
+/// an operator call (`at::empty({0})` and `set_`, `as_strided`, `view`):
+/// several run for every offloaded saved tensor at pack and at unpack.
+/// Not an autograd view: it has a version counter of its own.
+inline at::Tensor view_of(const c10::Storage& storage, c10::Device device, c10::ScalarType dtype,
+                          std::int64_t storage_offset, c10::IntArrayRef sizes, c10::IntArrayRef strides) {
+  TORCH_INTERNAL_ASSERT_DEBUG_ONLY(storage.device() == device);
+  // The bounds check set_ and as_strided make: never a view past the end
+  // of the storage (e.g. one freed in place by resize_(0)).
+  bool empty = false;
+  std::int64_t last = storage_offset;  // the last element the view reads
+  for (std::size_t d = 0; d < sizes.size(); ++d) {
+    empty = empty || sizes[d] == 0;
+    last += (sizes[d] - 1) * strides[d];
+  }
+  const auto needed = empty ? 0 : (last + 1) * static_cast<std::int64_t>(c10::elementSize(dtype));
+  TORCH_CHECK(needed <= static_cast<std::int64_t>(storage.nbytes()), "offload: a view reading ", needed,
+              " bytes of a storage of ", storage.nbytes(), " bytes (was the storage freed in place?)");
+  auto impl = c10::make_intrusive<c10::TensorImpl>(
+      c10::Storage(storage), c10::DispatchKeySet(c10::computeDispatchKey(dtype, c10::kStrided, device)),
+      c10::scalarTypeToTypeMeta(dtype));
+  impl->set_sizes_and_strides(sizes, strides, storage_offset);
+  return at::Tensor(std::move(impl));
+}
+
 /// `piece` of the storage viewed by `storage_bytes`, a 1-D uint8 tensor that
 /// starts at byte 0 of that storage (or of a buffer laid out like it).
 inline at::Tensor piece_of(const at::Tensor& storage_bytes, const Piece& piece) {
-  return storage_bytes.as_strided(piece.sizes, piece.strides, storage_bytes.storage_offset() + piece.offset);
+  return view_of(storage_bytes.storage(), storage_bytes.device(), at::kByte,
+                 storage_bytes.storage_offset() + piece.offset, piece.sizes, piece.strides);
 }
 
 /// The host copy of `piece` (a contiguous CPU uint8 tensor of piece.nbytes()
 /// elements) shaped like the piece, for copy_ to and from piece_of().
-inline at::Tensor piece_of(const HostBuffer& host, const Piece& piece) { return host.bytes.view(piece.sizes); }
+inline at::Tensor piece_of(const HostBuffer& host, const Piece& piece) {
+  TORCH_INTERNAL_ASSERT_DEBUG_ONLY(host.bytes.scalar_type() == at::kByte && host.bytes.is_contiguous());
+  const auto& bytes = host.bytes;
+  if (piece.dense())
+    return view_of(bytes.storage(), bytes.device(), at::kByte, bytes.storage_offset(), piece.sizes, {1});
+  std::vector<std::int64_t> strides(piece.sizes.size(), 1);  // contiguous (a strided piece: rare)
+  for (auto d = strides.size() - 1; d-- > 0;) strides[d] = strides[d + 1] * piece.sizes[d + 1];
+  return view_of(bytes.storage(), bytes.device(), at::kByte, bytes.storage_offset(), piece.sizes, strides);
+}
 
 /// One device storage offloaded to the host. Shared (std::shared_ptr) by
 /// every saved tensor that views it; destroyed, with its host memory, when
