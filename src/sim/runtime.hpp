@@ -47,10 +47,10 @@ std::int64_t steady_now_ns();
 /// In a stream's task (on its worker, or on a thread waiting for the
 /// stream that runs the task): the end of the link time of a copy of
 /// `link_ns` that starts now, or when the link of this stream is free
-/// (the end of the previous copy's link time) if that is later. So the
-/// host memcpy a queued copy does after its link time overlaps the next
-/// copy's link time, and copies queued back to back move at the link's
-/// rate rather than at the link's plus memcpy's.
+/// (the end of the previous copy's link time) if that is later. A queued
+/// copy does its host memcpy after that end, before the next task starts:
+/// copies queued back to back take link time + memcpy each (bench/README.md,
+/// "a queued copy's memcpy inside its link time").
 std::int64_t link_slot_end_ns(std::int64_t link_ns);
 
 /// Returns at `deadline_ns` (steady_now_ns() time) or just after: sleeps,
