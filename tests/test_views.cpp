@@ -177,6 +177,23 @@ TEST_CASE("views: unpacked views keep their dtype, sizes, strides and storage of
     CHECK(at::equal(back, views[i]));
   }
   CHECK(manager.stats().storages_offloaded == 1);
+
+  // An empty view is the first saved view of its storage, at a storage
+  // offset past the storage's last byte (a slice after the last row, then a
+  // narrow of its columns): nothing to copy, and it comes back as it was.
+  const auto g = at::randn({16, 16}).requires_grad_() * 1;
+  const auto empty = g.narrow(0, 16, 0).narrow(1, 1, 8);  // storage offset 257 of 256 elements
+  REQUIRE(empty.storage_offset() * 4 > static_cast<std::int64_t>(g.storage().nbytes()));
+  auto empty_hooks = manager.make_hooks();
+  {
+    const c10::NoGradGuard no_grad;
+    empty_hooks->call_pack_hook(empty);
+  }
+  const auto back = empty_hooks->call_unpack_hook();
+  CHECK((back.sizes() == empty.sizes()));
+  CHECK((back.strides() == empty.strides()));
+  CHECK(back.storage_offset() == empty.storage_offset());
+  CHECK(manager.stats().storages_offloaded == 2);
 }
 
 #if OFFLOAD_HAS_SIM

@@ -133,12 +133,12 @@ inline Piece piece_for(const at::Tensor& t) {
   const std::int64_t item = static_cast<std::int64_t>(t.element_size());
   const std::int64_t lo = t.storage_offset() * item;
   Piece piece;
-  piece.offset = lo;
-  if (t.numel() == 0) {
+  if (t.numel() == 0) {  // no bytes, wherever it starts (even past the end of its storage)
     piece.sizes = {0};
     piece.strides = {1};
     return piece;
   }
+  piece.offset = lo;
   std::int64_t last = 0;
   for (std::int64_t d = 0; d < t.dim(); ++d) last += (t.size(d) - 1) * t.stride(d);
   const std::int64_t span = (last + 1) * item;

@@ -52,9 +52,10 @@ struct Piece {
 /// Not an autograd view: it has a version counter of its own.
 inline at::Tensor view_of(const c10::Storage& storage, c10::Device device, c10::ScalarType dtype,
                           std::int64_t storage_offset, c10::IntArrayRef sizes, c10::IntArrayRef strides) {
-  TORCH_INTERNAL_ASSERT_DEBUG_ONLY(storage.device() == device);
-  // The bounds check set_ and as_strided make: never a view past the end
-  // of the storage (e.g. one freed in place by resize_(0)).
+  TORCH_CHECK(storage.device() == device, "offload: a view on ", device, " of a storage on ", storage.device());
+  // The bounds check as_strided and view make (set_ would grow the storage
+  // instead): never a view past the end of the storage, e.g. of one freed
+  // in place by resize_(0).
   bool empty = false;
   std::int64_t last = storage_offset;  // the last element the view reads
   for (std::size_t d = 0; d < sizes.size(); ++d) {
