@@ -11,6 +11,7 @@
 #include <optional>
 #include <vector>
 
+#include <ATen/EmptyTensor.h>
 #include <ATen/core/Tensor.h>
 #include <c10/core/Device.h>
 #include <c10/core/StorageImpl.h>
@@ -56,15 +57,10 @@ inline at::Tensor view_of(const c10::Storage& storage, c10::Device device, c10::
   // The bounds check as_strided and view make (set_ would grow the storage
   // instead): never a view past the end of the storage, e.g. of one freed
   // in place by resize_(0).
-  bool empty = false;
-  std::int64_t last = storage_offset;  // the last element the view reads
-  for (std::size_t d = 0; d < sizes.size(); ++d) {
-    empty = empty || sizes[d] == 0;
-    last += (sizes[d] - 1) * strides[d];
-  }
-  const auto needed = empty ? 0 : (last + 1) * static_cast<std::int64_t>(c10::elementSize(dtype));
-  TORCH_CHECK(needed <= static_cast<std::int64_t>(storage.nbytes()), "offload: a view reading ", needed,
-              " bytes of a storage of ", storage.nbytes(), " bytes (was the storage freed in place?)");
+  const auto needed = at::detail::computeStorageNbytes(sizes, strides, c10::elementSize(dtype),
+                                                       static_cast<std::size_t>(storage_offset));
+  TORCH_CHECK(needed <= storage.nbytes(), "offload: a view reading ", needed, " bytes of a storage of ",
+              storage.nbytes(), " bytes (was the storage freed in place?)");
   auto impl = c10::make_intrusive<c10::TensorImpl>(
       c10::Storage(storage), c10::DispatchKeySet(c10::computeDispatchKey(dtype, c10::kStrided, device)),
       c10::scalarTypeToTypeMeta(dtype));
@@ -86,7 +82,9 @@ inline at::Tensor piece_of(const HostBuffer& host, const Piece& piece) {
   const auto& bytes = host.bytes;
   if (piece.dense())
     return view_of(bytes.storage(), bytes.device(), at::kByte, bytes.storage_offset(), piece.sizes, {1});
-  std::vector<std::int64_t> strides(piece.sizes.size(), 1);  // contiguous (a strided piece: rare)
+  // Contiguous strides for a strided piece (rare). Not c10::contiguous_strides:
+  // its DimVector(n, 1) trips g++ 12's -Wmaybe-uninitialized here (-Werror).
+  std::vector<std::int64_t> strides(piece.sizes.size(), 1);
   for (auto d = strides.size() - 1; d-- > 0;) strides[d] = strides[d + 1] * piece.sizes[d + 1];
   return view_of(bytes.storage(), bytes.device(), at::kByte, bytes.storage_offset(), piece.sizes, strides);
 }
