@@ -112,6 +112,12 @@ struct Shapes {
   }
 };
 
+/// The shape the memory, checkpoint and overlap benchmarks share: seq 128,
+/// width 256, 8 heads, vocabulary 96 (saved tensors of 1-4 MiB).
+Shapes wide_shape(std::int64_t batch, std::int64_t layers) {
+  return Shapes{.batch = batch, .seq = 128, .width = 256, .heads = 8, .vocab = 96, .layers = layers};
+}
+
 Shapes shapes_from(const Args& args, Shapes d) {
   return Shapes{args.get_int("batch", d.batch), args.get_int("seq", d.seq),     args.get_int("width", d.width),
                 args.get_int("heads", d.heads), args.get_int("vocab", d.vocab), args.get_int("layers", d.layers)};
@@ -280,8 +286,7 @@ MeasuredStep measure_step(Trainer& trainer) {
 // ================================================================ memory
 
 int run_memory(const Args& args) {
-  const Shapes base = shapes_from(
-      args, Shapes{.batch = args.quick ? 4 : 8, .seq = 128, .width = 256, .heads = 8, .vocab = 96, .layers = 0});
+  const Shapes base = shapes_from(args, wide_shape(args.quick ? 4 : 8, 0));
   const offload::Options options = options_from(args);
   std::vector<std::int64_t> layer_counts = {4, 8, 16};
   if (args.has("layers")) layer_counts = {args.get_int("layers", 16)};
@@ -400,8 +405,7 @@ int run_memory(const Args& args) {
 // ================================================================ checkpoint
 
 int run_checkpoint(const Args& args) {
-  const Shapes base = shapes_from(
-      args, Shapes{.batch = args.quick ? 4 : 8, .seq = 128, .width = 256, .heads = 8, .vocab = 96, .layers = 0});
+  const Shapes base = shapes_from(args, wide_shape(args.quick ? 4 : 8, 0));
   const offload::Options options = options_from(args);
   std::vector<std::int64_t> layer_counts = {4, 8, 16};
   if (args.has("layers")) layer_counts = {args.get_int("layers", 16)};
@@ -544,13 +548,12 @@ int run_checkpoint(const Args& args) {
 
 int run_overlap(const Args& args) {
   // The memory benchmark's shape at 4 layers (width 256, as the peers
-  // benchmark's GPT): saved tensors of 1-4 MiB. The smaller demo shape (--seq 64 --width 128
-  // --heads 4 --layers 8) saves 2 KiB-1 MiB, a copy every ~0.2 ms of sim's
-  // compute, where the host's cost of waking sim's stream worker per queued
-  // copy (an interrupt between cores, 10-20 us on a virtual machine; a
-  // device launch wakes no thread) is several % of the step.
-  const Shapes s =
-      shapes_from(args, Shapes{.batch = 8, .seq = 128, .width = 256, .heads = 8, .vocab = 96, .layers = 4});
+  // benchmark's GPT). The smaller shape of earlier runs (--seq 64 --width
+  // 128 --heads 4 --layers 8) saves 2 KiB-1 MiB tensors, a copy every ~0.2
+  // ms of sim's compute, where the host's cost of waking sim's stream worker
+  // per queued copy (an interrupt between cores, 10-20 us on a virtual
+  // machine; a device launch wakes no thread) is several % of the step.
+  const Shapes s = shapes_from(args, wide_shape(8, 4));
   const std::int64_t latency = args.get_int("latency-us", offload::sim::Config{}.copy_latency_us);
   const int rounds = static_cast<int>(args.get_int("rounds", args.quick ? 3 : 15));
   const auto threads = static_cast<int>(args.get_int("threads", 1));
