@@ -16,9 +16,11 @@
 #include <string>
 #include <string_view>
 #include <tuple>
+#include <type_traits>
 #include <utility>
 #include <vector>
 
+#include <c10/core/impl/PyObjectSlot.h>
 #include <c10/util/Exception.h>
 #include <torch/csrc/autograd/python_variable.h>
 #include <torch/csrc/autograd/saved_variable_hooks.h>
@@ -42,7 +44,9 @@ namespace {
 /// What pack returns to Python for one saved tensor (opaque): the manager's
 /// hooks object after its pack ran, or (no_offload, pass-through managers)
 /// offload::make_plain_hooks(), which keeps the tensor itself and checks its
-/// version at unpack as autograd would.
+/// version at unpack as autograd would. (A tensor subclass offloaded through
+/// its inner tensors is a Python object of torch_offload._manager instead,
+/// with an unpack() method.)
 struct Packed {
   PyObject ob_base;
   torch::autograd::SavedVariableHooks* hooks;
@@ -50,27 +54,57 @@ struct Packed {
 };
 
 /// pack for one manager (or, without one, no_offload's plain pack). Holds a
-/// reference to the Python object that owns the manager.
+/// reference to the Python object that owns the manager, and to the Python
+/// function that packs a tensor subclass (see pack_call).
 struct PackHook {
   PyObject ob_base;
   vectorcallfunc vectorcall;
   offload::AnyManager* manager;  // null: plain hooks
   PyObject* owner;
+  PyObject* subclass_pack;  // null with plain hooks
 };
 
 // Static types, filled in by ready_hook_types().
 PyTypeObject packed_type{};
 PyTypeObject pack_hook_type{};
 
+/// torch_offload.OffloadWarning (a UserWarning): every warning the library
+/// raises on the Python path.
+PyObject* offload_warning = nullptr;
+/// torch.nn.Parameter, set when torch_offload._manager is imported.
+PyObject* parameter_type = nullptr;
+
+/// Collects the c10 warnings (TORCH_WARN) raised on this thread while it
+/// lives, in place of the thread's handler; raise() turns each into an
+/// OffloadWarning once the GIL is held.
+class Warnings final : public c10::WarningHandler {
+ public:
+  Warnings() : guard_(this) {}
+  void process(const c10::Warning& warning) override { messages_.push_back(warning.msg()); }
+  /// Raises the collected warnings as Python warnings (the GIL held): false,
+  /// with the Python error set, when a filter turned one into an error.
+  bool raise() {
+    for (const auto& message : std::exchange(messages_, {})) {
+      if (PyErr_WarnEx(offload_warning, message.c_str(), 1) < 0) return false;
+    }
+    return true;
+  }
+
+ private:
+  c10::WarningUtils::WarningHandlerGuard guard_;
+  std::vector<std::string> messages_;
+};
+
 /// Runs `body` with the GIL released (`release_gil`: it may wait for copies),
 /// else with it held (a CPU tensor's hooks: nothing to wait for, and the two
-/// GIL hand-overs cost more than the hook); a C++ exception becomes the
-/// Python error (errors.hpp) once the GIL is back, and the result is then
-/// false. Holding the GIL while the manager takes its lock is what
-/// Packed's destructor already does.
+/// GIL hand-overs cost more than the hook). Warnings it raises become
+/// OffloadWarnings and a C++ exception becomes the Python error (errors.hpp)
+/// once the GIL is back; the result is then false. Holding the GIL while the
+/// manager takes its lock is what Packed's destructor already does.
 template <class Body>
 bool run_hook(Body&& body, bool release_gil) {
   std::exception_ptr error;
+  Warnings warnings;
   PyThreadState* state = release_gil ? PyEval_SaveThread() : nullptr;
   try {
     body();
@@ -78,11 +112,80 @@ bool run_hook(Body&& body, bool release_gil) {
     error = std::current_exception();
   }
   if (release_gil) PyEval_RestoreThread(state);
+  if (!warnings.raise()) return false;
   if (!error) return true;
   offload::python::set_error(error);
   return false;
 }
 
+/// Runs `f()` (GIL held) and raises the warnings it gave as OffloadWarnings
+/// (pybind11 turns a warning made an error into the Python exception).
+template <class F>
+auto with_warnings(F&& f) {
+  Warnings warnings;
+  auto raise = [&] {
+    if (!warnings.raise()) throw py::error_already_set();
+  };
+  if constexpr (std::is_void_v<decltype(f())>) {
+    f();
+    raise();
+  } else {
+    auto result = f();
+    raise();
+    return result;
+  }
+}
+
+/// Whether `object` is a parameter: an nn.Parameter (also a subclass one,
+/// or a tensor subclass marked as one, as `nn.Parameter(dtensor)` makes).
+bool is_parameter_object(PyObject* object) {
+  if (Py_TYPE(object) == reinterpret_cast<PyTypeObject*>(parameter_type)) return true;
+  if (reinterpret_cast<PyObject*>(Py_TYPE(object)) == THPVariableClass || parameter_type == nullptr) return false;
+  const int is = PyObject_IsInstance(object, parameter_type);
+  if (is < 0) PyErr_Clear();
+  return is == 1;
+}
+
+/// Whether the plain tensor `t` is a view of a parameter: its base has a
+/// Python object that is a parameter (`weight.t()`, which Linear saves).
+bool is_view_of_parameter(const at::Tensor& t) {
+  if (!t.is_view()) return false;
+  PyObject* base = t._base().unsafeGetTensorImpl()->pyobj_slot()->load_pyobj();
+  return base != nullptr && is_parameter_object(base);
+}
+
+/// A new Packed for `hooks` (whose pack ran), or null with the Python error set.
+PyObject* wrap_packed(std::unique_ptr<torch::autograd::SavedVariableHooks> hooks, bool on_cpu) {
+  auto* out = PyObject_New(Packed, &packed_type);
+  if (!out) return nullptr;
+  out->hooks = hooks.release();
+  out->on_cpu = on_cpu;
+  return reinterpret_cast<PyObject*>(out);
+}
+
+/// Packs `tensor` as one that stays where it is, for `why` (GIL held).
+PyObject* pack_passing(offload::AnyManager* manager, const at::Tensor& tensor, offload::PassReason why) {
+  std::unique_ptr<torch::autograd::SavedVariableHooks> hooks;
+  const bool on_cpu = tensor.is_cpu();
+  const bool ok = run_hook(
+      [&] {
+        if (manager) {
+          hooks = offload::interface_of(*manager)->pack_passing(tensor, why);
+        } else {
+          hooks = offload::make_plain_hooks();
+          hooks->call_pack_hook(tensor);
+        }
+      },
+      /*release_gil=*/!on_cpu);
+  return ok ? wrap_packed(std::move(hooks), on_cpu) : nullptr;
+}
+
+/// autograd's pack hook. A plain tensor (the fast path, all in C++) is a
+/// parameter when it or its base is an nn.Parameter, and the manager decides
+/// the rest; a tensor of any other Python type (a parameter subclass, a
+/// tensor subclass such as DTensor) goes to the manager's Python
+/// subclass_pack (torch_offload._manager), which offloads a traceable
+/// wrapper subclass through its inner tensors (packing each with this hook).
 PyObject* pack_call(PyObject* self, PyObject* const* args, std::size_t nargsf, PyObject* kwnames) {
   const auto nargs = PyVectorcall_NARGS(nargsf);
   if (nargs != 1 || (kwnames && PyTuple_GET_SIZE(kwnames) != 0)) {
@@ -94,30 +197,40 @@ PyObject* pack_call(PyObject* self, PyObject* const* args, std::size_t nargsf, P
     PyErr_Format(PyExc_TypeError, "pack(): expected a torch.Tensor, got %s", Py_TYPE(args[0])->tp_name);
     return nullptr;
   }
-  auto* out = PyObject_New(Packed, &packed_type);
-  if (!out) return nullptr;
-  out->hooks = nullptr;
-  offload::AnyManager* manager = reinterpret_cast<PackHook*>(self)->manager;
+  auto* hook = reinterpret_cast<PackHook*>(self);
+  offload::AnyManager* manager = hook->manager;
   const at::Tensor& tensor = THPVariable_Unpack(args[0]);
-  out->on_cpu = tensor.is_cpu();
+  if (manager) {
+    const bool plain = reinterpret_cast<PyObject*>(Py_TYPE(args[0])) == THPVariableClass;
+    if (!plain && !(Py_TYPE(args[0]) == reinterpret_cast<PyTypeObject*>(parameter_type))) {
+      if (!hook->subclass_pack) return pack_passing(manager, tensor, offload::PassReason::subclass);
+      return PyObject_CallFunctionObjArgs(hook->subclass_pack, self, args[0], nullptr);
+    }
+    if (!plain || is_view_of_parameter(tensor)) return pack_passing(manager, tensor, offload::PassReason::parameter);
+  }
+  std::unique_ptr<torch::autograd::SavedVariableHooks> hooks;
+  const bool on_cpu = tensor.is_cpu();
   const bool ok = run_hook(
       [&] {
-        std::unique_ptr<torch::autograd::SavedVariableHooks> hooks = manager ? manager->make_hooks() : nullptr;
+        hooks = manager ? manager->make_hooks() : nullptr;
         if (!hooks) hooks = offload::make_plain_hooks();
         hooks->call_pack_hook(tensor);
-        out->hooks = hooks.release();
       },
-      /*release_gil=*/!out->on_cpu);
-  if (ok) return reinterpret_cast<PyObject*>(out);
-  Py_DECREF(out);
-  return nullptr;
+      /*release_gil=*/!on_cpu);
+  return ok ? wrap_packed(std::move(hooks), on_cpu) : nullptr;
 }
 
+/// autograd's unpack hook: a Packed, or a Python handle with unpack().
 PyObject* unpack_call(PyObject* /*module*/, PyObject* handle) {
   if (Py_TYPE(handle) != &packed_type) {
-    PyErr_Format(PyExc_TypeError, "unpack(): expected a torch_offload._C.Packed (what pack returned), got %s",
-                 Py_TYPE(handle)->tp_name);
-    return nullptr;
+    PyObject* method = PyObject_GetAttrString(handle, "unpack");
+    if (!method) {
+      PyErr_Format(PyExc_TypeError, "unpack(): expected what pack returned, got %s", Py_TYPE(handle)->tp_name);
+      return nullptr;
+    }
+    PyObject* out = PyObject_CallNoArgs(method);
+    Py_DECREF(method);
+    return out;
   }
   const auto* packed = reinterpret_cast<Packed*>(handle);
   auto* hooks = packed->hooks;
@@ -136,16 +249,20 @@ void packed_dealloc(PyObject* self) {
 
 void pack_hook_dealloc(PyObject* self) {
   Py_XDECREF(reinterpret_cast<PackHook*>(self)->owner);
+  Py_XDECREF(reinterpret_cast<PackHook*>(self)->subclass_pack);
   PyObject_Free(self);
 }
 
-/// A new pack callable for `manager`, kept alive by `owner` (null and None: plain hooks).
-py::object make_pack_hook(offload::AnyManager* manager, py::handle owner) {
+/// A new pack callable for `manager`, kept alive by `owner`, with
+/// `subclass_pack(pack, tensor)` for tensors of other Python types than
+/// torch.Tensor and nn.Parameter (null, None and None: plain hooks).
+py::object make_pack_hook(offload::AnyManager* manager, py::handle owner, py::handle subclass_pack) {
   auto* hook = PyObject_New(PackHook, &pack_hook_type);
   if (!hook) throw py::error_already_set();
   hook->vectorcall = pack_call;
   hook->manager = manager;
   hook->owner = owner.inc_ref().ptr();
+  hook->subclass_pack = subclass_pack.is_none() ? nullptr : subclass_pack.inc_ref().ptr();
   return py::reinterpret_steal<py::object>(reinterpret_cast<PyObject*>(hook));
 }
 
@@ -168,7 +285,7 @@ void ready_hook_types(py::module_& m) {
   m.attr("PackHook") = py::handle(reinterpret_cast<PyObject*>(&pack_hook_type));
   m.attr("unpack") =
       py::reinterpret_steal<py::object>(PyCFunction_NewEx(&unpack_def, nullptr, m.attr("__name__").ptr()));
-  m.attr("plain_pack") = make_pack_hook(nullptr, py::none());
+  m.attr("plain_pack") = make_pack_hook(nullptr, py::none(), py::none());
 }
 
 // ---------------------------------------------------------------- choosing
@@ -254,6 +371,15 @@ PYBIND11_MODULE(_C, m) {
   offload::python::register_error_translator();
 
   ready_hook_types(m);
+  offload_warning = PyErr_NewExceptionWithDoc(
+      "torch_offload.OffloadWarning",
+      "A warning torch_offload raises (a UserWarning): filter it with warnings.filterwarnings(..., "
+      "category=torch_offload.OffloadWarning).",
+      PyExc_UserWarning, nullptr);
+  if (!offload_warning) throw py::error_already_set();
+  m.attr("OffloadWarning") = py::handle(offload_warning);
+  // torch.nn.Parameter: the pack hook's parameters by identity.
+  parameter_type = py::object(py::module_::import("torch.nn").attr("Parameter")).release().ptr();
 
   py::class_<offload::ScopeMark>(m, "_ScopeMark");
   py::class_<offload::AnyManager>(m, "Manager")
@@ -271,21 +397,49 @@ PYBIND11_MODULE(_C, m) {
               options.*field->member = value;
             }
             options.pin_memory = pin_memory;
-            return make(device, storage, sync, options, fallback);
+            return with_warnings([&] { return make(device, storage, sync, options, fallback); });
           }),
           py::arg("device"), py::arg("storage"), py::arg("sync"), py::arg("options"), py::arg("pin_memory"),
           py::arg("fallback"))
-      // The pack hook of this manager (a PackHook: keeps the manager alive).
-      .def("pack_hook", [](py::object self) { return make_pack_hook(&self.cast<offload::AnyManager&>(), self); })
+      // The pack hook of this manager (a PackHook: keeps the manager alive);
+      // subclass_pack(pack, tensor) packs tensors of other Python types.
+      .def(
+          "pack_hook",
+          [](py::object self, py::object subclass_pack) {
+            return make_pack_hook(&self.cast<offload::AnyManager&>(), self, subclass_pack);
+          },
+          py::arg("subclass_pack"))
+      // Packs a tensor that stays where it is, counted under `why`
+      // ("parameter", "subclass" or "excluded"): a Packed.
+      .def(
+          "pack_passing",
+          [](offload::AnyManager& self, const at::Tensor& tensor, const std::string& why) {
+            const auto reason = why == "parameter"  ? offload::PassReason::parameter
+                                : why == "subclass" ? offload::PassReason::subclass
+                                                    : offload::PassReason::excluded;
+            TORCH_CHECK_VALUE(why == "parameter" || why == "subclass" || why == "excluded",
+                              "pack_passing: why must be one of 'parameter', 'subclass', 'excluded', got '", why, "'");
+            PyObject* out = pack_passing(&self, tensor, reason);
+            if (!out) throw py::error_already_set();
+            return py::reinterpret_steal<py::object>(out);
+          },
+          py::arg("tensor"), py::arg("why"))
       // What the manager had seen when a `with` opened (for its warnings at exit).
-      .def("on_scope_enter", [](offload::AnyManager& self) { return offload::interface_of(self)->on_scope_enter(); })
-      // Streamed settles its forward stash here: it may wait for copies.
+      .def("on_scope_enter",
+           [](offload::AnyManager& self) {
+             return with_warnings([&] { return offload::interface_of(self)->on_scope_enter(); });
+           })
+      // Streamed settles its forward stash here: it may wait for copies (the
+      // GIL is released meanwhile).
       .def(
           "on_scope_exit",
           [](offload::AnyManager& self, const offload::ScopeMark& opened, bool in_order) {
-            offload::interface_of(self)->on_scope_exit(opened, in_order);
+            with_warnings([&] {
+              const py::gil_scoped_release released;
+              offload::interface_of(self)->on_scope_exit(opened, in_order);
+            });
           },
-          py::arg("opened"), py::arg("in_order"), py::call_guard<py::gil_scoped_release>())
+          py::arg("opened"), py::arg("in_order"))
       .def("stats", [](const offload::AnyManager& self) { return stat_values(self.stats()); })
       .def("reset_stats", &offload::AnyManager::reset_stats)
       .def("exclude", [](offload::AnyManager& self, const std::vector<at::Tensor>& tensors) { self.exclude(tensors); })

@@ -12,6 +12,7 @@
 #include <c10/util/Exception.h>
 
 #include <offload/detail/hook_source.hpp>
+#include <offload/detail/module_tensors.hpp>
 #include <offload/manager.hpp>
 #include <offload/manager_interface.hpp>
 
@@ -46,6 +47,11 @@ class AnyManager {
   const Options& options() const noexcept { return source_->options(); }
   /// See Manager::exclude().
   void exclude(at::TensorList tensors) { source_->exclude(tensors); }
+  /// See Manager::exclude() (a module's parameters and buffers).
+  template <detail::module_or_holder M>
+  void exclude(const M& module) {
+    exclude(detail::module_tensors(module));
+  }
   /// Which policies were chosen, e.g. "Manager<sim, pinned_host, streamed>",
   /// plus what the dispatcher decided ("... [PrivateUse1 backend 'acme']").
   std::string describe() const { return source_->describe(); }

@@ -176,6 +176,9 @@ class DispatchedSource final : public HookSource {
   DispatchedSource(std::shared_ptr<HookSource> inner, std::string note, bool blocking_fallback)
       : inner_(std::move(inner)), note_(std::move(note)), blocking_fallback_(blocking_fallback) {}
   std::unique_ptr<torch::autograd::SavedVariableHooks> make_hooks() override { return inner_->make_hooks(); }
+  std::unique_ptr<torch::autograd::SavedVariableHooks> pack_passing(const at::Tensor& tensor, PassReason why) override {
+    return inner_->pack_passing(tensor, why);
+  }
   std::string describe() const override { return inner_->describe() + " [" + note_ + "]"; }
   Stats stats() const override {
     auto s = inner_->stats();
@@ -204,6 +207,10 @@ class PassThroughSource final : public HookSource {
   std::unique_ptr<torch::autograd::SavedVariableHooks> make_hooks() override {
     seen_.fetch_add(1, std::memory_order_relaxed);
     return nullptr;
+  }
+  std::unique_ptr<torch::autograd::SavedVariableHooks> pack_passing(const at::Tensor& tensor, PassReason why) override {
+    seen_.fetch_add(1, std::memory_order_relaxed);
+    return HookSource::pack_passing(tensor, why);
   }
   std::string describe() const override { return "PassThrough<offloads nothing: " + why_ + ">"; }
   Stats stats() const override {

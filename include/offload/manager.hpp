@@ -19,6 +19,7 @@
 #include <offload/detail/checks.hpp>
 #include <offload/detail/core.hpp>
 #include <offload/detail/hook_source.hpp>
+#include <offload/detail/module_tensors.hpp>
 #include <offload/options.hpp>
 #include <offload/stats.hpp>
 
@@ -48,9 +49,12 @@ class InvalidCore final : public NullSource {
 /// static_assert naming the concept and the missing member.
 ///
 /// A saved tensor is offloaded when it is on Device's device type, strided,
-/// not a parameter (a floating-point or complex leaf, whether it requires
-/// grad or not, or a view of one), not registered with exclude(), and its
-/// storage has at least Options::min_offload_bytes bytes. Only the bytes of
+/// has a storage of its own (not a wrapper, functional or batched tensor),
+/// is not a parameter (a leaf that requires grad, or a view of one; frozen
+/// parameters: exclude(module)), not registered with exclude(), and its
+/// storage has at least Options::min_offload_bytes bytes. Everything else
+/// autograd saves is an activation, also what a `torch.compile` region or a
+/// custom autograd Function saves (leaves computed with grad mode off). Only the bytes of
 /// the storage that saved views read are copied (a narrow of the last
 /// dimension moves its elements, not the storage), each byte once per step
 /// however many views of it are saved; each view comes back with its own
@@ -87,10 +91,18 @@ class Manager {
   /// The validated options.
   const Options& options() const noexcept { return core_->options(); }
   /// Never offload tensors that share storage with any of `tensors` (e.g.
-  /// integer buffers, caches the model holds); undefined tensors and those
-  /// without storage are skipped. Parameters (floating-point or complex
-  /// leaves and their views) are never offloaded anyway. Thread-safe.
+  /// frozen parameters, buffers, caches the model holds); undefined tensors
+  /// and those without storage are skipped. Parameters that require grad
+  /// (leaves and their views) are never offloaded anyway. Thread-safe.
   void exclude(at::TensorList tensors) { core_->exclude(tensors); }
+  /// Never offload the parameters (trainable and frozen) and buffers of
+  /// `module` and its submodules: a torch::nn::Module, a ModuleHolder
+  /// (`manager.exclude(model)` for `Net model;`) or a shared_ptr to a module.
+  /// Parameters and buffers registered later are not covered. Thread-safe.
+  template <detail::module_or_holder M>
+  void exclude(const M& module) {
+    exclude(detail::module_tensors(module));
+  }
   /// Which policies this manager uses, e.g. "Manager<sim, pinned_host, streamed>".
   std::string describe() const { return core_->describe(); }
   /// A fresh saved-tensor hooks object bound to this manager: what a Scope

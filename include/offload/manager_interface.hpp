@@ -27,6 +27,22 @@ struct ScopeMark {
   std::int64_t on_device = 0;  ///< of them, on the manager's device type
 };
 
+/// Why a saved tensor stays where it is, when the code that installs the
+/// hooks knows it before the manager looks (ManagerInterface::pack_passing):
+/// a binding that recognises parameters by their type (Python's
+/// `nn.Parameter`), a tensor subclass it cannot see into, or a type the
+/// user excluded. Counted in Stats::passed_leaf, passed_subclass and
+/// passed_excluded.
+enum class PassReason { parameter, subclass, excluded };
+
+/// Hooks that keep the saved tensor (its data without its autograd history,
+/// as autograd keeps a saved output without hooks: same storage and version
+/// counter; a graph dropped without backward is then freed), and at unpack raise autograd's in-place error (the same
+/// message) when it was modified in place since it was saved: for a binding that must hand its engine a hooks object
+/// for every saved tensor, also those no manager takes (a pass-through manager's make_hooks() returns null, an opt-out
+/// region). Defined in liboffload.
+std::unique_ptr<torch::autograd::SavedVariableHooks> make_plain_hooks();
+
 /// What an active Scope hands the autograd engine: one hooks object per
 /// saved tensor, and the manager operations AnyManager forwards.
 ///
@@ -37,6 +53,16 @@ class ManagerInterface {
   /// A fresh hooks object bound to this manager (kept alive by it); null
   /// when this manager offloads nothing (autograd then saves as usual).
   virtual std::unique_ptr<torch::autograd::SavedVariableHooks> make_hooks() = 0;
+  /// A fresh hooks object that has packed `tensor` as it is (what
+  /// make_plain_hooks() keeps), for a saved tensor the caller knows stays
+  /// where it is; a manager counts it under `why` (or, when `tensor` is not
+  /// on its device type, as another device's). Thread-safe.
+  virtual std::unique_ptr<torch::autograd::SavedVariableHooks> pack_passing(const at::Tensor& tensor,
+                                                                            PassReason /*why*/) {
+    auto hooks = make_plain_hooks();
+    hooks->call_pack_hook(tensor);
+    return hooks;
+  }
   /// Short description for errors and logs, e.g. "Manager<sim, pinned_host, blocking>".
   virtual std::string describe() const = 0;
   /// The manager operations AnyManager forwards (see Manager for each).
@@ -55,13 +81,5 @@ class ManagerInterface {
   /// throw.
   virtual void on_scope_exit(const ScopeMark& /*opened*/, bool /*in_order*/) noexcept {}
 };
-
-/// Hooks that keep the saved tensor (its data without its autograd history,
-/// as autograd keeps a saved output without hooks: same storage and version
-/// counter; a graph dropped without backward is then freed), and at unpack raise autograd's in-place error (the same
-/// message) when it was modified in place since it was saved: for a binding that must hand its engine a hooks object
-/// for every saved tensor, also those no manager takes (a pass-through manager's make_hooks() returns null, an opt-out
-/// region). Defined in liboffload.
-std::unique_ptr<torch::autograd::SavedVariableHooks> make_plain_hooks();
 
 }  // namespace offload

@@ -27,6 +27,7 @@ struct Stats {
   std::int64_t passed_excluded = 0;
   std::int64_t passed_leaf = 0;
   std::int64_t passed_layout = 0;
+  std::int64_t passed_subclass = 0;
   std::int64_t passed_budget = 0;
   std::int64_t passed_target = 0;
   std::int64_t bytes_offloaded = 0;
@@ -48,8 +49,8 @@ struct Stats {
 
   /// Saved tensors that stayed on their device or host, all reasons.
   std::int64_t passed_through() const noexcept {
-    return passed_other_device + passed_small + passed_excluded + passed_leaf + passed_layout + passed_budget +
-           passed_target;
+    return passed_other_device + passed_small + passed_excluded + passed_leaf + passed_layout + passed_subclass +
+           passed_budget + passed_target;
   }
 };
 
@@ -72,12 +73,15 @@ inline constexpr std::array stat_fields{
     StatField{"passed_other_device", &Stats::passed_other_device,
               "not on the manager's device type (e.g. CPU tensors), or undefined"},
     StatField{"passed_small", &Stats::passed_small, "storage under Options::min_offload_bytes"},
-    StatField{"passed_excluded", &Stats::passed_excluded, "registered with exclude() (parameters, buffers)"},
-    StatField{
-        "passed_leaf", &Stats::passed_leaf,
-        "parameters: floating-point or complex leaf tensors, trainable or frozen (also the model input), and views of "
-        "them"},
+    StatField{"passed_excluded", &Stats::passed_excluded,
+              "shares storage with a tensor registered with exclude() (buffers, caches), or of an excluded type"},
+    StatField{"passed_leaf", &Stats::passed_leaf,
+              "parameters: leaves that require grad and views of them; from Python also nn.Parameter objects "
+              "(trainable or frozen, FSDP2's unsharded and DTensor parameters) and views of them"},
     StatField{"passed_layout", &Stats::passed_layout, "sparse, quantized, nested or other non-strided tensors"},
+    StatField{"passed_subclass", &Stats::passed_subclass,
+              "tensors without storage of their own that the manager cannot see into: a tensor subclass without "
+              "__tensor_flatten__ (Python), a wrapper, functional or batched tensor (C++)"},
     StatField{"passed_budget", &Stats::passed_budget, "would have exceeded Options::host_budget_bytes"},
     StatField{"passed_target", &Stats::passed_target,
               "kept on the device by the Options::device_target_bytes plan (eligible, not needed off it)"},

@@ -4,10 +4,14 @@
 import dataclasses
 import operator
 import threading
+import warnings
 
 import torch
+from torch.utils._python_dispatch import is_traceable_wrapper_subclass
 
 from . import _C
+
+OffloadWarning = _C.OffloadWarning
 
 Stats = dataclasses.make_dataclass(
     "Stats",
@@ -16,7 +20,7 @@ Stats = dataclasses.make_dataclass(
     namespace={
         "passed_through": property(
             lambda self: self.passed_other_device + self.passed_small + self.passed_excluded
-            + self.passed_leaf + self.passed_layout + self.passed_budget + self.passed_target,
+            + self.passed_leaf + self.passed_layout + self.passed_subclass + self.passed_budget + self.passed_target,
             doc="Saved tensors that stayed on their device or host, all reasons.",
         ),
         "__module__": __name__,
@@ -50,6 +54,108 @@ def _local(t):
     """The tensor holding ``t``'s storage: a DTensor's local tensor, else ``t``."""
     local = getattr(t, "_local_tensor", None)  # torch.distributed.tensor.DTensor
     return local if isinstance(local, torch.Tensor) else t
+
+
+def _type_name(cls):
+    return f"{cls.__module__}.{cls.__qualname__}"
+
+
+def _types_in(types):
+    """``exclude_types`` as a tuple of tensor subclasses; TypeError otherwise."""
+    items = (types,) if isinstance(types, type) else types
+    try:
+        items = tuple(items)
+    except TypeError:
+        items = (types,)
+    for cls in items:
+        if not (isinstance(cls, type) and issubclass(cls, torch.Tensor)) or cls in (torch.Tensor, torch.nn.Parameter):
+            raise TypeError("torch_offload.Manager: exclude_types must be tensor subclasses other than torch.Tensor "
+                            f"and nn.Parameter (a type or a tuple of them), got {cls!r}")
+    return items
+
+
+class _SubclassPacked:
+    """What pack returns for a tensor subclass offloaded through its inner
+    tensors (``__tensor_flatten__``): each inner tensor's handle, and what
+    ``__tensor_unflatten__`` needs to rebuild the same subclass."""
+
+    __slots__ = ("cls", "inner", "ctx", "size", "stride")
+
+    def __init__(self, cls, inner, ctx, size, stride):
+        self.cls, self.inner, self.ctx, self.size, self.stride = cls, inner, ctx, size, stride
+
+    def unpack(self):
+        inner = {name: _C.unpack(handle) for name, handle in self.inner.items()}
+        return self.cls.__tensor_unflatten__(inner, self.ctx, self.size, self.stride)
+
+
+def _flatten_checked(t):
+    """``t.__tensor_flatten__()`` as (inner tensors by name, context), after
+    checking that ``__tensor_unflatten__`` rebuilds a tensor of the same
+    type, shape and dtype from them; RuntimeError naming the type if not."""
+    cls = type(t)
+    try:
+        names, ctx = t.__tensor_flatten__()
+        inner = {name: getattr(t, name) for name in names}
+        back = cls.__tensor_unflatten__(inner, ctx, t.size(), t.stride())
+        why = None
+        if type(back) is not cls or back.shape != t.shape or back.dtype != t.dtype:
+            why = (f"__tensor_unflatten__ gave a {_type_name(type(back))} of shape {tuple(back.shape)} and dtype "
+                   f"{back.dtype} for one of shape {tuple(t.shape)} and dtype {t.dtype}")
+    except Exception as e:  # the subclass's own code: anything it raises
+        why = f"{type(e).__name__}: {e}"
+    if why is not None:
+        raise RuntimeError(
+            f"torch_offload: cannot offload a saved {_type_name(cls)}: its __tensor_flatten__ / "
+            f"__tensor_unflatten__ round trip failed ({why}); nothing of it was offloaded. Keep tensors of this type "
+            f"on the device with Manager(exclude_types=({cls.__qualname__},))"
+        )
+    return inner, ctx
+
+
+def _is_parameter(t):
+    """Whether ``t`` (of a type other than torch.Tensor) is a parameter: an
+    nn.Parameter (also ``nn.Parameter(dtensor)``) or a view of one."""
+    if isinstance(t, torch.nn.Parameter):
+        return True
+    base = t._base
+    return base is not None and isinstance(base, torch.nn.Parameter)
+
+
+class _SubclassRule:
+    """How a Manager packs a saved tensor of another Python type than
+    torch.Tensor and nn.Parameter (the C++ pack hook calls it): a parameter
+    (an nn.Parameter subclass, ``nn.Parameter(dtensor)``, a view of one)
+    stays; a type in ``exclude_types`` stays; a traceable wrapper subclass
+    (DTensor, TwoTensor, torchao's float8 tensors) is offloaded through its
+    inner tensors, each packed by ``pack`` (and so by the same rules), and
+    comes back as the same subclass; any other type stays, with one
+    OffloadWarning per type."""
+
+    def __init__(self, impl, exclude_types):
+        self._impl = impl
+        self._exclude_types = exclude_types
+        self._warned = set()
+
+    def __call__(self, pack, t):
+        if _is_parameter(t):
+            return self._impl.pack_passing(t, "parameter")
+        if self._exclude_types and isinstance(t, self._exclude_types):
+            return self._impl.pack_passing(t, "excluded")
+        if is_traceable_wrapper_subclass(t):
+            inner, ctx = _flatten_checked(t)
+            return _SubclassPacked(type(t), {name: pack(x) for name, x in inner.items()}, ctx, t.size(), t.stride())
+        cls = type(t)
+        if cls not in self._warned:
+            self._warned.add(cls)
+            warnings.warn(
+                f"torch_offload.Manager: saved tensors of type {_type_name(cls)} stay on their device: it is a "
+                "tensor subclass without __tensor_flatten__ / __tensor_unflatten__, so the manager cannot see its "
+                "data (counted in Stats.passed_subclass; warned once per type and manager)",
+                OffloadWarning,
+                stacklevel=2,
+            )
+        return self._impl.pack_passing(t, "subclass")
 
 
 class _HookRegion:
@@ -117,23 +223,35 @@ class Manager(_HookRegion):
             usable accelerator, or a named device this build or machine
             lacks), ``"error"`` raises RuntimeError, ``"pass_through"``
             returns a manager that offloads nothing (its repr says why).
+        exclude_types: tensor subclasses whose saved tensors stay where
+            they are (counted in ``passed_excluded``), e.g. a subclass whose
+            ``__tensor_flatten__`` / ``__tensor_unflatten__`` round trip
+            fails (pack raises RuntimeError naming it otherwise); a type or
+            a tuple of types.
 
     Raises ValueError for an option out of range (same text as the C++
     ``offload::Options``) or an unknown name (listing the accepted ones),
     before anything is built; RuntimeError when the device is not there.
 
-    A tensor is offloaded when it is on the manager's device type, strided,
-    not a parameter (a floating-point or complex leaf, whether it requires
-    grad or not, or a view of one), not excluded,
-    and its storage has at least ``min_offload_bytes``. Backward may run
-    after the ``with`` has closed. ``with`` regions are per thread and
-    nestable; every method is thread-safe. pack and unpack run in C++ with
-    the GIL released.
+    What is offloaded (docs/guide.md, "What is never offloaded"): every
+    saved tensor on the manager's device type with a storage of at least
+    ``min_offload_bytes``, strided, not excluded, and not a parameter: an
+    ``nn.Parameter`` (trainable or frozen, FSDP2's unsharded parameters,
+    ``nn.Parameter(dtensor)``), a leaf that requires grad, or a view of
+    either. Activations saved inside ``torch.compile`` regions and custom
+    autograd Functions are offloaded like eager ones. A traceable wrapper
+    subclass (DTensor, float8 tensors) is offloaded through its inner
+    tensors and comes back as the same subclass; another tensor subclass
+    stays, with one ``OffloadWarning`` per type. Backward may run after the
+    ``with`` has closed. ``with`` regions are per thread and nestable;
+    every method is thread-safe. pack and unpack run in C++ with the GIL
+    released (a tensor subclass's flatten and unflatten run in Python).
+    Every warning the manager raises is an ``OffloadWarning``.
     """
 
     def __init__(self, device="auto", storage="pinned_host", sync="streamed", *, min_offload_bytes=1024,
                  max_fwd_stash=5, prefetch_depth=2, prefetch_bytes=0, pin_memory=True, host_budget_bytes=0,
-                 device_target_bytes=0, fallback="error"):
+                 device_target_bytes=0, fallback="error", exclude_types=()):
         if isinstance(device, torch.device):
             device = device.type
         elif isinstance(device, str) and device.partition(":")[2].isdigit():
@@ -143,6 +261,7 @@ class Manager(_HookRegion):
         for name, value in (("device", device), ("storage", storage), ("sync", sync), ("fallback", fallback)):
             if not isinstance(value, str):
                 raise TypeError(f"torch_offload.Manager: {name} must be a str, got {type(value).__name__}")
+        exclude_types = _types_in(exclude_types)
         options = {"min_offload_bytes": min_offload_bytes, "max_fwd_stash": max_fwd_stash,
                    "prefetch_depth": prefetch_depth, "prefetch_bytes": prefetch_bytes,
                    "host_budget_bytes": host_budget_bytes, "device_target_bytes": device_target_bytes}
@@ -158,7 +277,7 @@ class Manager(_HookRegion):
                 raise ValueError(f"offload::Options: {name} must be in [{lo}, {hi}], got {value}")
             options[name] = value
         impl = _C.Manager(device, storage, sync, options, bool(pin_memory), fallback)
-        super().__init__(impl.pack_hook(), _C.unpack)
+        super().__init__(impl.pack_hook(_SubclassRule(impl, exclude_types)), _C.unpack)
         self._impl = impl
         self._requested = device
         self._marks = threading.local()  # per thread: what the manager had seen at each open `with`
@@ -185,14 +304,18 @@ class Manager(_HookRegion):
         self._impl.reset_stats()
 
     def exclude(self, tensors):
-        """Never offload tensors sharing storage with any of ``tensors`` (a
-        tensor or an iterable of tensors, e.g. ``model.buffers()``). A
-        DTensor stands for its local tensor's storage. Parameters (floating-
-        point or complex leaves and their views) are never offloaded anyway.
+        """Never offload tensors sharing storage with any of ``tensors``: a
+        tensor, an iterable of tensors (e.g. ``model.buffers()``), or an
+        ``nn.Module``, for all its parameters (frozen ones too) and buffers.
+        A DTensor stands for its local tensor's storage. Parameters are never
+        offloaded anyway.
 
         Raises TypeError naming the type of anything that is not a tensor,
         before anything is excluded (thread-safe)."""
-        items = [tensors] if isinstance(tensors, torch.Tensor) else _tensors_in(tensors)
+        if isinstance(tensors, torch.nn.Module):
+            items = [*tensors.parameters(), *tensors.buffers()]
+        else:
+            items = [tensors] if isinstance(tensors, torch.Tensor) else _tensors_in(tensors)
         self._impl.exclude([_local(t) for t in items])
 
     @property

@@ -10,7 +10,7 @@ import warnings
 
 from torch import nn
 
-from ._manager import Manager, no_offload
+from ._manager import Manager, OffloadWarning, no_offload
 
 
 class PeerOffload(Manager):
@@ -133,10 +133,10 @@ def trl_keep_on_device(model):
 
 def warn_no_head(where, looked_for, silence, stacklevel):
     """The peers' "no output head was detected" warning, naming the search
-    (a UserWarning through ``warnings``, where the peers log it)."""
+    (an OffloadWarning, a UserWarning, through ``warnings``, where the peers log it)."""
     warnings.warn(f"{where}: no output head detected (looked for {looked_for}); its activations are offloaded "
                   f"too, which usually slows training given the large vocabulary size{silence}",
-                  stacklevel=stacklevel + 1)
+                  OffloadWarning, stacklevel=stacklevel + 1)
 
 
 def trl_ctx_manager(where, model, *, use_pin_memory, use_streams, min_offload_size, max_fwd_stash_size,

@@ -12,6 +12,7 @@
 #include <functional>
 #include <memory>
 #include <mutex>
+#include <optional>
 #include <shared_mutex>
 #include <string>
 #include <type_traits>
@@ -33,6 +34,7 @@
 #include <offload/detail/hook_source.hpp>
 #include <offload/detail/planner.hpp>
 #include <offload/entry.hpp>
+#include <offload/manager_interface.hpp>
 #include <offload/options.hpp>
 #include <offload/stats.hpp>
 #include <offload/transfer.hpp>
@@ -96,22 +98,31 @@ struct Packed {
   PlanTicket ticket;  ///< with a device-memory target: which saved tensor of its step
 };
 
-/// Whether `t` is (a view of) a parameter as far as autograd can tell: its
-/// base (`t` itself, or `t._base()` for a view such as the `weight.t()`
-/// Linear saves) is a leaf of a floating-point or complex dtype, whether it
-/// requires grad or not. That covers trainable and frozen parameters,
-/// FSDP2's unsharded parameters (also in a `param_dtype` such as bfloat16)
-/// and DTensor locals; it also covers the model input and any tensor
-/// computed without grad (e.g. a frozen layer's output): each is held by
-/// its owner, so offloading it would free nothing. Integer and bool leaves
-/// (dropout masks, max-pool indices, token ids: outputs of
-/// non-differentiable ops are leaves too) are not parameters. Such storage
-/// may also be freed in place (FSDP2 resizes its unsharded parameters to
-/// 0 bytes after forward), which a copy must never race.
-inline bool is_parameter_like(const at::Tensor& t) {
+/// Whether `t` is (a view of) a parameter as far as the tensor itself can
+/// tell: its base (`t`, or `t._base()` for a view such as the `weight.t()`
+/// Linear saves) is a leaf that requires grad. Activations never are: an
+/// eager op's output has a grad_fn, and what a `torch.compile` region or a
+/// custom autograd Function saves was computed with grad mode off (a leaf
+/// that does not require grad), as are a frozen layer's output and the
+/// model input. Frozen parameters do not require grad either: C++ names
+/// them with Manager::exclude(module); the Python binding recognises
+/// `nn.Parameter` objects itself (docs/guide.md, "What is never offloaded").
+inline bool is_parameter(const at::Tensor& t) {
   const at::TensorBase& base = t.is_view() ? t._base() : static_cast<const at::TensorBase&>(t);
-  const auto dtype = base.scalar_type();
-  return base.is_leaf() && (c10::isFloatingType(dtype) || c10::isComplexType(dtype));
+  return base.requires_grad() && base.is_leaf();
+}
+
+/// Whether the bytes of `impl`'s storage can be copied: it has a storage
+/// holding data of its own. A wrapper tensor subclass (the Python dispatch
+/// keys: DTensor, float8 tensors and other `_make_wrapper_subclass`
+/// tensors), a functional tensor and a batched tensor have none, or a
+/// storage that counts bytes but holds no data.
+inline bool has_usable_storage(const c10::TensorImpl& impl) {
+  if (!impl.has_storage() || impl.is_python_dispatch() || impl.key_set().has(c10::DispatchKey::Functionalize)) {
+    return false;
+  }
+  auto* storage = impl.unsafe_storage().unsafeGetStorageImpl();
+  return storage != nullptr && (storage->nbytes() == 0 || storage->_mutable_data_ptr_no_checks().get() != nullptr);
 }
 
 /// Bytes of storage `piece` spans: one past its last byte.
@@ -218,6 +229,9 @@ template <class Core>
 class Hooks final : public torch::autograd::SavedVariableHooks {
  public:
   explicit Hooks(std::shared_ptr<Core> core) : core_(std::move(core)) {}
+  /// Hooks whose pack already ran (ManagerInterface::pack_passing).
+  Hooks(std::shared_ptr<Core> core, typename Core::Packed packed)
+      : core_(std::move(core)), packed_(std::move(packed)) {}
   void call_pack_hook(const at::Tensor& tensor) override { packed_ = core_->pack(tensor); }
   at::Tensor call_unpack_hook() override { return core_->unpack(packed_); }
 
@@ -255,47 +269,34 @@ class Core final : public HookSource, public std::enable_shared_from_this<Core<D
            ">";
   }
 
-  Packed pack(const at::Tensor& t) {
-    Packed packed;
+  /// Packs one saved tensor: keeps it where it is (with the reason
+  /// counted) or offloads it. `known`: the caller already knows it stays
+  /// (pack_passing), unless it is on another device type.
+  Packed pack(const at::Tensor& t, std::optional<PassReason> known = std::nullopt) {
     pass_.seen.fetch_add(1, std::memory_order_relaxed);
-    // Pass-through first: every decision below is made before the lock and
-    // before anything an offloaded tensor needs is allocated.
-    // A tensor that stays is held without its autograd history, as
-    // SavedVariable holds a saved output itself (tensor_data: same storage,
-    // same version counter): an output's history is the node saving it, so
-    // holding the tensor would make that node own itself, and a graph
-    // dropped without backward (an exception mid-forward, a forward without
-    // backward) would never be freed. unpack needs only the data: the
-    // SavedVariable restores grad_fn and requires_grad.
-    const auto pass = [&](std::atomic<std::int64_t>& counter) {
-      counter.fetch_add(1, std::memory_order_relaxed);
-      packed.passthrough = t.defined() && t.grad_fn() ? t.tensor_data() : t;
-      return std::move(packed);
-    };
-    if (!t.defined()) return pass(pass_.other_device);
+    Packed packed;
+    if (!t.defined()) return pass(t, pass_.other_device, false, std::move(packed));
     seen_defined_.fetch_add(1, std::memory_order_relaxed);
-    auto* impl = t.unsafeGetTensorImpl();
-    const auto& version_counter = impl->version_counter();
-    packed.versioned = version_counter.enabled();
-    packed.saved_version = packed.versioned ? version_counter.current_version() : 0;
-    if (auto fn = t.grad_fn()) {
-      packed.grad_fn = fn;
-      packed.output_nr = t.output_nr();
-    }
-    if (impl->device_type() != Device::device_type) return pass(pass_.other_device);
-    seen_on_device_.fetch_add(1, std::memory_order_relaxed);
-    if (t.layout() != c10::kStrided || t.is_quantized() || t.is_nested() || !t.has_storage()) {
-      return pass(pass_.layout);
-    }
-    if (is_parameter_like(t)) return pass(pass_.leaf);
+    const bool history = note_version(t, packed);
+    // Pass-through first: every decision is made before the lock and before
+    // anything an offloaded tensor needs is allocated.
+    if (auto* reason = stays(t, known)) return pass(t, *reason, history, std::move(packed));
+    return offload(t, history, std::move(packed));
+  }
+
+  std::unique_ptr<torch::autograd::SavedVariableHooks> pack_passing(const at::Tensor& t, PassReason why) override {
+    return std::make_unique<Hooks<Core>>(this->shared_from_this(), pack(t, why));
+  }
+
+  // Offloads `t` (eligible: on the device, strided, with a storage of its
+  // own, not a parameter, not small, not excluded), unless the host budget
+  // or the device-memory plan keeps it.
+  Packed offload(const at::Tensor& t, bool history, Packed packed) {
     const auto& storage = t.storage();
     const c10::StorageImpl* key = storage.unsafeGetStorageImpl();
     const auto nbytes = static_cast<std::int64_t>(storage.nbytes());
-    if (nbytes < options_.min_offload_bytes) return pass(pass_.small);
-    if (is_excluded(key)) return pass(pass_.excluded);
-
     auto view = std::make_unique<OffloadedView<Entry>>();
-    view->version_counter = version_counter;
+    view->version_counter = t.unsafeGetTensorImpl()->version_counter();
     view->dtype = t.scalar_type();
     view->sizes.assign(t.sizes().begin(), t.sizes().end());
     view->strides.assign(t.strides().begin(), t.strides().end());
@@ -306,14 +307,15 @@ class Core final : public HookSource, public std::enable_shared_from_this<Core<D
     const Piece piece = piece_for(t);
 
     const std::lock_guard lock(mutex_);
-    if (planner_.active() && keep_for_target(t, key, nbytes, version, packed)) return pass(pass_.target);
+    if (planner_.active() && keep_for_target(t, key, nbytes, version, packed))
+      return pass(t, pass_.target, history, std::move(packed));
     if (auto found = aliases_.find(key); found != aliases_.end()) {
       // The entry's weak reference to its source keeps the StorageImpl's
       // address from being reused, so a live entry with this key is this
       // very storage; the version tells whether it changed since.
       if (auto entry = found->second.lock(); entry && entry->version == version) {
         if (!covers(*entry, piece) && !extend(entry, storage, t.device(), piece)) {
-          return pass(pass_.budget);
+          return pass(t, pass_.budget, history, std::move(packed));
         }
         ++stats_.tensors_offloaded;
         ++stats_.tensors_aliased;
@@ -325,7 +327,7 @@ class Core final : public HookSource, public std::enable_shared_from_this<Core<D
     }
     const auto piece_bytes = piece.nbytes();
     if (options_.host_budget_bytes != 0 && stats_.host_bytes_in_use + piece_bytes > options_.host_budget_bytes) {
-      return pass(pass_.budget);
+      return pass(t, pass_.budget, history, std::move(packed));
     }
 
     auto entry = make_entry();
@@ -424,6 +426,7 @@ class Core final : public HookSource, public std::enable_shared_from_this<Core<D
     out.tensors_seen = pass_.seen.load(std::memory_order_relaxed);
     out.passed_other_device = pass_.other_device.load(std::memory_order_relaxed);
     out.passed_layout = pass_.layout.load(std::memory_order_relaxed);
+    out.passed_subclass = pass_.subclass.load(std::memory_order_relaxed);
     out.passed_leaf = pass_.leaf.load(std::memory_order_relaxed);
     out.passed_small = pass_.small.load(std::memory_order_relaxed);
     out.passed_excluded = pass_.excluded.load(std::memory_order_relaxed);
@@ -489,6 +492,52 @@ class Core final : public HookSource, public std::enable_shared_from_this<Core<D
   }
 
  private:
+  // Notes the version of `t` (defined) for the in-place check at unpack,
+  // and its node for that check's message; returns whether it has one.
+  static bool note_version(const at::Tensor& t, Packed& packed) {
+    const auto& version_counter = t.unsafeGetTensorImpl()->version_counter();
+    packed.versioned = version_counter.enabled();
+    packed.saved_version = packed.versioned ? version_counter.current_version() : 0;
+    auto fn = t.grad_fn();
+    if (!fn) return false;
+    packed.grad_fn = fn;
+    packed.output_nr = t.output_nr();
+    return true;
+  }
+  // Why `t` (defined) stays where it is, as the counter of that reason, or
+  // null when it is eligible for offloading. The rule of docs/guide.md
+  // ("What is never offloaded"), in its order; takes no lock but a shared
+  // one for the excluded storages.
+  std::atomic<std::int64_t>* stays(const at::Tensor& t, std::optional<PassReason> known) {
+    const auto* impl = t.unsafeGetTensorImpl();
+    if (impl->device_type() != Device::device_type) return &pass_.other_device;
+    seen_on_device_.fetch_add(1, std::memory_order_relaxed);
+    if (known) {
+      return *known == PassReason::parameter  ? &pass_.leaf
+             : *known == PassReason::subclass ? &pass_.subclass
+                                              : &pass_.excluded;
+    }
+    if (impl->layout() != c10::kStrided || impl->is_quantized() || impl->is_nested()) return &pass_.layout;
+    if (!has_usable_storage(*impl)) return &pass_.subclass;
+    if (is_parameter(t)) return &pass_.leaf;
+    const auto& storage = impl->storage();
+    if (static_cast<std::int64_t>(storage.nbytes()) < options_.min_offload_bytes) return &pass_.small;
+    if (is_excluded(storage.unsafeGetStorageImpl())) return &pass_.excluded;
+    return nullptr;
+  }
+  // Keeps `t` where it is, counted under `reason`. It is held without its
+  // autograd history (`history`: it has a grad_fn), as SavedVariable holds a
+  // saved output itself (tensor_data: same storage, same version counter):
+  // an output's history is the node saving it, so holding the tensor would
+  // make that node own itself, and a graph dropped without backward (an
+  // exception mid-forward, a forward without backward) would never be
+  // freed. unpack needs only the data: the SavedVariable restores grad_fn
+  // and requires_grad.
+  static Packed pass(const at::Tensor& t, std::atomic<std::int64_t>& reason, bool history, Packed packed) {
+    reason.fetch_add(1, std::memory_order_relaxed);
+    packed.passthrough = history ? t.tensor_data() : t;
+    return packed;
+  }
   // Once per backward pass: when it ends, drop storages kept for views that
   // were not unpacked, and tell the sync policy.
   void watch_backward_end() {
@@ -673,9 +722,11 @@ class Core final : public HookSource, public std::enable_shared_from_this<Core<D
   // Pass-through counters: atomics, so a tensor that stays where it is
   // never takes the lock.
   struct PassCounters {
-    std::atomic<std::int64_t> seen{0}, other_device{0}, layout{0}, leaf{0}, small{0}, excluded{0}, budget{0}, target{0};
+    std::atomic<std::int64_t> seen{0}, other_device{0}, layout{0}, subclass{0}, leaf{0}, small{0}, excluded{0},
+        budget{0}, target{0};
     void reset() {
-      for (auto* c : {&seen, &other_device, &layout, &leaf, &small, &excluded, &budget, &target}) c->store(0);
+      for (auto* c : {&seen, &other_device, &layout, &subclass, &leaf, &small, &excluded, &budget, &target})
+        c->store(0);
     }
   };
 
