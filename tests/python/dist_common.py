@@ -40,16 +40,19 @@ class Watch:
     """Wraps a Manager's pack hook: for each saved tensor it offloaded (its
     tensors_offloaded counter moved during that pack), records whether a
     storage of it (a subclass: of its inner tensors) is a parameter's of
-    `model` at that moment."""
+    `model` at that moment, and counts the saved subclasses offloaded."""
 
     def __init__(self, manager, model):
         self.parameter_hits = []
+        self.subclass_offloads = 0  # saved wrapper subclasses (DTensor) of which something was offloaded
         pack = manager._pack
 
         def watched(tensor):
             before = manager.stats().tensors_offloaded
             handle = pack(tensor)
             if manager.stats().tensors_offloaded > before:
+                if type(tensor) is not torch.Tensor and hasattr(tensor, "__tensor_flatten__"):
+                    self.subclass_offloads += 1
                 storages = parameter_storages(model)
                 if any(leaf.untyped_storage().data_ptr() in storages for leaf in inner_tensors(tensor)):
                     self.parameter_hits.append(tuple(tensor.shape))

@@ -5,6 +5,9 @@ dist_worker.py): DTensor tensor and sequence parallel on 2 ranks
 (4 ranks), and torch.distributed.pipelining's GPipe, 1F1B and
 Interleaved1F1B on 2 ranks.
 
+A configuration with ``saves_dtensors`` saves DTensors for backward: with
+offloading, some of them must be offloaded (through their local tensors).
+
 Each run trains a small model for STEPS steps and returns what it recorded
 (losses, then each step's gradients, then the final parameters, as this
 rank holds them: DTensor locals, this rank's stages) for the bitwise
@@ -375,18 +378,20 @@ FAMILIES = {
     "tp": {
         "run": tp_run, "serial": tp_serial, "places": PLACES, "world": 2,
         "configs": {
-            "mlp": {"model": "mlp"},
-            "attention": {"model": "attention"},
-            "sequence_layernorm": {"model": "layernorm", "sequence": True},
-            "sequence_rmsnorm": {"model": "rmsnorm", "sequence": True},
+            "mlp": {"model": "mlp", "saves_dtensors": True},
+            "attention": {"model": "attention", "saves_dtensors": True},
+            "sequence_layernorm": {"model": "layernorm", "sequence": True, "saves_dtensors": True},
+            "sequence_rmsnorm": {"model": "rmsnorm", "sequence": True, "saves_dtensors": True},
+            # input_reshard's hooks take every saved tensor of the block: the
+            # manager sees only the replicated layer's plain tensors.
             "input_reshard": {"model": "input_reshard"},
         },
     },
     "fsdp2_tp": {
         "run": fsdp2_tp_run, "serial": fsdp2_tp_serial, "places": ("outside",), "world": 4,
         "configs": {
-            "mlp": {"model": "mlp"},
-            "sequence_parallel": {"model": "sequence_parallel"},
+            "mlp": {"model": "mlp", "saves_dtensors": True},
+            "sequence_parallel": {"model": "sequence_parallel", "saves_dtensors": True},
         },
     },
     "pipeline": {

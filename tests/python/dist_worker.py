@@ -237,6 +237,8 @@ def run_family(family, rank, world, device, report):
                     problems = []
                     if stats.tensors_offloaded == 0:
                         problems.append("nothing was offloaded")
+                    if config.get("saves_dtensors") and watch.subclass_offloads == 0:
+                        problems.append("no saved DTensor was offloaded")
                     if watch.parameter_hits:
                         problems.append(f"parameter storages offloaded: {watch.parameter_hits[:4]}")
                     diff = compare(references[name], got)
