@@ -10,6 +10,8 @@
 #include <algorithm>
 #include <cstdint>
 #include <cstring>
+#include <map>
+#include <mutex>
 #include <optional>
 #include <string>
 #include <utility>
@@ -51,6 +53,97 @@ class DoneWork final : public c10d::Work {
 
  private:
   std::vector<at::Tensor> outputs_;
+  c10::intrusive_ptr<c10::ivalue::Future> future_;
+};
+
+/// Where a point-to-point message waits in the store: the sender's `seq`-th
+/// message with `tag` from `src` to `dst` (ranks of this group; the store is
+/// the group's).
+std::string message_key(int src, int dst, int tag, std::uint64_t seq) {
+  return "offload_sim/p2p/" + std::to_string(src) + "/" + std::to_string(dst) + "/" + std::to_string(tag) + "/" +
+         std::to_string(seq);
+}
+
+/// A posted receive: nothing happens at post time, so that a rank can post
+/// its receives and sends together (batch_isend_irecv) without waiting for
+/// its peer. wait() (and getFuture(), and isCompleted() once the message is
+/// in the store) takes the message out of the store, deletes its key and
+/// copies it into the tensors (a copy on the current stream for sim
+/// tensors). Thread-safe: the first caller completes it, the others wait.
+class RecvWork final : public c10d::Work {
+ public:
+  RecvWork(int rank, c10::intrusive_ptr<c10d::Store> store, std::string key, int src, std::vector<at::Tensor> tensors,
+           std::chrono::milliseconds timeout)
+      : c10d::Work(rank, OpType::RECV),
+        store_(std::move(store)),
+        key_(std::move(key)),
+        src_(src),
+        tensors_(std::move(tensors)),
+        timeout_(timeout) {}
+
+  bool isCompleted() override {
+    std::lock_guard<std::mutex> lock(complete_mutex_);
+    if (!received_ && store_->check({key_})) receive_locked(timeout_);
+    return received_;
+  }
+  bool isSuccess() const override {
+    std::lock_guard<std::mutex> lock(complete_mutex_);
+    return received_;
+  }
+  int sourceRank() const override { return src_; }
+  bool wait(std::chrono::milliseconds timeout) override {
+    std::lock_guard<std::mutex> lock(complete_mutex_);
+    receive_locked(timeout == ::kNoTimeout ? timeout_ : timeout);
+    return true;
+  }
+  std::vector<at::Tensor> result() override { return tensors_; }
+  /// Completes the receive first (blocking), like wait().
+  c10::intrusive_ptr<c10::ivalue::Future> getFuture() override {
+    wait(::kNoTimeout);
+    std::lock_guard<std::mutex> lock(complete_mutex_);
+    if (!future_) {
+      std::vector<c10::Device> devices;
+      for (const auto& t : tensors_) {
+        if (!t.device().is_cpu() && std::find(devices.begin(), devices.end(), t.device()) == devices.end()) {
+          devices.push_back(t.device());
+        }
+      }
+      future_ = c10::make_intrusive<c10::ivalue::Future>(c10::ListType::create(c10::TensorType::get()), devices);
+      future_->markCompleted(c10::IValue(tensors_));
+    }
+    return future_;
+  }
+
+ private:
+  void receive_locked(std::chrono::milliseconds timeout) {
+    if (received_) return;
+    store_->wait({key_}, timeout);
+    auto bytes = store_->get(key_);
+    store_->deleteKey(key_);
+    std::size_t expected = 0;
+    for (const auto& t : tensors_) expected += t.nbytes();
+    TORCH_CHECK(bytes.size() == expected, "offload::sim collectives: recv: rank ", src_, " sent ", bytes.size(),
+                " bytes, rank ", rank_, " expected ", expected,
+                " (the ranks disagree on the tensors' shapes or dtypes)");
+    std::size_t at = 0;
+    for (auto& t : tensors_) {
+      auto from = at::from_blob(bytes.data() + at, t.sizes(), t.options().device(at::kCPU));
+      // Written like a backend writes device memory: outside autograd (a
+      // stage's input buffer is a leaf that requires grad) and without
+      // bumping the tensor's version.
+      t.variable_data().copy_(from);
+      at += t.nbytes();
+    }
+    received_ = true;
+  }
+
+  c10::intrusive_ptr<c10d::Store> store_;
+  std::string key_;
+  int src_;
+  std::vector<at::Tensor> tensors_;
+  std::chrono::milliseconds timeout_;
+  mutable std::mutex complete_mutex_;
+  bool received_ = false;
   c10::intrusive_ptr<c10::ivalue::Future> future_;
 };
 
@@ -168,10 +261,9 @@ class SimCollectives final : public c10d::Backend {
 
   c10::intrusive_ptr<c10d::Work> broadcast(std::vector<at::Tensor>& tensors,
                                            const c10d::BroadcastOptions& opts) override {
-    const int root = static_cast<int>(opts.rootRank);
-    TORCH_CHECK_VALUE(root >= 0 && root < getSize(), "offload::sim collectives: broadcast rootRank must be in [0, ",
-                      getSize(), "), got ", root);
-    auto blobs = exchange("broadcast", getRank() == root ? pack(tensors) : Bytes{}, root, total_bytes(tensors));
+    const int root = check_root("broadcast", opts.rootRank);
+    auto blobs =
+        exchange("broadcast", getRank() == root ? pack(tensors) : Bytes{}, root, std::nullopt, total_bytes(tensors));
     if (getRank() != root) {
       const auto in = unpack(blobs[root], tensors);
       for (std::size_t i = 0; i < tensors.size(); ++i) tensors[i].copy_(in[i]);
@@ -217,7 +309,7 @@ class SimCollectives final : public c10d::Backend {
                         " input list ", i, " must hold ", getSize(), " tensors, got ", inputs[i].size());
       for (const auto& t : inputs[i]) flat.push_back(t);
     }
-    auto blobs = exchange(what, pack(flat), std::nullopt, total_bytes(flat));
+    auto blobs = exchange(what, pack(flat), std::nullopt, std::nullopt, total_bytes(flat));
     std::vector<std::vector<at::Tensor>> peers;
     for (auto& b : blobs) peers.push_back(unpack(b, flat));
     for (std::size_t i = 0; i < outputs.size(); ++i) {
@@ -240,8 +332,70 @@ class SimCollectives final : public c10d::Backend {
     return done(OpType::COALESCED, outputs);
   }
 
+  c10::intrusive_ptr<c10d::Work> gather(std::vector<std::vector<at::Tensor>>& outputs, std::vector<at::Tensor>& inputs,
+                                        const c10d::GatherOptions& opts) override {
+    const std::string what = "gather";
+    const int root = check_root(what, opts.rootRank);
+    TORCH_CHECK_VALUE(inputs.size() == 1, "offload::sim collectives: ", what, " needs 1 input tensor, got ",
+                      inputs.size());
+    if (getRank() == root) {
+      TORCH_CHECK_VALUE(outputs.size() == 1 && static_cast<int>(outputs[0].size()) == getSize(),
+                        "offload::sim collectives: ", what, " needs on the root 1 output list of ", getSize(),
+                        " tensors, got ", outputs.size(), " lists of ", outputs.empty() ? 0 : outputs[0].size());
+    } else {
+      TORCH_CHECK_VALUE(outputs.empty(), "offload::sim collectives: ", what,
+                        " takes no output list on a rank other than the root, got ", outputs.size());
+    }
+    auto blobs = exchange(what, pack(inputs), std::nullopt, root, total_bytes(inputs));
+    if (getRank() != root) return done(OpType::GATHER, {});
+    for (int r = 0; r < getSize(); ++r) outputs[0][r].copy_(unpack(blobs[r], inputs)[0]);
+    return done(OpType::GATHER, outputs[0]);
+  }
+
+  c10::intrusive_ptr<c10d::Work> scatter(std::vector<at::Tensor>& outputs, std::vector<std::vector<at::Tensor>>& inputs,
+                                         const c10d::ScatterOptions& opts) override {
+    const std::string what = "scatter";
+    const int root = check_root(what, opts.rootRank);
+    TORCH_CHECK_VALUE(outputs.size() == 1, "offload::sim collectives: ", what, " needs 1 output tensor, got ",
+                      outputs.size());
+    if (getRank() == root) {
+      TORCH_CHECK_VALUE(inputs.size() == 1 && static_cast<int>(inputs[0].size()) == getSize(),
+                        "offload::sim collectives: ", what, " needs on the root 1 input list of ", getSize(),
+                        " tensors, got ", inputs.size(), " lists of ", inputs.empty() ? 0 : inputs[0].size());
+      for (const auto& t : inputs[0]) {
+        TORCH_CHECK_VALUE(t.nbytes() == outputs[0].nbytes(), "offload::sim collectives: ", what,
+                          " input tensors must have the output's ", outputs[0].nbytes(), " bytes, got ", t.nbytes());
+      }
+    } else {
+      TORCH_CHECK_VALUE(inputs.empty(), "offload::sim collectives: ", what,
+                        " takes no input list on a rank other than the root, got ", inputs.size());
+    }
+    // The root's contribution is its whole list; every rank takes its piece.
+    std::vector<at::Tensor> like(static_cast<std::size_t>(getSize()), outputs[0]);
+    auto blobs = exchange(what, getRank() == root ? pack(inputs[0]) : Bytes{}, root, std::nullopt, total_bytes(like));
+    outputs[0].copy_(unpack(blobs[root], like)[getRank()]);
+    return done(OpType::SCATTER, outputs);
+  }
+
+  /// Puts the message in the store and returns a completed Work: the bytes
+  /// wait there for the peer's recv (a send never blocks).
+  c10::intrusive_ptr<c10d::Work> send(std::vector<at::Tensor>& tensors, int dstRank, int tag) override {
+    check_peer("send", "dstRank", dstRank);
+    const auto seq = sent_[{dstRank, tag}]++;
+    store_->set(message_key(getRank(), dstRank, tag, seq), pack(tensors));
+    return done(OpType::SEND, tensors);
+  }
+
+  /// Returns at once a Work that receives when waited on (see RecvWork).
+  c10::intrusive_ptr<c10d::Work> recv(std::vector<at::Tensor>& tensors, int srcRank, int tag) override {
+    check_peer("recv", "srcRank", srcRank);
+    const auto seq = received_[{srcRank, tag}]++;
+    return c10::make_intrusive<RecvWork>(getRank(), store_, message_key(srcRank, getRank(), tag, seq), srcRank, tensors,
+                                         timeout_);
+  }
+
   c10::intrusive_ptr<c10d::Work> barrier(const c10d::BarrierOptions& /*opts*/) override {
-    exchange("barrier", Bytes{}, std::nullopt, 0);
+    exchange("barrier", Bytes{}, std::nullopt, std::nullopt, 0);
     return done(OpType::BARRIER, {});
   }
 
@@ -252,14 +406,6 @@ class SimCollectives final : public c10d::Backend {
   c10::intrusive_ptr<c10d::Work> reduce(std::vector<at::Tensor>&, const c10d::ReduceOptions&) override {
     not_supported("reduce");
   }
-  c10::intrusive_ptr<c10d::Work> gather(std::vector<std::vector<at::Tensor>>&, std::vector<at::Tensor>&,
-                                        const c10d::GatherOptions&) override {
-    not_supported("gather");
-  }
-  c10::intrusive_ptr<c10d::Work> scatter(std::vector<at::Tensor>&, std::vector<std::vector<at::Tensor>>&,
-                                         const c10d::ScatterOptions&) override {
-    not_supported("scatter");
-  }
   c10::intrusive_ptr<c10d::Work> alltoall_base(at::Tensor&, at::Tensor&, std::vector<int64_t>&, std::vector<int64_t>&,
                                                const c10d::AllToAllOptions&) override {
     not_supported("alltoall_base");
@@ -269,57 +415,77 @@ class SimCollectives final : public c10d::Backend {
     not_supported("alltoall");
   }
   void monitoredBarrier(const c10d::BarrierOptions&, bool) override { not_supported("monitoredBarrier"); }
-  c10::intrusive_ptr<c10d::Work> send(std::vector<at::Tensor>&, int, int) override { not_supported("send"); }
-  c10::intrusive_ptr<c10d::Work> recv(std::vector<at::Tensor>&, int, int) override { not_supported("recv"); }
   c10::intrusive_ptr<c10d::Work> recvAnysource(std::vector<at::Tensor>&, int) override {
     not_supported("recvAnysource");
   }
 
  private:
-  /// Every rank's contribution to the next collective (only `root`'s when
-  /// given; the others' entries stay empty). Each rank sets `mine` under its
-  /// own key, waits for the keys it reads, then counts itself done; the last
-  /// rank to count deletes the keys. Throws if a contribution's size differs
-  /// from `expected` bytes (the ranks disagree on the shapes).
-  std::vector<Bytes> exchange(const std::string& what, Bytes mine, std::optional<int> root, std::size_t expected) {
+  /// The contributions to the next collective: every rank's, or `sender`'s
+  /// alone, read by every rank, or by `reader` alone (entries a rank does not
+  /// read stay empty; a rank that reads nothing does not wait). Each sending
+  /// rank sets its bytes under its own key, each reading rank waits for the
+  /// keys it reads, then every rank counts itself done; the last to count
+  /// deletes the keys (a reader counts after it has read). Throws if a
+  /// contribution read is not `expected` bytes (the ranks disagree on the
+  /// shapes).
+  std::vector<Bytes> exchange(const std::string& what, Bytes mine, std::optional<int> sender, std::optional<int> reader,
+                              std::size_t expected) {
     const std::string prefix = std::string("offload_sim/") + std::to_string(sequence_++) + "/";
     const int size = getSize();
+    const int me = getRank();
     auto key = [&](int r) { return prefix + std::to_string(r); };
-    if (!root || *root == getRank()) store_->set(key(getRank()), mine);
-    std::vector<std::string> keys;
-    for (int r = 0; r < size; ++r) {
-      if ((!root || *root == r) && r != getRank()) keys.push_back(key(r));
-    }
+    auto sends = [&](int r) { return !sender || *sender == r; };
+    const bool reads = !reader || *reader == me;
+    if (sends(me)) store_->set(key(me), mine);
     std::vector<Bytes> out(static_cast<std::size_t>(size));
-    if (!keys.empty()) {
-      store_->wait(keys, timeout_);
-      auto got = store_->multiGet(keys);
-      std::size_t k = 0;
+    if (reads) {
+      std::vector<std::string> keys;
       for (int r = 0; r < size; ++r) {
-        if ((!root || *root == r) && r != getRank()) out[r] = std::move(got[k++]);
+        if (sends(r) && r != me) keys.push_back(key(r));
       }
+      if (!keys.empty()) {
+        store_->wait(keys, timeout_);
+        auto got = store_->multiGet(keys);
+        std::size_t k = 0;
+        for (int r = 0; r < size; ++r) {
+          if (sends(r) && r != me) out[r] = std::move(got[k++]);
+        }
+      }
+      if (sends(me)) out[me] = std::move(mine);
     }
-    if (!root || *root == getRank()) out[getRank()] = std::move(mine);
     if (store_->add(prefix + "done", 1) == size) {
       for (int r = 0; r < size; ++r) {
-        if (!root || *root == r) store_->deleteKey(key(r));
+        if (sends(r)) store_->deleteKey(key(r));
       }
       store_->deleteKey(prefix + "done");
     }
-    for (int r = 0; r < size; ++r) {
-      if (!root || *root == r) {
-        TORCH_CHECK(out[r].size() == expected, "offload::sim collectives: ", what, ": rank ", r, " sent ",
-                    out[r].size(), " bytes, rank ", getRank(), " expected ", expected,
-                    " (the ranks disagree on the tensors' shapes or dtypes)");
+    if (reads) {
+      for (int r = 0; r < size; ++r) {
+        if (sends(r)) {
+          TORCH_CHECK(out[r].size() == expected, "offload::sim collectives: ", what, ": rank ", r, " sent ",
+                      out[r].size(), " bytes, rank ", me, " expected ", expected,
+                      " (the ranks disagree on the tensors' shapes or dtypes)");
+        }
       }
     }
     return out;
   }
 
+  int check_root(const std::string& what, std::int64_t root) const {
+    TORCH_CHECK_VALUE(root >= 0 && root < getSize(), "offload::sim collectives: ", what, " rootRank must be in [0, ",
+                      getSize(), "), got ", root);
+    return static_cast<int>(root);
+  }
+
+  void check_peer(const std::string& what, const char* name, int peer) const {
+    TORCH_CHECK_VALUE(peer >= 0 && peer < getSize(), "offload::sim collectives: ", what, " ", name, " must be in [0, ",
+                      getSize(), "), got ", peer);
+  }
+
   c10::intrusive_ptr<c10d::Work> reduce_all(const std::string& what, OpType type, std::vector<at::Tensor>& tensors,
                                             c10d::ReduceOp op) {
     check_op(what, op, tensors);
-    auto blobs = exchange(what, pack(tensors), std::nullopt, total_bytes(tensors));
+    auto blobs = exchange(what, pack(tensors), std::nullopt, std::nullopt, total_bytes(tensors));
     std::vector<std::vector<at::Tensor>> peers;
     for (auto& b : blobs) peers.push_back(unpack(b, tensors));
     for (std::size_t i = 0; i < tensors.size(); ++i) {
@@ -338,7 +504,7 @@ class SimCollectives final : public c10d::Backend {
       TORCH_CHECK_VALUE(static_cast<int>(outputs[i].size()) == getSize(), "offload::sim collectives: ", what,
                         " output list ", i, " must hold ", getSize(), " tensors, got ", outputs[i].size());
     }
-    auto blobs = exchange(what, pack(inputs), std::nullopt, total_bytes(inputs));
+    auto blobs = exchange(what, pack(inputs), std::nullopt, std::nullopt, total_bytes(inputs));
     for (int r = 0; r < getSize(); ++r) {
       const auto in = unpack(blobs[r], inputs);
       for (std::size_t i = 0; i < inputs.size(); ++i) outputs[i][r].copy_(in[i]);
@@ -353,7 +519,7 @@ class SimCollectives final : public c10d::Backend {
                         "offload::sim collectives: ", what, " output ", i, " must be contiguous with ", getSize(),
                         " x ", inputs[i].numel(), " elements, got ", outputs[i].numel());
     }
-    auto blobs = exchange(what, pack(inputs), std::nullopt, total_bytes(inputs));
+    auto blobs = exchange(what, pack(inputs), std::nullopt, std::nullopt, total_bytes(inputs));
     for (int r = 0; r < getSize(); ++r) {
       const auto in = unpack(blobs[r], inputs);
       for (std::size_t i = 0; i < inputs.size(); ++i) {
@@ -373,7 +539,7 @@ class SimCollectives final : public c10d::Backend {
                         " input ", i, " must have ", getSize(), " x ", outputs[i].numel(), " elements, got ",
                         inputs[i].numel());
     }
-    auto blobs = exchange(what, pack(inputs), std::nullopt, total_bytes(inputs));
+    auto blobs = exchange(what, pack(inputs), std::nullopt, std::nullopt, total_bytes(inputs));
     std::vector<std::vector<at::Tensor>> peers;
     for (auto& b : blobs) peers.push_back(unpack(b, inputs));
     for (std::size_t i = 0; i < outputs.size(); ++i) {
@@ -398,6 +564,10 @@ class SimCollectives final : public c10d::Backend {
   c10::intrusive_ptr<c10d::Store> store_;
   std::chrono::milliseconds timeout_;
   std::uint64_t sequence_ = 0;
+  /// Point-to-point messages sent to / received from each (peer, tag): the
+  /// sequence number of the next one.
+  std::map<std::pair<int, int>, std::uint64_t> sent_;
+  std::map<std::pair<int, int>, std::uint64_t> received_;
 };
 
 }  // namespace

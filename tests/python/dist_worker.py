@@ -1,24 +1,27 @@
 # SPDX-License-Identifier: MIT
-"""One rank of the 2-rank suites of test_distributed.py (not collected by
-pytest: run as ``python dist_worker.py FAMILY RANK WORLD PORT LISTEN_FD
+"""One rank of the distributed suites of test_distributed.py (not collected
+by pytest: run as ``python dist_worker.py FAMILY RANK WORLD PORT LISTEN_FD
 OUT_JSON``; rank 0 serves the store on LISTEN_FD, a socket its parent bound
 to 127.0.0.1:PORT, so nothing listens beyond 127.0.0.1; the collectives
 use the store alone).
 
-For each model configuration of FAMILY ("ddp" or "fsdp2") the rank trains
-the same model once without offloading (the reference) and once per
-sync x place of backward (inside or outside ``with manager:``), all in this
-one process, and compares losses, gradients and parameters bitwise against
-the reference. It writes ``{case: "ok" or what differed}`` to OUT_JSON.
-Every offloading run must offload something, and no saved tensor whose
-storage is a parameter's (the module's parameters at the time of the pack:
-FSDP2's unsharded parameters during forward, DTensor locals) may be among
-the offloaded ones.
+For each model configuration of FAMILY (FAMILIES: "ddp" and "fsdp2" here,
+the model-parallel ones in dist_parallel.py) the rank first trains the
+model once without offloading (the reference) per configuration, then once
+per sync x place of backward, all in this one process, and compares losses,
+gradients and parameters bitwise against the reference. It writes
+``{case: "ok" or what differed}`` to OUT_JSON after every case (so a rank
+that dies leaves the verdicts it reached). Every offloading run must
+offload something, and no saved tensor whose storage is a parameter's (the
+module's parameters at the time of the pack: FSDP2's unsharded parameters
+during forward, DTensor locals) may be among the offloaded ones. A family
+with a one-process check also requires each reference run's losses to be
+those of the same model trained unsharded in one process, up to rounding.
 """
 
 import contextlib
 import datetime
-import functools
+import faulthandler
 import json
 import os
 import re
@@ -34,47 +37,11 @@ from torch.nn import functional as F
 import torch_offload
 import torch_offload.sim
 
+import dist_parallel
+from dist_common import PLACES, STEPS, SYNCS, Watch, compare, forward_backward, local
+
 DELAY_US = 50
-SYNCS = ("blocking", "streamed")
-PLACES = ("inside", "outside")
-STEPS = 3
-
-
-def local(t):
-    return t.to_local() if hasattr(t, "to_local") else t
-
-
-def bits(t):
-    return local(t).detach().cpu().contiguous().reshape(-1).view(torch.uint8)
-
-
-def parameter_storages(model):
-    """Storages of the module's parameters now (DTensor: its local tensor)."""
-    out = set()
-    for p in model.parameters():
-        t = getattr(p, "_local_tensor", p)
-        out.add(t.untyped_storage().data_ptr())
-    return out
-
-
-class Watch:
-    """Wraps a Manager's pack hook: for each saved tensor it offloaded (its
-    tensors_offloaded counter moved during that pack), records whether the
-    storage is a parameter's of `model` at that moment."""
-
-    def __init__(self, manager, model):
-        self.parameter_hits = []
-        pack = manager._pack
-
-        def watched(tensor):
-            before = manager.stats().tensors_offloaded
-            handle = pack(tensor)
-            if manager.stats().tensors_offloaded > before:
-                if tensor.untyped_storage().data_ptr() in parameter_storages(model):
-                    self.parameter_hits.append(tuple(tensor.shape))
-            return handle
-
-        manager._pack = watched
+SERIAL_RTOL = 1e-4
 
 
 def positive_control(device):
@@ -148,7 +115,7 @@ def lm_batch(rank, step, device, vocab=48):
 
 # ------------------------------------------------------------------ runs
 
-def ddp_run(config, device, manager, place, rank):
+def ddp_run(config, device, manager, place, rank, world):
     from torch.nn.parallel import DistributedDataParallel as DDP
     torch.manual_seed(0)
     model = DDP(Mlp().to(device), bucket_cap_mb=0.01, gradient_as_bucket_view=config.get("bucket_view", False),
@@ -167,17 +134,17 @@ def ddp_run(config, device, manager, place, rank):
             record.append(loss.detach())
         record += [p.grad.clone() for p in model.parameters()]
         opt.step()
-    return record + [p.detach().clone() for p in model.parameters()], watch
+    return record + [p.detach().clone() for p in model.parameters()], watch, None
 
 
-def fsdp2_run(config, device, manager, place, rank):
+def fsdp2_run(config, device, manager, place, rank, world):
     from torch.distributed.device_mesh import init_device_mesh
     from torch.distributed.fsdp import MixedPrecisionPolicy, fully_shard
     torch.manual_seed(0)
     model = Lm(tied=config.get("tied", False), ckpt=config.get("checkpoint", False)).to(device)
     if config.get("frozen"):
         model.blocks[1].requires_grad_(False)
-    mesh = init_device_mesh(device.type, (dist.get_world_size(),))
+    mesh = init_device_mesh(device.type, (world,))
     kwargs = {"mesh": mesh, "reshard_after_forward": config.get("reshard", True)}
     if config.get("bf16"):
         kwargs["mp_policy"] = MixedPrecisionPolicy(param_dtype=torch.bfloat16)
@@ -199,77 +166,87 @@ def fsdp2_run(config, device, manager, place, rank):
         record.append(forward_backward(loss_fn, manager, place).detach())
         record += [local(p.grad).clone() for p in params]
         opt.step()
-    return record + [local(p).detach().clone() for p in model.parameters()], watch
+    return record + [local(p).detach().clone() for p in model.parameters()], watch, None
 
 
-def forward_backward(loss_fn, manager, place):
-    with manager if manager else contextlib.nullcontext():
-        loss = loss_fn()
-        if place == "inside":
-            loss.backward()
-    if place == "outside":
-        loss.backward()
-    return loss
-
-
-CONFIGS = {
+FAMILIES = {
     "ddp": {
-        "buckets_view_no_sync": {"bucket_view": True, "no_sync": True},
-        "static_graph": {"static_graph": True},
+        "run": ddp_run, "places": PLACES, "world": 2,
+        "configs": {
+            "buckets_view_no_sync": {"bucket_view": True, "no_sync": True},
+            "static_graph": {"static_graph": True},
+        },
     },
     "fsdp2": {
-        "reshard": {"reshard": True},
-        "no_reshard": {"reshard": False},
-        "frozen_layer": {"frozen": True, "reshard": True},
-        "frozen_layer_no_reshard": {"frozen": True, "reshard": False},
-        "bf16_params": {"bf16": True},
-        "checkpoint": {"checkpoint": True},
-        "tied_embedding": {"tied": True},
+        "run": fsdp2_run, "places": PLACES, "world": 2,
+        "configs": {
+            "reshard": {"reshard": True},
+            "no_reshard": {"reshard": False},
+            "frozen_layer": {"frozen": True, "reshard": True},
+            "frozen_layer_no_reshard": {"frozen": True, "reshard": False},
+            "bf16_params": {"bf16": True},
+            "checkpoint": {"checkpoint": True},
+            "tied_embedding": {"tied": True},
+        },
     },
+    **dist_parallel.FAMILIES,
 }
 
 
-def compare(reference, got):
-    if len(reference) != len(got):
-        return f"{len(got)} tensors recorded, reference has {len(reference)}"
-    for i, (a, b) in enumerate(zip(reference, got)):
-        if a.shape != b.shape or a.dtype != b.dtype or not torch.equal(bits(a), bits(b)):
-            return f"tensor {i} of {len(got)} differs (shape {tuple(b.shape)}; first values {local(b).flatten()[:3]} " \
-                   f"vs reference {local(a).flatten()[:3]})"
+def cases(family):
+    """The offloading cases of `family`: CONFIG-SYNC-PLACE."""
+    spec = FAMILIES[family]
+    return [f"{name}-{sync}-{place}" for name in spec["configs"] for sync in SYNCS for place in spec["places"]]
+
+
+def serial_difference(serial, losses):
+    if len(serial) != len(losses):
+        return f"{len(losses)} losses recorded, the one-process run has {len(serial)}"
+    for i, (a, b) in enumerate(zip(serial, losses)):
+        if abs(a - b) > SERIAL_RTOL * max(abs(a), abs(b), 1e-3):
+            return f"loss {i} is {b!r}, the one-process run's {a!r}"
     return None
 
 
-def run_family(family, rank, device):
-    run = {"ddp": ddp_run, "fsdp2": fsdp2_run}[family]
-    results = {}
-    for name, config in CONFIGS[family].items():
+def run_family(family, rank, world, device, report):
+    """Runs every case of `family`; report(key, verdict) after each."""
+    spec = FAMILIES[family]
+    run = spec["run"]
+    references = {}
+    for name, config in spec["configs"].items():
         try:
-            reference, _ = run(config, device, None, "outside", rank)
+            references[name], _, losses = run(config, device, None, "outside", rank, world)
+            verdict = "ok"
+            if "serial" in spec:
+                verdict = serial_difference(spec["serial"](config, device, rank, world), losses) or "ok"
         except Exception:  # noqa: BLE001 (the case reports it)
-            for sync in SYNCS:
-                for place in PLACES:
-                    results[f"{name}-{sync}-{place}"] = "reference run failed: " + traceback.format_exc(limit=3)
-            continue
+            verdict = "reference run failed: " + traceback.format_exc(limit=4)
+        report(f"{name}-reference", verdict)
+    for name, config in spec["configs"].items():
         for sync in SYNCS:
-            for place in PLACES:
+            for place in spec["places"]:
                 key = f"{name}-{sync}-{place}"
+                if name not in references:
+                    report(key, "reference run failed (see the reference case)")
+                    continue
                 try:
                     manager = torch_offload.Manager("sim", sync=sync)
-                    got, watch = run(config, device, manager, place, rank)
+                    got, watch, _ = run(config, device, manager, place, rank, world)
                     torch_offload.sim.synchronize()
                     stats = manager.stats()
                     problems = []
                     if stats.tensors_offloaded == 0:
                         problems.append("nothing was offloaded")
+                    if config.get("saves_dtensors") and watch.subclass_offloads == 0:
+                        problems.append("no saved DTensor was offloaded")
                     if watch.parameter_hits:
                         problems.append(f"parameter storages offloaded: {watch.parameter_hits[:4]}")
-                    diff = compare(reference, got)
+                    diff = compare(references[name], got)
                     if diff:
                         problems.append(diff)
-                    results[key] = "; ".join(problems) or "ok"
+                    report(key, "; ".join(problems) or "ok")
                 except Exception:  # noqa: BLE001
-                    results[key] = "raised: " + traceback.format_exc(limit=4)
-    return results
+                    report(key, "raised: " + traceback.format_exc(limit=4))
 
 
 def collective_rows():
@@ -298,6 +275,7 @@ def unsupported_collectives(device):
 
 
 def main(family, rank, world, port, listen_fd, out_path):
+    faulthandler.enable()  # a crash prints where it happened (the suite shows the end of the output)
     torch.set_num_threads(1)
     torch_offload.sim.install(copy_latency_us=DELAY_US, poison_freed=True)
     device = torch.device("sim", rank % torch_offload.sim.config()["num_devices"])
@@ -307,15 +285,21 @@ def main(family, rank, world, port, listen_fd, out_path):
     dist.init_process_group(torch_offload.sim.collective_backend, store=store, rank=rank, world_size=world,
                             timeout=datetime.timedelta(seconds=60))
     keys_before = store.num_keys()
-    results = {"positive_control": positive_control(device)}
-    results.update(run_family(family, rank, device))
+    results = {}
+
+    def report(key, verdict):
+        results[key] = verdict
+        with open(out_path + ".part", "w") as f:
+            json.dump(results, f)
+        os.replace(out_path + ".part", out_path)
+
+    report("positive_control", positive_control(device))
+    run_family(family, rank, world, device, report)
     if family == "ddp":
-        results["unsupported"] = unsupported_collectives(device)
+        report("unsupported", unsupported_collectives(device))
     dist.barrier()
-    results["store_keys_grown"] = store.num_keys() - keys_before
+    report("store_keys_grown", store.num_keys() - keys_before)
     dist.destroy_process_group()
-    with open(out_path, "w") as f:
-        json.dump(results, f)
 
 
 if __name__ == "__main__":

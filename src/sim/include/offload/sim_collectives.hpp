@@ -24,13 +24,33 @@
 // MIN, MAX), broadcast, allgather, allgather_coalesced, _allgather_base
 // (all_gather_into_tensor), allgather_into_tensor_coalesced, reduce_scatter,
 // _reduce_scatter_base (reduce_scatter_tensor),
-// reduce_scatter_tensor_coalesced, barrier. Every other operation, and every
-// other ReduceOp, throws c10::NotImplementedError (NotImplementedError in
-// Python) "offload::sim collectives: <op> is not supported by the
-// offload_sim backend". Tensors may be on sim or on the CPU.
+// reduce_scatter_tensor_coalesced, gather, scatter (the root's whole list
+// goes through the store; each rank takes its piece), barrier, and send /
+// recv. Every other operation (reduce, alltoall, alltoall_base,
+// recvAnysource, monitoredBarrier, allreduce_sparse), and every other
+// ReduceOp, throws c10::NotImplementedError (NotImplementedError in Python)
+// "offload::sim collectives: <op> is not supported by the offload_sim
+// backend" before anything is exchanged. Tensors may be on sim or on the
+// CPU.
 //
-// Every operation returns a completed c10d::Work whose getFuture() holds the
-// output tensors (what DDP's reducer and comm hooks read).
+// Every collective returns a completed c10d::Work whose getFuture() holds
+// the output tensors (what DDP's reducer and comm hooks read).
+//
+// Point-to-point: send(tensors, dst, tag) copies the tensors to host memory
+// (a blocking copy) and sets them in the store under a key of their own
+// (source, destination, tag and a sequence number per (destination, tag)),
+// then returns a completed Work: a send never waits for its receiver.
+// recv(tensors, src, tag) returns at once, before the message is there, so
+// that a rank can post its receives and sends together
+// (torch.distributed.batch_isend_irecv, the pipeline schedules) without
+// waiting for its peer; the Work's wait() (also getFuture(), and
+// isCompleted() once the message is in the store) waits up to the
+// backend's timeout for the message, deletes its key and copies it into
+// the tensors (a copy on the current stream for sim tensors). The copy is
+// made outside autograd and leaves the tensors' version counter alone, as a
+// device backend writing memory does (a pipeline stage receives into a leaf
+// that requires grad). Messages between two ranks with one tag are received
+// in the order they were sent, as c10d requires.
 
 #include <c10/util/intrusive_ptr.h>
 #include <torch/csrc/distributed/c10d/Backend.hpp>
