@@ -154,8 +154,14 @@ bool is_view_of_parameter(const at::Tensor& t) {
   return base != nullptr && is_parameter_object(base);
 }
 
-/// A new Packed for `hooks` (whose pack ran), or null with the Python error set.
-PyObject* wrap_packed(std::unique_ptr<torch::autograd::SavedVariableHooks> hooks, bool on_cpu) {
+/// Runs `pack()` (which returns hooks whose pack ran on `tensor`) with the
+/// GIL released unless `tensor` is a CPU tensor (run_hook), and returns a new
+/// Packed holding those hooks, or null with the Python error set.
+template <class Pack>
+PyObject* packed_by(const at::Tensor& tensor, Pack&& pack) {
+  std::unique_ptr<torch::autograd::SavedVariableHooks> hooks;
+  const bool on_cpu = tensor.is_cpu();
+  if (!run_hook([&] { hooks = pack(); }, /*release_gil=*/!on_cpu)) return nullptr;
   auto* out = PyObject_New(Packed, &packed_type);
   if (!out) return nullptr;
   out->hooks = hooks.release();
@@ -163,21 +169,10 @@ PyObject* wrap_packed(std::unique_ptr<torch::autograd::SavedVariableHooks> hooks
   return reinterpret_cast<PyObject*>(out);
 }
 
-/// Packs `tensor` as one that stays where it is, for `why` (GIL held).
-PyObject* pack_passing(offload::AnyManager* manager, const at::Tensor& tensor, offload::PassReason why) {
-  std::unique_ptr<torch::autograd::SavedVariableHooks> hooks;
-  const bool on_cpu = tensor.is_cpu();
-  const bool ok = run_hook(
-      [&] {
-        if (manager) {
-          hooks = offload::interface_of(*manager)->pack_passing(tensor, why);
-        } else {
-          hooks = offload::make_plain_hooks();
-          hooks->call_pack_hook(tensor);
-        }
-      },
-      /*release_gil=*/!on_cpu);
-  return ok ? wrap_packed(std::move(hooks), on_cpu) : nullptr;
+/// Packs `tensor` as one that stays where it is, counted by `manager` under
+/// `why` (GIL held).
+PyObject* pack_passing(offload::AnyManager& manager, const at::Tensor& tensor, offload::PassReason why) {
+  return packed_by(tensor, [&] { return offload::interface_of(manager)->pack_passing(tensor, why); });
 }
 
 /// autograd's pack hook. A plain tensor (the fast path, all in C++) is a
@@ -203,21 +198,17 @@ PyObject* pack_call(PyObject* self, PyObject* const* args, std::size_t nargsf, P
   if (manager) {
     const bool plain = reinterpret_cast<PyObject*>(Py_TYPE(args[0])) == THPVariableClass;
     if (!plain && !(Py_TYPE(args[0]) == reinterpret_cast<PyTypeObject*>(parameter_type))) {
-      if (!hook->subclass_pack) return pack_passing(manager, tensor, offload::PassReason::subclass);
+      if (!hook->subclass_pack) return pack_passing(*manager, tensor, offload::PassReason::subclass);
       return PyObject_CallFunctionObjArgs(hook->subclass_pack, self, args[0], nullptr);
     }
-    if (!plain || is_view_of_parameter(tensor)) return pack_passing(manager, tensor, offload::PassReason::parameter);
+    if (!plain || is_view_of_parameter(tensor)) return pack_passing(*manager, tensor, offload::PassReason::parameter);
   }
-  std::unique_ptr<torch::autograd::SavedVariableHooks> hooks;
-  const bool on_cpu = tensor.is_cpu();
-  const bool ok = run_hook(
-      [&] {
-        hooks = manager ? manager->make_hooks() : nullptr;
-        if (!hooks) hooks = offload::make_plain_hooks();
-        hooks->call_pack_hook(tensor);
-      },
-      /*release_gil=*/!on_cpu);
-  return ok ? wrap_packed(std::move(hooks), on_cpu) : nullptr;
+  return packed_by(tensor, [&] {
+    auto hooks = manager ? manager->make_hooks() : nullptr;
+    if (!hooks) hooks = offload::make_plain_hooks();
+    hooks->call_pack_hook(tensor);
+    return hooks;
+  });
 }
 
 /// autograd's unpack hook: a Packed, or a Python handle with unpack().
@@ -419,7 +410,7 @@ PYBIND11_MODULE(_C, m) {
                                                     : offload::PassReason::excluded;
             TORCH_CHECK_VALUE(why == "parameter" || why == "subclass" || why == "excluded",
                               "pack_passing: why must be one of 'parameter', 'subclass', 'excluded', got '", why, "'");
-            PyObject* out = pack_passing(&self, tensor, reason);
+            PyObject* out = pack_passing(self, tensor, reason);
             if (!out) throw py::error_already_set();
             return py::reinterpret_steal<py::object>(out);
           },

@@ -19,21 +19,10 @@ from torch.testing._internal.two_tensor import TwoTensor
 import cases
 import torch_offload
 import torch_offload.sim
+from test_torch_offload import assert_bitwise, bits
 from testdevice import DEV
 
 SYNCS = ["blocking", "streamed"]
-
-
-def bits(t):
-    t = t.detach().to("cpu").contiguous()
-    return t.view(torch.uint8) if t.dim() else t.reshape(1).view(torch.uint8)
-
-
-def assert_bitwise(ref, got):
-    assert len(ref) == len(got)
-    for i, (a, b) in enumerate(zip(ref, got)):
-        assert type(a) is type(b) and a.dtype == b.dtype and a.shape == b.shape, f"result {i}: type/dtype/shape"
-        assert torch.equal(bits(a), bits(b)), f"result {i} differs bitwise"
 
 
 def run(manager, forward, params):

@@ -38,6 +38,7 @@ def assert_bitwise(ref, got):
     assert len(ref) == len(got)
     for i, (a, b) in enumerate(zip(ref, got)):
         assert a.device == b.device, f"result {i}: device {b.device}, expected {a.device}"
+        assert type(a) is type(b), f"result {i}: a {type(b).__name__}, expected a {type(a).__name__}"
         assert a.dtype == b.dtype and a.shape == b.shape, f"result {i}: dtype/shape differ"
         assert torch.equal(bits(a), bits(b)), f"result {i} differs bitwise"
 
