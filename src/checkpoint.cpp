@@ -1,7 +1,7 @@
 // SPDX-License-Identifier: MIT
 // offload::checkpoint: a block's inputs saved through the current scope, a
-// hook source that keeps only a record of what the block saves, and in
-// backward a recomputation under a hook source that collects those tensors.
+// ManagerInterface whose hooks keep only a record of what the block saves, and in
+// backward a recomputation under one whose hooks collect those tensors.
 
 #include <offload/checkpoint.hpp>
 
@@ -27,8 +27,8 @@
 #include <torch/csrc/autograd/saved_variable_hooks.h>
 
 #include <offload/any_manager.hpp>
-#include <offload/detail/core.hpp>
-#include <offload/detail/hook_source.hpp>
+#include <offload/detail/autograd.hpp>
+#include <offload/detail/null_manager.hpp>
 #include <offload/scope.hpp>
 
 namespace offload {
@@ -177,27 +177,28 @@ class RecordHooks final : public torch::autograd::SavedVariableHooks {
   std::size_t index_ = 0;
 };
 
-// What the recomputation's nodes hold: the tensor itself (used only if
-// someone runs backward through the recomputed graph).
+// What the recomputation's nodes hold: the tensor kept where it is, as a
+// manager keeps one it passes through (used only if someone runs backward
+// through the recomputed graph); the frame collects it for the block's
+// original saved tensors.
 class CollectHooks final : public torch::autograd::SavedVariableHooks {
  public:
   CollectHooks(std::shared_ptr<Frame> frame, std::int64_t pass) : frame_(std::move(frame)), pass_(pass) {}
   void call_pack_hook(const at::Tensor& tensor) override {
-    // Detached: an output saved by its own node would otherwise hold that node.
-    kept_ = tensor.requires_grad() ? tensor.detach() : tensor;
-    frame_->collect(pass_, kept_);
+    kept_ = detail::KeptTensor(tensor);
+    frame_->collect(pass_, kept_.tensor());
   }
-  at::Tensor call_unpack_hook() override { return kept_; }
+  at::Tensor call_unpack_hook() override { return kept_.unpack(); }
 
  private:
   std::shared_ptr<Frame> frame_;
   std::int64_t pass_;
-  at::Tensor kept_;
+  detail::KeptTensor kept_;
 };
 
-// A hook source that is not a manager: the parts of HookSource a Scope
-// does not use answer "nothing".
-class BlockSource : public detail::NullSource {
+// The hooks' manager while a block records or recomputes: not a manager,
+// so the parts of ManagerInterface a Scope does not use answer "nothing".
+class BlockSource : public detail::NullManager {
  public:
   std::string describe() const override { return "offload::checkpoint"; }
 };
@@ -327,7 +328,7 @@ void Frame::recompute(std::int64_t pass, Recomputed& out) {
   recomputing_ = true;
   try {
     const torch::autograd::AutoGradMode grad(true);
-    const Scope collecting(detail::make_any_manager(std::make_shared<CollectSource>(shared_from_this(), pass)));
+    const Scope collecting(any_manager_of(std::make_shared<CollectSource>(shared_from_this(), pass)));
     try {
       (void)block_(inputs);
     } catch (const StopRecomputation&) {  // saved all it must
@@ -354,7 +355,7 @@ std::vector<at::Tensor> checkpoint(Block block, const std::vector<at::Tensor>& i
   frame->save_inputs(inputs);
   std::vector<at::Tensor> outputs;
   {
-    const Scope recording(detail::make_any_manager(std::make_shared<RecordSource>(frame)));
+    const Scope recording(any_manager_of(std::make_shared<RecordSource>(frame)));
     outputs = frame->run(inputs);
   }
   frame->forward_done();

@@ -1,7 +1,7 @@
 // SPDX-License-Identifier: MIT
 // The autograd engine subclass that gives LibTorch's C++ API saved-tensor
 // hooks, and the thread-local stack of open scopes. (The core's other
-// translation units: options.cpp, stats.cpp, hooks.cpp, linked.cpp.)
+// translation units: options.cpp, stats.cpp, autograd.cpp, linked.cpp.)
 
 #include <algorithm>
 #include <atomic>
@@ -16,8 +16,7 @@
 #include <torch/csrc/autograd/function.h>
 
 #include <offload/any_manager.hpp>
-#include <offload/detail/core.hpp>
-#include <offload/detail/hook_source.hpp>
+#include <offload/manager_interface.hpp>
 #include <offload/scope.hpp>
 
 namespace offload {
@@ -25,8 +24,8 @@ namespace offload {
 // ---------------------------------------------------------------- scopes
 namespace detail {
 struct ScopeFrame {
-  std::shared_ptr<HookSource> source;  // null: NoOffload
-  ScopeMark mark;                      // what the source had seen when the scope opened
+  std::shared_ptr<ManagerInterface> manager;  // null: NoOffload
+  ScopeMark mark;                             // what the manager had seen when the scope opened
   std::atomic<bool> open{true};
 };
 }  // namespace detail
@@ -37,17 +36,17 @@ namespace {
 // closed from another thread is only marked closed and pruned here.
 thread_local std::vector<std::shared_ptr<detail::ScopeFrame>> t_frames;
 
-detail::HookSource* innermost_source(bool& found) {
+ManagerInterface* innermost_manager(bool& found) {
   while (!t_frames.empty() && !t_frames.back()->open.load(std::memory_order_acquire)) t_frames.pop_back();
   found = !t_frames.empty();
-  return found ? t_frames.back()->source.get() : nullptr;
+  return found ? t_frames.back()->manager.get() : nullptr;
 }
 
 struct OffloadEngine final : torch::autograd::Engine {
   std::unique_ptr<torch::autograd::SavedVariableHooks> get_default_saved_variable_hooks() override {
     bool found = false;
-    detail::HookSource* source = innermost_source(found);
-    return source != nullptr ? source->make_hooks() : nullptr;
+    ManagerInterface* manager = innermost_manager(found);
+    return manager != nullptr ? manager->make_hooks() : nullptr;
   }
 
   // LibTorch starts the per-device worker threads once per process (a
@@ -96,16 +95,16 @@ void install_hooks() {
 
 bool hooks_installed() noexcept { return g_installed.load(std::memory_order_acquire); }
 
-Scope::Scope(const AnyManager& manager) { open(detail::source_of(manager)); }
+Scope::Scope(const AnyManager& manager) { open(interface_of(manager)); }
 
 Scope::Scope(NoManager /*unused*/) { open(nullptr); }
 
-void Scope::open(std::shared_ptr<detail::HookSource> source) {
+void Scope::open(std::shared_ptr<ManagerInterface> manager) {
   install_hooks();
   frame_ = std::make_shared<detail::ScopeFrame>();
   owner_ = std::this_thread::get_id();
-  if (source) frame_->mark = source->on_scope_enter();
-  frame_->source = std::move(source);
+  if (manager) frame_->mark = manager->on_scope_enter();
+  frame_->manager = std::move(manager);
   t_frames.push_back(frame_);
 }
 
@@ -120,8 +119,8 @@ void Scope::close() {
                                      [](const auto& f) { return f->open.load(std::memory_order_acquire); });
   frame_->open.store(false, std::memory_order_release);
   std::erase(t_frames, frame_);
-  if (frame_->source) {
-    frame_->source->on_scope_exit(frame_->mark, in_order);
+  if (frame_->manager) {
+    frame_->manager->on_scope_exit(frame_->mark, in_order);
   } else if (!in_order) {
     TORCH_WARN_ONCE(
         "offload::NoOffload was closed while a scope opened after it on the same thread was still "

@@ -47,7 +47,7 @@ using Block = std::function<std::vector<at::Tensor>(const std::vector<at::Tensor
 /// needs a tensor the block saved, the block is run again on the saved
 /// inputs, with grad mode on, the generators' states of the forward (see
 /// CheckpointOptions) and the autocast state of the forward (enabled, dtype
-/// per device type, and the cache flag), under a hook source that collects
+/// per device type, and the cache flag), under hooks that collect
 /// the tensors it saves in order; each is handed out once and released when
 /// its node lets go of it. Gradients are bitwise those of the block run
 /// without checkpoint. Nested checkpoints recompute the outer block first

@@ -19,7 +19,7 @@
 #include <c10/core/Device.h>
 #include <c10/core/Stream.h>
 
-#include <offload/entry.hpp>
+#include <offload/buffers.hpp>
 #include <offload/options.hpp>
 #include <offload/stats.hpp>
 #include <offload/transfer.hpp>

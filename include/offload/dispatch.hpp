@@ -35,7 +35,7 @@
 #include <offload/any_manager.hpp>
 #include <offload/concepts.hpp>
 #include <offload/detail/checks.hpp>
-#include <offload/detail/hook_source.hpp>
+#include <offload/detail/null_manager.hpp>
 #include <offload/manager.hpp>
 #include <offload/options.hpp>
 #include <offload/scope.hpp>
@@ -167,13 +167,13 @@ bool runtime_has_events() {
   }
 }
 
-/// Forwards every HookSource member to the chosen manager; adds what the
+/// Forwards every ManagerInterface member to the chosen manager; adds what the
 /// dispatcher decided to describe() and, after a fallback to blocking
 /// copies, counts every copy in Stats::blocking_fallbacks. (A member added
-/// to HookSource must be forwarded here too.)
-class DispatchedSource final : public HookSource {
+/// to ManagerInterface must be forwarded here too.)
+class DispatchedManager final : public ManagerInterface {
  public:
-  DispatchedSource(std::shared_ptr<HookSource> inner, std::string note, bool blocking_fallback)
+  DispatchedManager(std::shared_ptr<ManagerInterface> inner, std::string note, bool blocking_fallback)
       : inner_(std::move(inner)), note_(std::move(note)), blocking_fallback_(blocking_fallback) {}
   std::unique_ptr<torch::autograd::SavedVariableHooks> make_hooks() override { return inner_->make_hooks(); }
   std::unique_ptr<torch::autograd::SavedVariableHooks> pack_passing(const at::Tensor& tensor, PassReason why) override {
@@ -194,23 +194,23 @@ class DispatchedSource final : public HookSource {
   }
 
  private:
-  std::shared_ptr<HookSource> inner_;
+  std::shared_ptr<ManagerInterface> inner_;
   std::string note_;
   bool blocking_fallback_;
 };
 
 /// Saved tensors stay where they are: make_hooks() counts each and returns
 /// no hooks, so autograd saves it exactly as without any scope.
-class PassThroughSource final : public HookSource {
+class PassThroughManager final : public ManagerInterface {
  public:
-  PassThroughSource(const Options& options, std::string why) : options_(options), why_(std::move(why)) {}
+  PassThroughManager(const Options& options, std::string why) : options_(options), why_(std::move(why)) {}
   std::unique_ptr<torch::autograd::SavedVariableHooks> make_hooks() override {
     seen_.fetch_add(1, std::memory_order_relaxed);
     return nullptr;
   }
   std::unique_ptr<torch::autograd::SavedVariableHooks> pack_passing(const at::Tensor& tensor, PassReason why) override {
     seen_.fetch_add(1, std::memory_order_relaxed);
-    return HookSource::pack_passing(tensor, why);
+    return ManagerInterface::pack_passing(tensor, why);
   }
   std::string describe() const override { return "PassThrough<offloads nothing: " + why_ + ">"; }
   Stats stats() const override {
@@ -233,7 +233,7 @@ template <class Device, class Storage, class Sync>
 AnyManager wrap(const Options& options, std::string note, bool blocking_fallback) {
   AnyManager manager = Manager<Device, Storage, Sync>(options);
   if (note.empty()) return manager;
-  return make_any_manager(std::make_shared<DispatchedSource>(source_of(manager), std::move(note), blocking_fallback));
+  return any_manager_of(std::make_shared<DispatchedManager>(interface_of(manager), std::move(note), blocking_fallback));
 }
 
 /// Builds the manager for the device policy the dispatcher chose: Sync, or
@@ -250,7 +250,7 @@ AnyManager build(const Options& options, const DetectedAccelerator& detected) {
            std::string(FallbackSync::name);
   };
   if constexpr (!check_sync_members<Sync, Device>()) {
-    return make_any_manager(nullptr);  // not reached: the check stopped the build
+    return any_manager_of(nullptr);  // not reached: the check stopped the build
   } else if constexpr (composable<Device, Storage, Sync>) {
     if constexpr (Sync::needs_events) {
       if (!runtime_has_events<Device>()) {
@@ -264,7 +264,7 @@ AnyManager build(const Options& options, const DetectedAccelerator& detected) {
     return wrap<Device, Storage, FallbackSync>(
         options, fallback_note(std::string(Device::name) + " has no streams/events"), true);
   } else {
-    return make_any_manager(nullptr);  // not reached: the check stopped the build
+    return any_manager_of(nullptr);  // not reached: the check stopped the build
   }
 }
 
@@ -294,7 +294,7 @@ std::vector<std::string> device_policy_names(Devices devices) {
 /// Thread-safe.
 inline AnyManager make_pass_through_manager(const Options& options = {}, std::string why = "pass-through requested") {
   options.validate();
-  return detail::make_any_manager(std::make_shared<detail::PassThroughSource>(options, std::move(why)));
+  return any_manager_of(std::make_shared<detail::PassThroughManager>(options, std::move(why)));
 }
 
 /// make_manager's work without install_hooks(), for hosts whose own
@@ -409,7 +409,7 @@ AnyManager make_manager(const Options& options, Devices devices, Fallback fallba
   constexpr bool checked = detail::check_device_list<Devices>() && detail::check_storage_policy<Storage>() &&
                            detail::check_storage_default<Storage>();
   if constexpr (!checked) {
-    return detail::make_any_manager(nullptr);  // not reached: the build stopped
+    return any_manager_of(nullptr);  // not reached: the build stopped
   } else {
     options.validate();
     install_hooks();

@@ -18,8 +18,8 @@
 #include <offload/concepts.hpp>
 #include <offload/detail/checks.hpp>
 #include <offload/detail/core.hpp>
-#include <offload/detail/hook_source.hpp>
 #include <offload/detail/module_tensors.hpp>
+#include <offload/detail/null_manager.hpp>
 #include <offload/options.hpp>
 #include <offload/stats.hpp>
 
@@ -30,7 +30,7 @@ class AnyManager;
 namespace detail {
 /// Stands in for Core when the policies failed their checks, so that the
 /// one static_assert that names the failing member is the only error.
-class InvalidCore final : public NullSource {
+class InvalidCore final : public NullManager {
  public:
   template <class... A>
   explicit InvalidCore(A&&... /*unused*/) {}

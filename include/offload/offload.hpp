@@ -10,11 +10,11 @@
 /// lists the narrower headers and what each costs to include.
 
 #include <offload/any_manager.hpp>
+#include <offload/buffers.hpp>
 #include <offload/checkpoint.hpp>
 #include <offload/concepts.hpp>
 #include <offload/config.hpp>
 #include <offload/dispatch.hpp>
-#include <offload/entry.hpp>
 #include <offload/manager.hpp>
 #include <offload/options.hpp>
 #include <offload/scope.hpp>

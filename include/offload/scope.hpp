@@ -57,7 +57,7 @@ class Scope {
   friend class NoOffload;
   struct NoManager {};
   explicit Scope(NoManager);  // NoOffload's: a frame without a manager
-  void open(std::shared_ptr<detail::HookSource> source);
+  void open(std::shared_ptr<ManagerInterface> manager);
 
   std::shared_ptr<detail::ScopeFrame> frame_;
   std::thread::id owner_;

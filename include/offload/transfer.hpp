@@ -22,6 +22,15 @@ namespace offload {
 
 template <class EntryState>
 class TransferRef;
+template <class EntryState>
+class Transfer;
+
+namespace detail {
+/// The manager's handle on `entry` for one sync policy call: does not own
+/// it (the manager holds it for the call, or is destroying it).
+template <class EntryState>
+Transfer<EntryState> transfer_of(Entry<EntryState>& entry) noexcept;
+}  // namespace detail
 
 /// A handle to one offloaded storage, handed to a sync policy by the
 /// manager. Cheap to copy. A handle given to a policy call is valid during
@@ -36,14 +45,8 @@ class TransferRef;
 template <class EntryState>
 class Transfer {
  public:
-  using Entry = detail::Entry<EntryState>;
-
+  /// An empty handle (refers to no storage).
   Transfer() = default;
-  /// Used by the manager: a handle that keeps `entry` alive.
-  explicit Transfer(std::shared_ptr<Entry> entry) noexcept : entry_(std::move(entry)) {}
-  /// Used by the manager while `entry` is being destroyed: a handle that
-  /// does not own it.
-  explicit Transfer(Entry& entry) noexcept : entry_(std::shared_ptr<Entry>(), &entry) {}
 
   /// Whether the handle refers to a storage (TransferRef::lock() of a
   /// released one gives an empty handle).
@@ -60,11 +63,7 @@ class Transfer {
   /// [0, device_nbytes()), enough for every saved view of it.
   std::int64_t device_nbytes() const noexcept { return entry_->device_nbytes; }
   /// Bytes held on the host, over every piece.
-  std::int64_t host_nbytes() const noexcept {
-    std::int64_t n = 0;
-    detail::for_each_piece(*entry_, [&](const detail::Piece& p, const HostBuffer&) { n += p.nbytes(); });
-    return n;
-  }
+  std::int64_t host_nbytes() const noexcept { return entry_->host_nbytes(); }
   /// The policy's own per-storage state.
   EntryState& state() const noexcept { return entry_->sync; }
   /// Whether the bytes of the last reload are still in use on the device
@@ -110,8 +109,18 @@ class Transfer {
   TransferRef<EntryState> ref() const noexcept;
 
  private:
+  using Entry = detail::Entry<EntryState>;
+  friend class TransferRef<EntryState>;
+  friend Transfer detail::transfer_of<EntryState>(Entry& entry) noexcept;
+  // Owning (TransferRef::lock()), or not: the manager's (transfer_of).
+  explicit Transfer(std::shared_ptr<Entry> entry) noexcept : entry_(std::move(entry)) {}
   std::shared_ptr<Entry> entry_;
 };
+
+template <class EntryState>
+Transfer<EntryState> detail::transfer_of(Entry<EntryState>& entry) noexcept {
+  return Transfer<EntryState>(std::shared_ptr<Entry<EntryState>>(std::shared_ptr<Entry<EntryState>>(), &entry));
+}
 
 /// A weak reference to an offloaded storage, for a sync policy that keeps
 /// track of storages between calls (a stash, a prefetch order). Does not

@@ -3,7 +3,7 @@
 
 // What the files of the sim runtime share: the runtime's state (streams.cpp,
 // runtime.cpp), the allocators' narrow interfaces (device_allocator.cpp,
-// host_allocator.cpp), the guard and hooks objects (guard.cpp, hooks.cpp) and
+// host_allocator.cpp), the guard and hooks objects (guard.cpp, privateuse1_hooks.cpp) and
 // the Config checks (config.cpp), used by install.cpp and one another. The
 // kernels see only runtime.hpp. Not installed.
 
@@ -179,7 +179,7 @@ void empty_host_cache();
 /// The device guard (guard.cpp), registered for PrivateUse1 at load time.
 c10::impl::DeviceGuardImplInterface& guard_impl();
 
-/// The PrivateUse1 hooks (hooks.cpp).
+/// The PrivateUse1 hooks (privateuse1_hooks.cpp).
 at::PrivateUse1HooksInterface& hooks();
 
 // ------------------------------------------------------------------ config (config.cpp)

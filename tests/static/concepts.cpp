@@ -156,6 +156,6 @@ concept manager_members = requires(M& m, const M& cm, at::TensorList tensors) {
 static_assert(manager_members<Manager<device::Sim, storage::PinnedHost, sync::Blocking>>);
 static_assert(manager_members<AnyManager>);
 static_assert(std::is_convertible_v<Manager<device::Sim, storage::PinnedHost, sync::Blocking>, AnyManager>);
-static_assert(!std::is_constructible_v<AnyManager, std::shared_ptr<detail::HookSource>>);  // no detail:: in the API
+static_assert(!std::is_constructible_v<AnyManager, std::shared_ptr<ManagerInterface>>);  // no detail:: in the API
 
 }  // namespace

@@ -27,7 +27,7 @@ def uses(text):
 
 
 passed = failed = 0
-if uses("auto s = offload::detail::source_of(m);\n#include <offload/detail/core.hpp>") == [] or \
+if uses("auto s = offload::detail::transfer_of(e);\n#include <offload/detail/core.hpp>") == [] or \
         uses("auto s = offload::interface_of(m);") != []:
     print("FAIL self-check: the pattern does not tell a use from a public name")
     failed += 1

@@ -2,14 +2,14 @@
 #pragma once
 /// @file
 /// detail::Core<Device, Storage, Sync>: the shared state behind one
-/// offload::Manager. Decides which saved tensors leave the device, keeps
-/// their host copies, and brings them back; the hooks objects autograd
-/// holds per saved tensor. docs/internals.md explains it.
+/// offload::Manager. Decides which saved tensors leave the device (the rule
+/// of docs/guide.md), keeps their host copies, and brings them back; the
+/// hooks objects autograd holds per saved tensor. docs/internals.md
+/// explains it.
 
 #include <algorithm>
 #include <atomic>
 #include <cstdint>
-#include <functional>
 #include <memory>
 #include <mutex>
 #include <optional>
@@ -29,11 +29,12 @@
 #include <c10/util/SmallVector.h>
 #include <torch/csrc/autograd/saved_variable_hooks.h>
 
+#include <offload/buffers.hpp>
 #include <offload/concepts.hpp>
+#include <offload/detail/autograd.hpp>
 #include <offload/detail/entry.hpp>
-#include <offload/detail/hook_source.hpp>
+#include <offload/detail/piece.hpp>
 #include <offload/detail/planner.hpp>
-#include <offload/entry.hpp>
 #include <offload/manager_interface.hpp>
 #include <offload/options.hpp>
 #include <offload/stats.hpp>
@@ -41,42 +42,13 @@
 
 namespace offload::detail {
 
-/// The id of the backward pass running on this thread, or -1 outside one
-/// (torch::autograd::get_current_graph_task_id()).
-int current_backward_id() noexcept;
-
-/// Inside a backward pass: queues `callback` to run once when that pass
-/// ends (Engine::queue_callback) and returns true; outside one, returns
-/// false and does nothing.
-bool at_backward_end(std::function<void()> callback);
-
-/// The weak form of the autograd node pointer Tensor::grad_fn() returns
-/// (std::shared_ptr up to LibTorch 2.12, c10::intrusive_ptr from 2.13).
-template <class P>
-struct weak_of;
-template <class T>
-struct weak_of<std::shared_ptr<T>> {
-  using type = std::weak_ptr<T>;
-};
-template <class T>
-struct weak_of<c10::intrusive_ptr<T>> {
-  using type = c10::weak_intrusive_ptr<T>;
-};
-using NodeRef = std::remove_cvref_t<decltype(std::declval<const at::TensorBase&>().grad_fn())>;
-using WeakNode = typename weak_of<NodeRef>::type;
-
-/// Throws the c10::Error autograd raises when a saved tensor was modified
-/// in place after it was saved (autograd skips that check when hooks are
-/// installed, so the manager makes it). `unpacked` is the tensor rebuilt.
-[[noreturn]] void throw_modified_inplace(const at::Tensor& unpacked, std::uint32_t current, std::uint32_t saved,
-                                         const WeakNode& grad_fn, std::int64_t output_nr);
-
 /// How to rebuild one offloaded saved tensor from its entry's storage;
 /// `E` is the manager's Entry<...> type.
 template <class E>
 struct OffloadedView {
   std::shared_ptr<E> entry;
   c10::VariableVersion version_counter;  ///< shared with the saved tensor
+  VersionCheck check;                    ///< its version at pack
   c10::ScalarType dtype = c10::ScalarType::Undefined;
   c10::SmallVector<std::int64_t, 6> sizes;
   c10::SmallVector<std::int64_t, 6> strides;
@@ -89,13 +61,9 @@ struct OffloadedView {
 /// pass-through costs one small allocation (the hooks object) and no more.
 template <class E>
 struct Packed {
-  at::Tensor passthrough;                       ///< the tensor, when it was not offloaded
+  KeptTensor kept;                              ///< the tensor, when it was not offloaded
   std::unique_ptr<OffloadedView<E>> offloaded;  ///< set when it was
-  std::uint32_t saved_version = 0;              ///< its version at pack
-  bool versioned = false;                       ///< whether its version counter is enabled
-  WeakNode grad_fn;                             ///< for the error message only
-  std::int64_t output_nr = 0;
-  PlanTicket ticket;  ///< with a device-memory target: which saved tensor of its step
+  PlanTicket ticket;                            ///< with a device-memory target: which saved tensor of its step
 };
 
 /// Whether `t` is (a view of) a parameter as far as the tensor itself can
@@ -125,106 +93,7 @@ inline bool has_usable_storage(const c10::TensorImpl& impl) {
   return storage != nullptr && (storage->nbytes() == 0 || storage->_mutable_data_ptr_no_checks().get() != nullptr);
 }
 
-/// Bytes of storage `piece` spans: one past its last byte.
-inline std::int64_t piece_end(const Piece& piece) {
-  std::int64_t end = piece.offset;
-  for (std::size_t i = 0; i < piece.sizes.size(); ++i) {
-    if (piece.sizes[i] == 0) return piece.offset;
-    end += (piece.sizes[i] - 1) * piece.strides[i];
-  }
-  return end + 1;
-}
-
-/// The bytes of its storage that `t` reads, as a piece: its byte range when
-/// the range holds no more bytes than its elements (contiguous, transposed
-/// tensors) or its elements overlap (expanded tensors), else its elements
-/// alone (a narrow of the last dimension, a column, every other row), seen
-/// as bytes.
-inline Piece piece_for(const at::Tensor& t) {
-  const std::int64_t item = static_cast<std::int64_t>(t.element_size());
-  const std::int64_t lo = t.storage_offset() * item;
-  Piece piece;
-  if (t.numel() == 0) {  // no bytes, wherever it starts (even past the end of its storage)
-    piece.sizes = {0};
-    piece.strides = {1};
-    return piece;
-  }
-  piece.offset = lo;
-  std::int64_t last = 0;
-  for (std::int64_t d = 0; d < t.dim(); ++d) last += (t.size(d) - 1) * t.stride(d);
-  const std::int64_t span = (last + 1) * item;
-  // Elements alone only when no two share a byte (a reload writes them):
-  // sorted by stride, each dimension must step over the ones below it.
-  c10::SmallVector<std::pair<std::int64_t, std::int64_t>, 6> dims;  // (stride, size), size > 1
-  for (std::int64_t d = 0; d < t.dim(); ++d) {
-    if (t.size(d) > 1) dims.emplace_back(t.stride(d), t.size(d));
-  }
-  std::sort(dims.begin(), dims.end());
-  bool overlapping = false;
-  std::int64_t reach = 1;  // elements spanned by the dimensions below
-  for (const auto& [stride, size] : dims) {
-    overlapping = overlapping || stride < reach;
-    reach = stride * (size - 1) + reach;
-  }
-  if (overlapping || t.numel() * item >= span) {
-    piece.sizes = {span};
-    piece.strides = {1};
-    return piece;
-  }
-  for (std::int64_t d = 0; d < t.dim(); ++d) {
-    piece.sizes.push_back(t.size(d));
-    piece.strides.push_back(t.stride(d) * item);
-  }
-  piece.sizes.push_back(item);
-  piece.strides.push_back(1);
-  return piece;
-}
-
-/// Whether the pieces of `entry` already hold every byte of `piece`.
-template <class E>
-bool covers(const E& entry, const Piece& piece) {
-  const auto lo = piece.offset;
-  const auto hi = piece_end(piece);
-  bool found = false;
-  for_each_piece(entry, [&](const Piece& p, const HostBuffer&) {
-    found = found || p == piece || (p.dense() && p.offset <= lo && hi <= p.offset + p.sizes[0]);
-  });
-  return found;
-}
-
-/// What `entry` lacks of `piece`: the gaps its dense pieces leave in a dense
-/// `piece`, or a strided `piece` whole.
-template <class E>
-std::vector<Piece> missing(const E& entry, const Piece& piece) {
-  if (!piece.dense()) return {piece};
-  std::vector<std::pair<std::int64_t, std::int64_t>> have;
-  for_each_piece(entry, [&](const Piece& p, const HostBuffer&) {
-    if (p.dense()) have.emplace_back(p.offset, p.offset + p.sizes[0]);
-  });
-  std::sort(have.begin(), have.end());
-  std::vector<Piece> out;
-  std::int64_t at = piece.offset;
-  const std::int64_t end = piece.offset + piece.sizes[0];
-  const auto gap = [&](std::int64_t lo, std::int64_t hi) {
-    if (hi > lo) out.push_back(Piece{lo, {hi - lo}, {1}});
-  };
-  for (const auto& [lo, hi] : have) {
-    if (lo >= end) break;
-    gap(at, std::min(lo, end));
-    at = std::max(at, hi);
-  }
-  gap(at, end);
-  return out;
-}
-
-/// Host bytes `entry` holds: its piece and the extra ones.
-template <class E>
-std::int64_t host_bytes_of(const E& entry) {
-  std::int64_t n = entry.nbytes;
-  for (const auto& x : entry.extra) n += x.piece.nbytes();
-  return n;
-}
-
+/// The hooks object autograd holds for one saved tensor under a manager.
 template <class Core>
 class Hooks final : public torch::autograd::SavedVariableHooks {
  public:
@@ -243,11 +112,10 @@ class Hooks final : public torch::autograd::SavedVariableHooks {
 /// The shared state of one Manager. Hooks objects hold it by shared_ptr, so
 /// backward works after the Manager handle is gone.
 template <class Device, class Storage, class Sync>
-class Core final : public HookSource, public std::enable_shared_from_this<Core<Device, Storage, Sync>> {
+class Core final : public ManagerInterface, public std::enable_shared_from_this<Core<Device, Storage, Sync>> {
  public:
   using SyncState = typename Sync::template State<Device>;
   using Entry = detail::Entry<typename SyncState::EntryState>;
-  using Transfer = offload::Transfer<typename SyncState::EntryState>;
   using Packed = detail::Packed<Entry>;
   /// Whether the sync policy opted into the step callbacks.
   static constexpr bool steps = requirement::declares_steps<SyncState>;
@@ -274,86 +142,38 @@ class Core final : public HookSource, public std::enable_shared_from_this<Core<D
   /// (pack_passing), unless it is on another device type.
   Packed pack(const at::Tensor& t, std::optional<PassReason> known = std::nullopt) {
     pass_.seen.fetch_add(1, std::memory_order_relaxed);
-    Packed packed;
-    if (!t.defined()) return pass(t, pass_.other_device, false, std::move(packed));
+    if (!t.defined()) return pass(t, pass_.other_device);
     seen_defined_.fetch_add(1, std::memory_order_relaxed);
-    const bool history = note_version(t, packed);
     // Pass-through first: every decision is made before the lock and before
     // anything an offloaded tensor needs is allocated.
-    if (auto* reason = stays(t, known)) return pass(t, *reason, history, std::move(packed));
-    return offload(t, history, std::move(packed));
+    if (auto* reason = stays(t, known)) return pass(t, *reason);
+    return offload(t);
   }
 
   std::unique_ptr<torch::autograd::SavedVariableHooks> pack_passing(const at::Tensor& t, PassReason why) override {
     return std::make_unique<Hooks<Core>>(this->shared_from_this(), pack(t, why));
   }
 
-  // Offloads `t` (eligible: on the device, strided, with a storage of its
-  // own, not a parameter, not small, not excluded), unless the host budget
-  // or the device-memory plan keeps it.
-  Packed offload(const at::Tensor& t, bool history, Packed packed) {
-    const auto& storage = t.storage();
-    const c10::StorageImpl* key = storage.unsafeGetStorageImpl();
-    const auto nbytes = static_cast<std::int64_t>(storage.nbytes());
-    auto view = std::make_unique<OffloadedView<Entry>>();
-    view->version_counter = t.unsafeGetTensorImpl()->version_counter();
-    view->dtype = t.scalar_type();
-    view->sizes.assign(t.sizes().begin(), t.sizes().end());
-    view->strides.assign(t.strides().begin(), t.strides().end());
-    view->storage_offset = t.storage_offset();
-    view->conj = t.is_conj();
-    view->neg = t.is_neg();
+  /// Offloads `t` (eligible: on the device, strided, with a storage of its
+  /// own, not a parameter, not small, not excluded) unless the
+  /// device-memory plan or the host budget keeps it: a storage offloaded
+  /// already (same version) gains a view, any other is copied to the host.
+  Packed offload(const at::Tensor& t) {
+    Packed packed;
+    auto view = offloaded_view(t);
     const auto version = static_cast<std::int64_t>(t._version());
     const Piece piece = piece_for(t);
 
     const std::lock_guard lock(mutex_);
-    if (planner_.active() && keep_for_target(t, key, nbytes, version, packed))
-      return pass(t, pass_.target, history, std::move(packed));
-    if (auto found = aliases_.find(key); found != aliases_.end()) {
-      // The entry's weak reference to its source keeps the StorageImpl's
-      // address from being reused, so a live entry with this key is this
-      // very storage; the version tells whether it changed since.
-      if (auto entry = found->second.lock(); entry && entry->version == version) {
-        if (!covers(*entry, piece) && !extend(entry, storage, t.device(), piece)) {
-          return pass(t, pass_.budget, history, std::move(packed));
-        }
-        ++stats_.tensors_offloaded;
-        ++stats_.tensors_aliased;
-        ++entry->views;
-        view->entry = std::move(entry);
-        packed.offloaded = std::move(view);
-        return packed;
-      }
+    if (planner_.active() && keep_for_target(t, version, packed)) return pass(t, pass_.target, std::move(packed));
+    auto entry = offloaded_already(t, version);
+    if (!entry) {
+      entry = copy_to_host(t, piece, version, packed.ticket);
+    } else if (!add_view(entry, t, piece)) {
+      entry = nullptr;
     }
-    const auto piece_bytes = piece.nbytes();
-    if (options_.host_budget_bytes != 0 && stats_.host_bytes_in_use + piece_bytes > options_.host_budget_bytes) {
-      return pass(t, pass_.budget, history, std::move(packed));
-    }
-
-    auto entry = make_entry();
-    entry->device = t.device();
-    entry->nbytes = piece_bytes;
-    entry->device_nbytes = piece_end(piece);
-    entry->piece = piece;
-    entry->seq = next_seq_++;
-    entry->version = version;
-    entry->source.emplace(c10::weak_intrusive_ptr<c10::StorageImpl>(
-        c10::intrusive_ptr<c10::StorageImpl>::reclaim_copy(storage.unsafeGetStorageImpl())));
-    // Counted before the copy: if allocating or copying throws, the entry's
-    // release gives the bytes back and the counter stays balanced.
-    stats_.host_bytes_in_use += piece_bytes;
-    const c10::DeviceGuard guard(t.device());
-    entry->host = storage_.allocate(piece_bytes, Device::device_type, options_);
-    const auto device_bytes = view_of(storage, t.device(), at::kByte, 0, {entry->device_nbytes}, {1});
-    sync_.offload(Transfer(*entry), device_bytes);
-    if (Storage::prefers_pinned && options_.pin_memory && !entry->host.pinned) ++stats_.pinned_fallbacks;
+    if (!entry) return pass(t, pass_.budget, std::move(packed));  // the host budget forbids
     ++stats_.tensors_offloaded;
-    ++stats_.storages_offloaded;
-    stats_.bytes_offloaded += piece_bytes;
-    stats_.host_bytes_peak = std::max(stats_.host_bytes_peak, stats_.host_bytes_in_use);
-    prune_aliases();
-    if (packed.ticket.index >= 0) planned_offloads_.emplace_back(packed.ticket, entry);
-    aliases_[key] = entry;
     view->entry = std::move(entry);
     packed.offloaded = std::move(view);
     return packed;
@@ -363,60 +183,22 @@ class Core final : public HookSource, public std::enable_shared_from_this<Core<D
     if (!packed.offloaded) {
       if (packed.ticket.index >= 0) {
         const std::lock_guard lock(mutex_);
-        const auto allocated = allocated_on(packed.passthrough.device().index());
+        const auto allocated = allocated_on(packed.kept.tensor().device().index());
         planner_.at_unpack(packed.ticket, allocated, prefetched_bytes());
         note_still_allocated();
         watch_backward_end();
       }
-      if (packed.versioned) {
-        check_version(packed, packed.passthrough,
-                      packed.passthrough.unsafeGetTensorImpl()->version_counter().current_version());
-      }
-      return packed.passthrough;
+      return packed.kept.unpack();
     }
     const auto& view = *packed.offloaded;
     const auto& entry = view.entry;
-    at::Tensor device_bytes;
-    {
-      const std::lock_guard lock(mutex_);
-      const c10::DeviceGuard guard(entry->device);
-      if (entry->reloaded) {
-        if (auto impl = entry->reloaded->lock()) {
-          device_bytes =
-              view_of(c10::Storage(std::move(impl)), entry->device, at::kByte, 0, {entry->device_nbytes}, {1});
-          ++stats_.reloads_shared;
-        }
-      }
-      if (!device_bytes.defined()) {
-        auto reloaded = sync_.reload(Transfer(*entry));
-        device_bytes = std::move(reloaded.bytes);
-        entry->reloaded.emplace(c10::weak_intrusive_ptr<c10::StorageImpl>(
-            c10::intrusive_ptr<c10::StorageImpl>::reclaim_copy(device_bytes.storage().unsafeGetStorageImpl())));
-        if (reloaded.copied) {  // else the policy still had the bytes (it counts that itself)
-          ++stats_.tensors_reloaded;
-          stats_.bytes_reloaded += host_bytes_of(*entry);
-        }
-      }
-      // Several views of one storage: keep it on the device until each of
-      // them was unpacked in this backward pass (or the pass ends).
-      if (entry->views > 1) {
-        if (++entry->unpacked < entry->views) {
-          entry->keep = device_bytes;
-        } else {
-          entry->keep = at::Tensor();
-          entry->unpacked = 0;
-        }
-      }
-      if (planner_.active()) plan_unpack(packed.ticket, entry->device.index());
-      if constexpr (steps) sync_.on_unpack(Transfer(*entry));
-      watch_backward_end();
-    }
+    const auto device_bytes = bring_back(*entry, packed.ticket);
     const c10::DeviceGuard guard(entry->device);
     auto out =
         view_of(device_bytes.storage(), entry->device, view.dtype, view.storage_offset, view.sizes, view.strides);
     if (view.conj) out._set_conj(true);
     if (view.neg) out._set_neg(true);
-    if (packed.versioned) check_version(packed, out, view.version_counter.current_version());
+    view.check.check(out, view.version_counter);
     return out;
   }
 
@@ -492,18 +274,6 @@ class Core final : public HookSource, public std::enable_shared_from_this<Core<D
   }
 
  private:
-  // Notes the version of `t` (defined) for the in-place check at unpack,
-  // and its node for that check's message; returns whether it has one.
-  static bool note_version(const at::Tensor& t, Packed& packed) {
-    const auto& version_counter = t.unsafeGetTensorImpl()->version_counter();
-    packed.versioned = version_counter.enabled();
-    packed.saved_version = packed.versioned ? version_counter.current_version() : 0;
-    auto fn = t.grad_fn();
-    if (!fn) return false;
-    packed.grad_fn = fn;
-    packed.output_nr = t.output_nr();
-    return true;
-  }
   // Why `t` (defined) stays where it is, as the counter of that reason, or
   // null when it is eligible for offloading. The rule of docs/guide.md
   // ("What is never offloaded"), in its order; takes no lock but a shared
@@ -525,18 +295,108 @@ class Core final : public HookSource, public std::enable_shared_from_this<Core<D
     if (is_excluded(storage.unsafeGetStorageImpl())) return &pass_.excluded;
     return nullptr;
   }
-  // Keeps `t` where it is, counted under `reason`. It is held without its
-  // autograd history (`history`: it has a grad_fn), as SavedVariable holds a
-  // saved output itself (tensor_data: same storage, same version counter):
-  // an output's history is the node saving it, so holding the tensor would
-  // make that node own itself, and a graph dropped without backward (an
-  // exception mid-forward, a forward without backward) would never be
-  // freed. unpack needs only the data: the SavedVariable restores grad_fn
-  // and requires_grad.
-  static Packed pass(const at::Tensor& t, std::atomic<std::int64_t>& reason, bool history, Packed packed) {
+  // Keeps `t` where it is (detail::KeptTensor), counted under `reason`.
+  static Packed pass(const at::Tensor& t, std::atomic<std::int64_t>& reason, Packed packed = {}) {
     reason.fetch_add(1, std::memory_order_relaxed);
-    packed.passthrough = history ? t.tensor_data() : t;
+    packed.kept = KeptTensor(t);
     return packed;
+  }
+  // How to rebuild `t` from its entry's storage (the entry is set later).
+  static std::unique_ptr<OffloadedView<Entry>> offloaded_view(const at::Tensor& t) {
+    auto view = std::make_unique<OffloadedView<Entry>>();
+    view->version_counter = t.unsafeGetTensorImpl()->version_counter();
+    view->check.note(t);
+    view->dtype = t.scalar_type();
+    view->sizes.assign(t.sizes().begin(), t.sizes().end());
+    view->strides.assign(t.strides().begin(), t.strides().end());
+    view->storage_offset = t.storage_offset();
+    view->conj = t.is_conj();
+    view->neg = t.is_neg();
+    return view;
+  }
+  // The live entry of `t`'s storage when it was offloaded at `version`, or
+  // null. The entry's weak reference to its source keeps the StorageImpl's
+  // address from being reused, so a live entry with this key is this very
+  // storage; the version tells whether it changed since.
+  std::shared_ptr<Entry> offloaded_already(const at::Tensor& t, std::int64_t version) const {
+    const auto found = aliases_.find(t.storage().unsafeGetStorageImpl());
+    if (found == aliases_.end()) return nullptr;
+    auto entry = found->second.lock();
+    return entry && entry->version == version ? entry : nullptr;
+  }
+  // Another saved view `t` (reading `piece`) of the storage of `entry`:
+  // false when it reads bytes the entry lacks and the host budget forbids
+  // adding them.
+  bool add_view(const std::shared_ptr<Entry>& entry, const at::Tensor& t, const Piece& piece) {
+    if (!entry->covers(piece) && !extend(entry, t.storage(), t.device(), piece)) return false;
+    ++stats_.tensors_aliased;
+    ++entry->views;
+    return true;
+  }
+  bool over_host_budget(std::int64_t more) const {
+    return options_.host_budget_bytes != 0 && stats_.host_bytes_in_use + more > options_.host_budget_bytes;
+  }
+  // A new entry for the storage of `t`: `piece` of it copied (or being
+  // copied, as the sync policy decides) into a host buffer from the
+  // storage policy. Null when the host budget forbids.
+  std::shared_ptr<Entry> copy_to_host(const at::Tensor& t, const Piece& piece, std::int64_t version,
+                                      const PlanTicket& ticket) {
+    const auto piece_bytes = piece.nbytes();
+    if (over_host_budget(piece_bytes)) return nullptr;
+    const auto& storage = t.storage();
+    auto entry = make_entry();
+    entry->device = t.device();
+    entry->device_nbytes = piece_end(piece);
+    entry->piece = piece;
+    entry->seq = next_seq_++;
+    entry->version = version;
+    entry->source.emplace(c10::weak_intrusive_ptr<c10::StorageImpl>(
+        c10::intrusive_ptr<c10::StorageImpl>::reclaim_copy(storage.unsafeGetStorageImpl())));
+    // Counted before the copy: if allocating or copying throws, the entry's
+    // release gives the bytes back and the counter stays balanced.
+    stats_.host_bytes_in_use += piece_bytes;
+    const c10::DeviceGuard guard(t.device());
+    entry->host = storage_.allocate(piece_bytes, Device::device_type, options_);
+    sync_.offload(transfer_of(*entry), view_of(storage, t.device(), at::kByte, 0, {entry->device_nbytes}, {1}));
+    if (Storage::prefers_pinned && options_.pin_memory && !entry->host.pinned) ++stats_.pinned_fallbacks;
+    ++stats_.storages_offloaded;
+    stats_.bytes_offloaded += piece_bytes;
+    stats_.host_bytes_peak = std::max(stats_.host_bytes_peak, stats_.host_bytes_in_use);
+    prune_aliases();
+    if (ticket.index >= 0) planned_offloads_.emplace_back(ticket, entry);
+    aliases_[storage.unsafeGetStorageImpl()] = entry;
+    return entry;
+  }
+  // The bytes of `entry`'s storage on the device, 1-D uint8 from byte 0:
+  // those a saved view of it still uses, or a reload by the sync policy.
+  // Several views of one storage: it stays on the device until each was
+  // unpacked in this backward pass (or the pass ends).
+  at::Tensor bring_back(Entry& entry, const PlanTicket& ticket) {
+    const std::lock_guard lock(mutex_);
+    const c10::DeviceGuard guard(entry.device);
+    at::Tensor device_bytes;
+    if (auto impl = entry.reloaded ? entry.reloaded->lock() : c10::intrusive_ptr<c10::StorageImpl>()) {
+      device_bytes = view_of(c10::Storage(std::move(impl)), entry.device, at::kByte, 0, {entry.device_nbytes}, {1});
+      ++stats_.reloads_shared;
+    } else {
+      auto reloaded = sync_.reload(transfer_of(entry));
+      device_bytes = std::move(reloaded.bytes);
+      entry.reloaded.emplace(c10::weak_intrusive_ptr<c10::StorageImpl>(
+          c10::intrusive_ptr<c10::StorageImpl>::reclaim_copy(device_bytes.storage().unsafeGetStorageImpl())));
+      if (reloaded.copied) {  // else the policy still had the bytes (it counts that itself)
+        ++stats_.tensors_reloaded;
+        stats_.bytes_reloaded += entry.host_nbytes();
+      }
+    }
+    if (entry.views > 1) {
+      const bool more = ++entry.unpacked < entry.views;
+      entry.keep = more ? device_bytes : at::Tensor();
+      if (!more) entry.unpacked = 0;
+    }
+    if (planner_.active()) plan_unpack(ticket, entry.device.index());
+    if constexpr (steps) sync_.on_unpack(transfer_of(entry));
+    watch_backward_end();
+    return device_bytes;
   }
   // Once per backward pass: when it ends, drop storages kept for views that
   // were not unpacked, and tell the sync policy.
@@ -601,16 +461,17 @@ class Core final : public HookSource, public std::enable_shared_from_this<Core<D
   bool source_allocated(Entry& entry) {
     if (!entry.source) return false;
     std::uint32_t held = 0;
-    if constexpr (requires { sync_.holds_device_bytes(Transfer(entry)); }) {
-      held = sync_.holds_device_bytes(Transfer(entry)) ? 1 : 0;
+    if constexpr (requires { sync_.holds_device_bytes(transfer_of(entry)); }) {
+      held = sync_.holds_device_bytes(transfer_of(entry)) ? 1 : 0;
     }
     return entry.source->use_count() > held;
   }
   // With a device-memory target, for a tensor that would be offloaded:
   // whether it stays on the device (a storage the plan kept earlier in
   // this step, or the plan keeps it now). Sets its ticket.
-  bool keep_for_target(const at::Tensor& t, const c10::StorageImpl* key, std::int64_t nbytes, std::int64_t version,
-                       Packed& packed) {
+  bool keep_for_target(const at::Tensor& t, std::int64_t version, Packed& packed) {
+    const c10::StorageImpl* key = t.storage().unsafeGetStorageImpl();
+    const auto nbytes = static_cast<std::int64_t>(t.storage().nbytes());
     target_index_ = t.device().index();
     bool offload = true;
     const auto allocated = allocated_on(target_index_);
@@ -619,9 +480,7 @@ class Core final : public HookSource, public std::enable_shared_from_this<Core<D
       note_still_allocated();
       return true;
     }
-    const auto alias = aliases_.find(key);
-    const auto entry = alias != aliases_.end() ? alias->second.lock() : nullptr;
-    const bool aliased = entry && entry->version == version;  // offloaded already: no new storage
+    const bool aliased = offloaded_already(t, version) != nullptr;  // no new storage
     packed.ticket = planner_.at_pack(nbytes, !aliased, allocated, offload);
     note_still_allocated();
     if (offload || aliased) return false;
@@ -646,11 +505,6 @@ class Core final : public HookSource, public std::enable_shared_from_this<Core<D
     } catch (...) {  // a warning handler that throws must not end the program here
     }
   }
-  static void check_version(const Packed& packed, const at::Tensor& unpacked, std::uint32_t current) {
-    if (current != packed.saved_version) {
-      throw_modified_inplace(unpacked, current, packed.saved_version, packed.grad_fn, packed.output_nr);
-    }
-  }
   bool is_excluded(const c10::StorageImpl* key) const {
     const std::shared_lock lock(excluded_mutex_);
     return !excluded_.empty() && excluded_.count(key) != 0;
@@ -666,14 +520,12 @@ class Core final : public HookSource, public std::enable_shared_from_this<Core<D
   // forbids.
   bool extend(const std::shared_ptr<Entry>& entry, const c10::Storage& storage, c10::Device device,
               const Piece& piece) {
-    const auto parts = missing(*entry, piece);
+    const auto parts = entry->missing(piece);
     if (parts.empty()) return true;  // covered by several pieces together
     std::int64_t bytes = 0;
     for (const auto& part : parts) bytes += part.nbytes();
-    if (options_.host_budget_bytes != 0 && stats_.host_bytes_in_use + bytes > options_.host_budget_bytes) {
-      return false;
-    }
-    if constexpr (steps) sync_.suspend(Transfer(*entry));
+    if (over_host_budget(bytes)) return false;
+    if constexpr (steps) sync_.suspend(transfer_of(*entry));
     entry->reloaded.reset();
     entry->keep = at::Tensor();
     const c10::DeviceGuard guard(device);
@@ -686,9 +538,9 @@ class Core final : public HookSource, public std::enable_shared_from_this<Core<D
     }
     entry->device_nbytes = end;
     if constexpr (steps) {
-      sync_.resume(Transfer(*entry), device_bytes);
+      sync_.resume(transfer_of(*entry), device_bytes);
     } else {
-      sync_.offload(Transfer(*entry), device_bytes);
+      sync_.offload(transfer_of(*entry), device_bytes);
     }
     stats_.bytes_offloaded += bytes;
     stats_.host_bytes_peak = std::max(stats_.host_bytes_peak, stats_.host_bytes_in_use);
@@ -706,8 +558,8 @@ class Core final : public HookSource, public std::enable_shared_from_this<Core<D
   }
   void on_release(Entry& e) noexcept {
     const std::lock_guard lock(mutex_);
-    if constexpr (steps) sync_.release(Transfer(e));
-    stats_.host_bytes_in_use -= host_bytes_of(e);
+    if constexpr (steps) sync_.release(transfer_of(e));
+    stats_.host_bytes_in_use -= e.host_nbytes();
   }
   void prune_aliases() {
     if (aliases_.size() < prune_at_) return;

@@ -1,93 +1,29 @@
 // SPDX-License-Identifier: MIT
 #pragma once
 /// @file
-/// detail::Entry: the manager's record of one offloaded storage, and the
-/// byte geometry (Piece) of what it holds. Sync policies see an entry only
-/// through offload::Transfer.
+/// detail::Entry: the manager's record of one offloaded storage: its pieces
+/// (<offload/detail/piece.hpp>) and their host buffers, and what the manager
+/// asks of them (the host bytes they hold, whether they cover a piece, what
+/// they lack of one). Sync policies see an entry only through
+/// offload::Transfer.
 
+#include <algorithm>
 #include <cstddef>
 #include <cstdint>
 #include <memory>
 #include <optional>
+#include <utility>
 #include <vector>
 
-#include <ATen/EmptyTensor.h>
 #include <ATen/core/Tensor.h>
 #include <c10/core/Device.h>
 #include <c10/core/StorageImpl.h>
-#include <c10/core/TensorImpl.h>
-#include <c10/core/TensorOptions.h>
-#include <c10/util/Exception.h>
-#include <c10/util/SmallVector.h>
 #include <c10/util/intrusive_ptr.h>
 
-#include <offload/entry.hpp>
+#include <offload/buffers.hpp>
+#include <offload/detail/piece.hpp>
 
 namespace offload::detail {
-
-/// The bytes of a storage that saved views cover, as a strided uint8
-/// geometry over the storage: byte offset, sizes and strides in bytes. A
-/// dense piece is one contiguous byte range (sizes {n}, strides {1}); a
-/// strided one is a saved view seen as bytes (its sizes plus a last
-/// dimension of its element size), copied element by element.
-struct Piece {
-  std::int64_t offset = 0;                  ///< first byte, from the start of the storage
-  c10::SmallVector<std::int64_t, 6> sizes;  ///< in bytes along the last dimension
-  c10::SmallVector<std::int64_t, 6> strides;
-  /// Bytes the piece holds (its host copy's size): the product of sizes.
-  std::int64_t nbytes() const noexcept {
-    std::int64_t n = 1;
-    for (auto s : sizes) n *= s;
-    return n;
-  }
-  bool dense() const noexcept { return sizes.size() == 1 && strides.size() == 1 && strides[0] == 1; }
-  friend bool operator==(const Piece&, const Piece&) = default;
-};
-
-/// A tensor of `dtype` on `device` (the device of `storage`) viewing
-/// `storage` with the given storage offset (in elements), sizes and strides
-/// (no copy). Built directly, as at::empty builds its result (the dispatch
-/// keys of the device, autograd's keys unless in inference mode), without
-/// an operator call (`at::empty({0})` and `set_`, `as_strided`, `view`):
-/// several run for every offloaded saved tensor at pack and at unpack.
-/// Not an autograd view: it has a version counter of its own.
-inline at::Tensor view_of(const c10::Storage& storage, c10::Device device, c10::ScalarType dtype,
-                          std::int64_t storage_offset, c10::IntArrayRef sizes, c10::IntArrayRef strides) {
-  TORCH_CHECK(storage.device() == device, "offload: a view on ", device, " of a storage on ", storage.device());
-  // The bounds check as_strided and view make (set_ would grow the storage
-  // instead): never a view past the end of the storage, e.g. of one freed
-  // in place by resize_(0).
-  const auto needed = at::detail::computeStorageNbytes(sizes, strides, c10::elementSize(dtype),
-                                                       static_cast<std::size_t>(storage_offset));
-  TORCH_CHECK(needed <= storage.nbytes(), "offload: a view reading ", needed, " bytes of a storage of ",
-              storage.nbytes(), " bytes (was the storage freed in place?)");
-  auto impl = c10::make_intrusive<c10::TensorImpl>(
-      c10::Storage(storage), c10::DispatchKeySet(c10::computeDispatchKey(dtype, c10::kStrided, device)),
-      c10::scalarTypeToTypeMeta(dtype));
-  impl->set_sizes_and_strides(sizes, strides, storage_offset);
-  return at::Tensor(std::move(impl));
-}
-
-/// `piece` of the storage viewed by `storage_bytes`, a 1-D uint8 tensor that
-/// starts at byte 0 of that storage (or of a buffer laid out like it).
-inline at::Tensor piece_of(const at::Tensor& storage_bytes, const Piece& piece) {
-  return view_of(storage_bytes.storage(), storage_bytes.device(), at::kByte,
-                 storage_bytes.storage_offset() + piece.offset, piece.sizes, piece.strides);
-}
-
-/// The host copy of `piece` (a contiguous CPU uint8 tensor of piece.nbytes()
-/// elements) shaped like the piece, for copy_ to and from piece_of().
-inline at::Tensor piece_of(const HostBuffer& host, const Piece& piece) {
-  TORCH_INTERNAL_ASSERT_DEBUG_ONLY(host.bytes.scalar_type() == at::kByte && host.bytes.is_contiguous());
-  const auto& bytes = host.bytes;
-  if (piece.dense())
-    return view_of(bytes.storage(), bytes.device(), at::kByte, bytes.storage_offset(), piece.sizes, {1});
-  // Contiguous strides for a strided piece (rare). Not c10::contiguous_strides:
-  // its DimVector(n, 1) trips g++ 12's -Wmaybe-uninitialized here (-Werror).
-  std::vector<std::int64_t> strides(piece.sizes.size(), 1);
-  for (auto d = strides.size() - 1; d-- > 0;) strides[d] = strides[d + 1] * piece.sizes[d + 1];
-  return view_of(bytes.storage(), bytes.device(), at::kByte, bytes.storage_offset(), piece.sizes, strides);
-}
 
 /// One device storage offloaded to the host. Shared (std::shared_ptr) by
 /// every saved tensor that views it; destroyed, with its host memory, when
@@ -101,7 +37,6 @@ inline at::Tensor piece_of(const HostBuffer& host, const Piece& piece) {
 template <class SyncState>
 struct Entry : std::enable_shared_from_this<Entry<SyncState>> {
   c10::Device device{c10::DeviceType::CPU};  ///< where the storage lived (type and index)
-  std::int64_t nbytes = 0;                   ///< bytes of `host`: piece.nbytes()
   /// The bytes the first saved view reads: only these travel and are held
   /// on the host, not the whole storage.
   Piece piece;
@@ -136,6 +71,48 @@ struct Entry : std::enable_shared_from_this<Entry<SyncState>> {
   at::Tensor keep;
 
   SyncState sync{};  ///< the sync policy's (Transfer::state())
+
+  /// Host bytes the entry holds: its piece and the extra ones (what the
+  /// manager counts in Stats::host_bytes_in_use and a reload copies).
+  std::int64_t host_nbytes() const noexcept {
+    std::int64_t n = piece.nbytes();
+    for (const auto& x : extra) n += x.piece.nbytes();
+    return n;
+  }
+  /// Whether the pieces already hold every byte of `wanted`.
+  bool covers(const Piece& wanted) const {
+    const auto lo = wanted.offset;
+    const auto hi = piece_end(wanted);
+    const auto holds = [&](const Piece& p) {
+      return p == wanted || (p.dense() && p.offset <= lo && hi <= p.offset + p.sizes[0]);
+    };
+    return holds(piece) || std::any_of(extra.begin(), extra.end(), [&](const Extra& x) { return holds(x.piece); });
+  }
+  /// What the pieces lack of `wanted`: the gaps the dense pieces leave in a
+  /// dense `wanted`, or a strided `wanted` whole.
+  std::vector<Piece> missing(const Piece& wanted) const {
+    if (!wanted.dense()) return {wanted};
+    std::vector<std::pair<std::int64_t, std::int64_t>> have;
+    const auto add = [&](const Piece& p) {
+      if (p.dense()) have.emplace_back(p.offset, p.offset + p.sizes[0]);
+    };
+    add(piece);
+    for (const auto& x : extra) add(x.piece);
+    std::sort(have.begin(), have.end());
+    std::vector<Piece> out;
+    std::int64_t at = wanted.offset;
+    const std::int64_t end = wanted.offset + wanted.sizes[0];
+    const auto gap = [&](std::int64_t lo, std::int64_t hi) {
+      if (hi > lo) out.push_back(Piece{lo, {hi - lo}, {1}});
+    };
+    for (const auto& [lo, hi] : have) {
+      if (lo >= end) break;
+      gap(at, std::min(lo, end));
+      at = std::max(at, hi);
+    }
+    gap(at, end);
+    return out;
+  }
 };
 
 /// Every piece of `entry` with its host buffer, in order: f(piece, host).

@@ -12,7 +12,7 @@
 #include <c10/core/CPUAllocator.h>
 #include <c10/core/DeviceType.h>
 
-#include <offload/entry.hpp>
+#include <offload/buffers.hpp>
 #include <offload/options.hpp>
 
 namespace offload::storage {

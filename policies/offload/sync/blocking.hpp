@@ -6,8 +6,8 @@
 
 #include <string_view>
 
+#include <offload/buffers.hpp>
 #include <offload/concepts.hpp>
-#include <offload/entry.hpp>
 #include <offload/options.hpp>
 #include <offload/transfer.hpp>
 

@@ -19,8 +19,8 @@
 #include <c10/core/Stream.h>
 #include <c10/core/StreamGuard.h>
 
+#include <offload/buffers.hpp>
 #include <offload/concepts.hpp>
-#include <offload/entry.hpp>
 #include <offload/options.hpp>
 #include <offload/stats.hpp>
 #include <offload/transfer.hpp>

@@ -1,8 +1,9 @@
 // SPDX-License-Identifier: MIT
 #pragma once
 /// @file
-/// The records policies exchange with the manager: a host buffer (what a
-/// storage policy allocates) and what a sync policy's reload gives back.
+/// The buffers policies exchange with the manager: a host buffer (what a
+/// storage policy allocates) and the device bytes a sync policy's reload
+/// gives back.
 /// A sync policy sees one offloaded storage through offload::Transfer
 /// (<offload/transfer.hpp>).
 

@@ -1,11 +1,14 @@
 // SPDX-License-Identifier: MIT
 #pragma once
 /// @file
-/// The names the core uses for offload::ManagerInterface and
-/// offload::ScopeMark (<offload/manager_interface.hpp>), and a hook source
-/// that is not a manager.
+/// detail::NullManager: a ManagerInterface that is not a manager (a
+/// checkpointed block's hooks, a manager whose policies failed their
+/// checks).
 
 #include <string>
+
+#include <ATen/core/TensorBody.h>
+#include <c10/util/ArrayRef.h>
 
 #include <offload/manager_interface.hpp>
 #include <offload/options.hpp>
@@ -13,14 +16,9 @@
 
 namespace offload::detail {
 
-using HookSource = ManagerInterface;
-using ScopeMark = offload::ScopeMark;
-
-/// A hook source that is not a manager (a checkpointed block, a manager
-/// whose policies failed their checks): the manager's parts of the
-/// interface answer "nothing" (no statistics, nothing excluded, default
-/// options). Subclasses give make_hooks().
-class NullSource : public HookSource {
+/// A ManagerInterface whose manager parts answer "nothing": no statistics,
+/// nothing excluded, default options. Subclasses give make_hooks().
+class NullManager : public ManagerInterface {
  public:
   std::string describe() const override { return {}; }
   Stats stats() const override { return {}; }

@@ -1,7 +1,9 @@
 // SPDX-License-Identifier: MIT
-// What the hooks objects need of autograd: its in-place error (same
-// wording), the backward pass running on this thread and its end, and
-// make_plain_hooks().
+// What the hooks objects need of autograd (<offload/detail/autograd.hpp>):
+// its in-place error (same wording), the backward pass running on this
+// thread and its end; and make_plain_hooks().
+
+#include <offload/detail/autograd.hpp>
 
 #include <cstdint>
 #include <functional>
@@ -14,7 +16,6 @@
 #include <torch/csrc/autograd/function.h>
 #include <torch/csrc/autograd/graph_task.h>
 
-#include <offload/detail/core.hpp>
 #include <offload/manager_interface.hpp>
 
 namespace offload {
@@ -52,35 +53,15 @@ bool at_backward_end(std::function<void()> callback) {
 }  // namespace detail
 
 namespace {
-// What make_plain_hooks() returns: the tensor without its autograd history
-// (as a manager keeps one it passes through: a saved output's history is
-// the node saving it, which would then own itself), its version checked at
-// unpack as a manager checks the tensors it passes through.
+// What make_plain_hooks() returns: the saved tensor kept as a manager keeps
+// one it passes through.
 class PlainHooks final : public torch::autograd::SavedVariableHooks {
  public:
-  void call_pack_hook(const at::Tensor& tensor) override {
-    tensor_ = tensor.defined() && tensor.grad_fn() ? tensor.tensor_data() : tensor;
-    if (!tensor.defined()) return;
-    version_ = tensor.unsafeGetTensorImpl()->version_counter();
-    saved_version_ = version_.enabled() ? version_.current_version() : 0;
-    if (auto fn = tensor.grad_fn()) {
-      grad_fn_ = fn;
-      output_nr_ = tensor.output_nr();
-    }
-  }
-  at::Tensor call_unpack_hook() override {
-    if (version_.enabled() && version_.current_version() != saved_version_) {
-      detail::throw_modified_inplace(tensor_, version_.current_version(), saved_version_, grad_fn_, output_nr_);
-    }
-    return tensor_;
-  }
+  void call_pack_hook(const at::Tensor& tensor) override { kept_ = detail::KeptTensor(tensor); }
+  at::Tensor call_unpack_hook() override { return kept_.unpack(); }
 
  private:
-  at::Tensor tensor_;
-  c10::VariableVersion version_;  // disabled until a tensor is saved
-  std::uint32_t saved_version_ = 0;
-  detail::WeakNode grad_fn_;
-  std::int64_t output_nr_ = 0;
+  detail::KeptTensor kept_;
 };
 }  // namespace
 
