@@ -1,17 +1,21 @@
 // SPDX-License-Identifier: MIT
 // torch_offload._sim: offload::sim (the simulated PrivateUse1 accelerator)
-// for Python processes. Light on purpose: pybind11 and <offload/sim.hpp>
-// plus the device guard for current device and stream.
+// for Python processes: pybind11, <offload/sim.hpp>, the device guard for
+// current device and stream, and autograd (the exit drain).
 
 #include <cstdint>
+#include <exception>
 #include <string>
 
+#include <ATen/core/grad_mode.h>
+#include <ATen/ops/ones.h>
 #include <c10/core/Device.h>
 #include <c10/core/DeviceType.h>
 #include <c10/core/Stream.h>
 #include <c10/core/impl/DeviceGuardImplInterface.h>
 #include <c10/util/Exception.h>
 #include <pybind11/pybind11.h>
+#include <torch/csrc/autograd/autograd.h>
 
 #include <offload/sim.hpp>
 
@@ -39,6 +43,31 @@ py::dict memory_dict(const offload::sim::MemoryStats& s) {
 const c10::impl::DeviceGuardImplInterface& guard() {
   TORCH_CHECK(offload::sim::installed(), "torch_offload.sim is not installed; call torch_offload.sim.install() first");
   return *c10::impl::getDeviceGuardImpl(kSim);
+}
+
+// Before the interpreter finalizes. LibTorch's autograd thread of a device
+// (here: each sim device) can still hold the graph task of the last backward
+// pass when that pass has returned to Python; its thread-local state holds
+// Python objects (the saved-tensor hooks of save_on_cpu, of a Manager).
+// Released once the interpreter is finalizing, they need the GIL, which the
+// thread then cannot take: Python ends the thread inside a destructor, and
+// the C++ runtime aborts the process ("terminate called without an active
+// exception"). A backward pass on each device, of tensors without a Python
+// object and with no hooks, is queued behind that release (a device's
+// ready queue is FIFO) and leaves nothing that needs the GIL. Called without
+// the GIL; a process where autograd cannot run (a fork child of a process
+// whose autograd threads had started) skips it.
+void release_autograd_threads() {
+  const int devices = static_cast<int>(guard().deviceCount());
+  const at::AutoGradMode grad_on(true);
+  for (int d = 0; d < devices; ++d) {
+    try {
+      const auto x = at::ones({1}, at::TensorOptions().device(c10::Device(kSim, static_cast<c10::DeviceIndex>(d))))
+                         .requires_grad_();
+      (void)torch::autograd::grad({x.mul(2).sum()}, {x});
+    } catch (const std::exception&) {  // nothing left to release
+    }
+  }
 }
 
 }  // namespace
@@ -87,6 +116,15 @@ PYBIND11_MODULE(_sim, m) {
   m.def("reset_host_peak", &offload::sim::reset_host_peak);
   m.def(
       "synchronize", [](int index) { offload::sim::synchronize(static_cast<c10::DeviceIndex>(index)); },
+      py::call_guard<py::gil_scoped_release>());
+  m.def("release_autograd_threads", &release_autograd_threads, py::call_guard<py::gil_scoped_release>());
+  m.def(
+      "drain_for_exit",
+      [] {
+        if (!offload::sim::installed()) return;
+        release_autograd_threads();
+        offload::sim::drain_for_exit();
+      },
       py::call_guard<py::gil_scoped_release>());
   m.def("current_device", [] { return static_cast<int>(guard().getDevice().index()); });
   m.def("set_device", [](int index) { guard().setDevice(c10::Device(kSim, static_cast<c10::DeviceIndex>(index))); });

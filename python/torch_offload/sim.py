@@ -87,15 +87,13 @@ def install(name="sim", num_devices=2, capacity_bytes=0, copy_latency_us=10, cop
 
 def _drain_at_exit():
     """Runs the work still queued on every sim stream while the interpreter
-    is alive: a worker that finishes a task drops what it captured, and a
-    CPU tensor seen from Python needs the GIL for that, which a thread cannot
-    take once the interpreter is finalizing (Python ends such a thread, and
-    the C++ runtime aborts the process). The wait releases the GIL."""
-    for index in range(_sim.config()["num_devices"] if _sim.installed() else 0):
-        try:
-            _sim.synchronize(index)
-        except Exception:  # noqa: BLE001  errors of queued work have nobody left to report to
-            pass
+    is alive, and from then on every stream's work on the thread that queues
+    it (offload::sim::drain_for_exit). A worker that finishes a task drops
+    what it captured, and a tensor with a Python object needs the GIL for
+    that, which a thread outside the interpreter cannot take once it is
+    finalizing (Python ends such a thread, and the C++ runtime aborts the
+    process). The wait releases the GIL."""
+    _sim.drain_for_exit()
 
 
 installed = _sim.installed

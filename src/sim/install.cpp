@@ -21,28 +21,6 @@ namespace {
 
 std::mutex g_install_mutex;
 
-// Registered by install(), so it runs before the statics constructed
-// earlier are destroyed (Python drains sooner: torch_offload.sim registers
-// its own drain with Python's atexit). Work queued from here on (e.g. a
-// release a static's destructor queues) runs on the thread that queues it,
-// so the idle, detached workers touch nothing more and the process exits
-// with its own status.
-void drain_everything_at_exit() {
-  auto* rt = g_runtime.load();
-  if (rt == nullptr) {
-    return;
-  }
-  g_exiting.store(true);
-  for (int d = 0; d < rt->installed.num_devices; ++d) {
-    for (auto& s : rt->streams[static_cast<std::size_t>(d)]) {
-      try {
-        s->synchronize();
-      } catch (...) {  // errors of queued work have nobody left to report to
-      }
-    }
-  }
-}
-
 }  // namespace
 }  // namespace detail
 
@@ -80,9 +58,29 @@ void install(const Config& config) {
   at::RegisterPrivateUse1HooksInterface(&detail::hooks());
   detail::g_runtime.store(rt, std::memory_order_release);
   detail::register_kernels();
-  std::atexit(&detail::drain_everything_at_exit);
+  // Registered here, so it runs before the statics constructed earlier are
+  // destroyed (a Python process drains sooner, from Python's atexit).
+  std::atexit(&drain_for_exit);
 }
 
 bool installed() noexcept { return detail::g_runtime.load(std::memory_order_acquire) != nullptr; }
+
+void drain_for_exit() noexcept {
+  auto* rt = detail::g_runtime.load(std::memory_order_acquire);
+  if (rt == nullptr) return;
+  // Set before each stream's lock is taken: work queued before it is in a
+  // queue synchronize() waits for; work queued after sees the flag
+  // (SimStream::enqueue reads it under the same lock) and runs on the
+  // thread that queues it.
+  detail::g_exiting.store(true);
+  for (int d = 0; d < rt->installed.num_devices; ++d) {
+    for (auto& s : rt->streams[static_cast<std::size_t>(d)]) {
+      try {
+        s->synchronize();
+      } catch (...) {  // errors of queued work have nobody left to report to
+      }
+    }
+  }
+}
 
 }  // namespace offload::sim

@@ -58,10 +58,11 @@ std::exception_ptr run_as_task_of(SimStream* stream, std::function<void()>& task
 }  // namespace
 
 std::uint64_t SimStream::enqueue(std::function<void()> task) {
-  if (g_exiting.load()) {
+  std::unique_lock<std::mutex> lock(mutex_);
+  if (g_exiting.load()) {  // read under the lock drain_for_exit() synchronizes with
+    lock.unlock();
     return run_here(std::move(task));
   }
-  std::lock_guard<std::mutex> lock(mutex_);
   if (!started_) {
     std::thread([this] { run(); }).detach();
     started_ = true;

@@ -228,6 +228,19 @@ void empty_cache();
 /// raised on those streams. Throws c10::Error if not installed.
 void synchronize(c10::DeviceIndex index = -1);
 
+/// For process exit: waits until every stream of every device has finished
+/// its queued work, then runs all work queued from now on on the thread
+/// that queues it (after the work queued before it on that stream), so the
+/// idle stream workers touch nothing more. install() registers it with
+/// std::atexit; an embedding runtime whose exit tears down what tasks may
+/// release (Python's: a task dropping the last reference to a tensor that
+/// has a Python object takes the GIL, which a thread outside the
+/// interpreter cannot take once it is finalizing) calls it earlier
+/// (torch_offload.sim does, from Python's atexit). Idempotent; does nothing
+/// before install(). Errors of queued work are dropped (nobody is left to
+/// report them to). Thread-safe; never throws.
+void drain_for_exit() noexcept;
+
 /// One sample of the device-0 memory trace: time in microseconds since
 /// set_trace(true), and device-0 current bytes right after an allocation or
 /// a release.
