@@ -2,7 +2,7 @@
 #pragma once
 
 // Internal interface between the sim runtime (streams.cpp, runtime.cpp,
-// the allocators, guard.cpp, hooks.cpp, install.cpp) and the sim kernels
+// the allocators, guard.cpp, privateuse1_hooks.cpp, install.cpp) and the sim kernels
 // (kernels.cpp, cells.cpp). Not installed.
 
 #include <c10/core/Device.h>
@@ -50,7 +50,7 @@ std::int64_t steady_now_ns();
 /// (the end of the previous copy's link time) if that is later. A queued
 /// copy does its host memcpy after that end, before the next task starts:
 /// copies queued back to back take link time + memcpy each (bench/README.md,
-/// "a queued copy's memcpy inside its link time").
+/// "Changes outside bench/ that would help").
 std::int64_t link_slot_end_ns(std::int64_t link_ns);
 
 /// Returns at `deadline_ns` (steady_now_ns() time) or just after: sleeps,
