@@ -90,7 +90,16 @@ class Frame : public std::enable_shared_from_this<Frame> {
       : block_(std::move(block)),
         name_(options.name.empty() ? "checkpoint" : options.name),
         preserve_rng_(options.preserve_rng_state),
-        early_stop_(options.early_stop) {}
+        early_stop_(options.early_stop) {
+    for (std::size_t i = 0; i < options.state.size(); ++i) {
+      const auto& t = options.state[i];
+      if (!t.defined()) continue;
+      TORCH_CHECK_VALUE(!t.requires_grad(), "offload::checkpoint: block '", name_, "': CheckpointOptions::state[", i,
+                        "] requires grad; state is what the block writes in place (buffers such as BatchNorm's "
+                        "running statistics), never a parameter");
+      state_.push_back(t);
+    }
+  }
 
   const std::string& name() const noexcept { return name_; }
 
@@ -119,6 +128,7 @@ class Frame : public std::enable_shared_from_this<Frame> {
       autocast_.push_back({type, at::autocast::is_autocast_enabled(type), at::autocast::get_autocast_dtype(type)});
     }
     autocast_cache_ = at::autocast::is_autocast_cache_enabled();
+    state_at_forward_ = copies(state_);
   }
 
   // Forward: the block saved `t` (not kept); returns its index.
@@ -149,6 +159,22 @@ class Frame : public std::enable_shared_from_this<Frame> {
   }
   void recompute(std::int64_t pass, Recomputed& out);
   void check(const Recomputed& out) const;
+  // Copies of `tensors`, made with grad mode off.
+  static std::vector<at::Tensor> copies(const std::vector<at::Tensor>& tensors) {
+    const torch::autograd::AutoGradMode no_grad(false);
+    std::vector<at::Tensor> out;
+    out.reserve(tensors.size());
+    for (const auto& t : tensors) out.push_back(t.detach().clone());
+    return out;
+  }
+  // Writes `values` into the state tensors through views with a version
+  // counter of their own: restoring what was there is not an in-place
+  // change that autograd's check should see (a saved running_mean stays
+  // usable).
+  void write_state(const std::vector<at::Tensor>& values) {
+    const torch::autograd::AutoGradMode no_grad(false);
+    for (std::size_t i = 0; i < state_.size(); ++i) state_[i].variable_data().copy_(values[i]);
+  }
 
   Block block_;
   std::string name_;
@@ -159,7 +185,9 @@ class Frame : public std::enable_shared_from_this<Frame> {
   std::vector<RngState> rng_;
   std::vector<AutocastState> autocast_;
   bool autocast_cache_ = true;
-  std::vector<Meta> metas_;  // by pack index, in forward
+  std::vector<at::Tensor> state_;             // CheckpointOptions::state, defined entries
+  std::vector<at::Tensor> state_at_forward_;  // their values when the forward began
+  std::vector<Meta> metas_;                   // by pack index, in forward
   std::recursive_mutex mutex_;
   bool recomputing_ = false;
   std::unordered_map<std::int64_t, Recomputed> passes_;  // by backward pass id
@@ -313,7 +341,10 @@ void Frame::recompute(std::int64_t pass, Recomputed& out) {
   }
   const bool cache_now = at::autocast::is_autocast_cache_enabled();
   at::autocast::set_autocast_cache_enabled(autocast_cache_);
+  const auto state_now = copies(state_);
+  write_state(state_at_forward_);
   const auto restore = [&] {
+    write_state(state_now);
     for (std::size_t i = 0; i < rng_.size(); ++i) {
       const std::lock_guard lock(rng_[i].generator.mutex());
       rng_[i].generator.set_state(now[i]);

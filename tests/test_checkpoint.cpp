@@ -2,10 +2,12 @@
 // offload::checkpoint: bitwise parity with the block run without
 // checkpoint and without offloading (dropout on, nested, several outputs,
 // an input without grad, torch::autograd::grad), only block inputs reach
-// the manager, and the errors of a block that recomputes differently.
+// the manager, state the block writes (BatchNorm) left as without
+// checkpoint, and the errors of a block that recomputes differently.
 
 #include "doctest.hpp"
 
+#include <cstring>
 #include <optional>
 #include <string>
 #include <vector>
@@ -13,6 +15,11 @@
 #include <ATen/ATen.h>
 #include <torch/csrc/autograd/autograd.h>
 #include <torch/csrc/autograd/grad_mode.h>
+
+#include <torch/nn/module.h>
+#include <torch/nn/modules/batchnorm.h>
+#include <torch/nn/modules/linear.h>
+#include <torch/nn/pimpl.h>
 
 #include <offload/checkpoint.hpp>
 #include <offload/offload.hpp>
@@ -79,6 +86,75 @@ harness::RunResult run(Stack::Mode mode, const harness::Wrap& wrap = {},
 template <class Sync>
 using SimManager = offload::Manager<offload::device::Sim, offload::storage::PinnedHost, Sync>;
 
+// Linear, BatchNorm1d (in training mode its forward updates the running
+// statistics), ReLU.
+struct NormBlockImpl : torch::nn::Module {
+  torch::nn::Linear linear{nullptr};
+  torch::nn::BatchNorm1d norm{nullptr};
+  NormBlockImpl()
+      : linear(register_module("linear", torch::nn::Linear(32, 32))),
+        norm(register_module("norm", torch::nn::BatchNorm1d(32))) {}
+  at::Tensor forward(const at::Tensor& x) { return at::relu(norm(linear(x))); }
+};
+TORCH_MODULE(NormBlock);
+
+enum class NormRun { plain, checkpoint_forward, checkpoint_without_state };
+
+// What a training program would print: each step's loss (three BatchNorm
+// blocks, SGD), then, in eval mode, the output for the training input and
+// every buffer (the running statistics).
+std::vector<at::Tensor> train_then_evaluate(NormRun how) {
+  at::manual_seed(0);
+  std::vector<NormBlock> blocks(3);
+  for (auto& b : blocks) b->to(sim0);
+  const auto x = at::randn({16, 32}).to(sim0);
+  const auto forward = [&] {
+    at::Tensor h = x;
+    for (auto& b : blocks) {
+      if (how == NormRun::plain) {
+        h = b->forward(h);
+      } else if (how == NormRun::checkpoint_forward) {
+        h = offload::checkpoint_forward(b, h);
+      } else {
+        h = offload::checkpoint([b](const at::Tensor& t) mutable { return b->forward(t); }, h);
+      }
+    }
+    return h;
+  };
+  std::vector<at::Tensor> printed;
+  for (int step = 0; step < kSteps; ++step) {
+    const auto loss = forward().square().mean();
+    loss.backward();
+    const torch::autograd::AutoGradMode no_grad(false);
+    for (auto& b : blocks) {
+      for (auto& p : b->parameters()) {
+        p.sub_(p.grad() * 0.1);
+        p.mutable_grad().zero_();
+      }
+    }
+    printed.push_back(loss.detach().cpu());
+  }
+  for (auto& b : blocks) b->eval();
+  const torch::autograd::AutoGradMode no_grad(false);
+  printed.push_back(forward().cpu());
+  for (auto& b : blocks) {
+    for (const auto& buffer : b->buffers()) printed.push_back(buffer.cpu());
+  }
+  return printed;
+}
+
+bool same_bytes(const std::vector<at::Tensor>& a, const std::vector<at::Tensor>& b) {
+  if (a.size() != b.size()) return false;
+  for (std::size_t i = 0; i < a.size(); ++i) {
+    const auto x = a[i].contiguous();
+    const auto y = b[i].contiguous();
+    if (x.sizes() != y.sizes() || x.scalar_type() != y.scalar_type() ||
+        std::memcmp(x.data_ptr(), y.data_ptr(), x.nbytes()) != 0)
+      return false;
+  }
+  return true;
+}
+
 }  // namespace
 
 TEST_CASE_TEMPLATE("checkpoint: bitwise parity with no checkpoint and no offload, dropout on", Sync,
@@ -117,6 +193,18 @@ TEST_CASE("checkpoint: without the generator state restored, dropout differs (th
       harness::bitwise_equal(
           plain, run(Stack::Mode::flat, {}, {.name = "block", .preserve_rng_state = true, .early_stop = false}), &why),
       why);
+}
+
+TEST_CASE("checkpoint: BatchNorm's running statistics are not updated again by the recomputation") {
+  const SlowPoisonedSim sim;
+  const auto plain = train_then_evaluate(NormRun::plain);
+  // checkpoint_forward() hands the module's buffers over as state: every
+  // loss, the evaluation afterwards and every buffer are the plain run's.
+  CHECK(same_bytes(plain, train_then_evaluate(NormRun::checkpoint_forward)));
+  // The same blocks without state: the recomputation updates the running
+  // statistics a second time, and evaluation differs (the check above can
+  // fail).
+  CHECK_FALSE(same_bytes(plain, train_then_evaluate(NormRun::checkpoint_without_state)));
 }
 
 TEST_CASE("checkpoint: several outputs, an input without grad, torch::autograd::grad, retain_graph") {
@@ -205,6 +293,15 @@ TEST_CASE("checkpoint: bad input (docs/bad-input.md)") {
                          doctest::Contains("offload::checkpoint: block 'flaky': the recomputation saved 1 tensors, "
                                            "the forward 2; the block must run the same operations each time"),
                          c10::Error);
+  }
+  SUBCASE("state that requires grad (a parameter): c10::ValueError at forward, naming the entry") {
+    const auto weight = at::ones({8}).to(sim0).requires_grad_();
+    offload::CheckpointOptions options{.name = "stateful"};
+    options.state = {at::Tensor(), weight};
+    CHECK_THROWS_WITH_AS(offload::checkpoint([](const at::Tensor& t) { return t.sin(); }, x, options),
+                         doctest::Contains("offload::checkpoint: block 'stateful': CheckpointOptions::state[1] "
+                                           "requires grad"),
+                         c10::ValueError);
   }
   SUBCASE("a recomputation that saves a tensor of other sizes") {
     bool first = true;

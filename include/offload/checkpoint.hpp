@@ -31,6 +31,18 @@ struct CheckpointOptions {
   /// Stop the recomputation once it saved as many tensors as the forward
   /// did (the rest of the block is not run again).
   bool early_stop = true;
+  /// State the block updates in place when it runs (BatchNorm's
+  /// running_mean, running_var and num_batches_tracked in training mode,
+  /// any buffer a forward writes): the recomputation sees these tensors as
+  /// the forward saw them, and afterwards they hold again what they held
+  /// before it, so recomputing changes no state (evaluation after training
+  /// is bitwise that of the run without checkpoint). Neither write counts
+  /// as an in-place change for autograd's check. checkpoint_forward() adds
+  /// the module's buffers. Costs one copy of each tensor at forward, kept
+  /// until the block's saved tensors are released, and two at the
+  /// recomputation. Undefined entries are skipped; an entry that requires
+  /// grad (a parameter) is c10::ValueError at forward.
+  std::vector<at::Tensor> state = {};
 };
 
 /// A block: its inputs in, its outputs out. Called once in forward and
@@ -82,11 +94,17 @@ at::Tensor checkpoint(std::function<at::Tensor(const at::Tensor&)> fn, const at:
 
 /// A module's forward on one input, checkpointed: `module` is a torch::nn
 /// module holder (or any copyable handle with `->forward(tensor)`), copied
-/// into the block.
+/// into the block. A module with buffers (`module->buffers()`) has them
+/// added to CheckpointOptions::state, so recomputing a BatchNorm leaves its
+/// running statistics as the forward left them.
 template <class Module>
 at::Tensor checkpoint_forward(Module module, const at::Tensor& input, const CheckpointOptions& options = {}) {
+  auto with_state = options;
+  if constexpr (requires { module->buffers(); }) {
+    for (const auto& buffer : module->buffers()) with_state.state.push_back(buffer);
+  }
   return checkpoint([module = std::move(module)](const at::Tensor& x) mutable { return module->forward(x); }, input,
-                    options);
+                    with_state);
 }
 
 }  // namespace offload
