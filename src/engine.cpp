@@ -36,16 +36,16 @@ namespace {
 // closed from another thread is only marked closed and pruned here.
 thread_local std::vector<std::shared_ptr<detail::ScopeFrame>> t_frames;
 
-ManagerInterface* innermost_manager(bool& found) {
+// The manager of the innermost open scope of this thread; null under
+// NoOffload or outside any scope.
+ManagerInterface* innermost_manager() {
   while (!t_frames.empty() && !t_frames.back()->open.load(std::memory_order_acquire)) t_frames.pop_back();
-  found = !t_frames.empty();
-  return found ? t_frames.back()->manager.get() : nullptr;
+  return t_frames.empty() ? nullptr : t_frames.back()->manager.get();
 }
 
 struct OffloadEngine final : torch::autograd::Engine {
   std::unique_ptr<torch::autograd::SavedVariableHooks> get_default_saved_variable_hooks() override {
-    bool found = false;
-    ManagerInterface* manager = innermost_manager(found);
+    ManagerInterface* manager = innermost_manager();
     return manager != nullptr ? manager->make_hooks() : nullptr;
   }
 
