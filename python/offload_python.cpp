@@ -281,7 +281,7 @@ void ready_hook_types(py::module_& m) {
 
 // ---------------------------------------------------------------- choosing
 
-constexpr const char* kStorages = "'pinned_host', 'pageable_host'";
+constexpr const char* kStorages = "'pinned_host', 'pageable_host', 'pinned_pool'";
 constexpr const char* kSyncs = "'blocking', 'streamed'";
 
 std::string accepted_devices() {
@@ -324,22 +324,26 @@ offload::AnyManager make(const std::string& device, const std::string& storage, 
                          const offload::Options& options, const std::string& fallback) {
   // Every argument is checked before anything is detected or built.
   options.validate();
-  TORCH_CHECK_VALUE(storage == "pinned_host" || storage == "pageable_host",
+  TORCH_CHECK_VALUE(storage == "pinned_host" || storage == "pageable_host" || storage == "pinned_pool",
                     "torch_offload.Manager: storage must be one of ", kStorages, ", got '", storage, "'");
   TORCH_CHECK_VALUE(sync == "blocking" || sync == "streamed", "torch_offload.Manager: sync must be one of ", kSyncs,
                     ", got '", sync, "'");
   TORCH_CHECK_VALUE(fallback == "error" || fallback == "pass_through",
                     "torch_offload.Manager: fallback must be one of 'error', 'pass_through', got '", fallback, "'");
   const auto fb = fallback == "error" ? offload::Fallback::error : offload::Fallback::pass_through;
-  const bool pinned = storage == "pinned_host";
   const bool streamed = sync == "streamed";
   using offload::storage::PageableHost;
   using offload::storage::PinnedHost;
+  using offload::storage::PinnedPool;
   using offload::sync::Blocking;
   using offload::sync::Streamed;
-  if (pinned) {
+  if (storage == "pinned_host") {
     return streamed ? build_for<PinnedHost, Streamed>(device, options, fb)
                     : build_for<PinnedHost, Blocking>(device, options, fb);
+  }
+  if (storage == "pinned_pool") {
+    return streamed ? build_for<PinnedPool, Streamed>(device, options, fb)
+                    : build_for<PinnedPool, Blocking>(device, options, fb);
   }
   return streamed ? build_for<PageableHost, Streamed>(device, options, fb)
                   : build_for<PageableHost, Blocking>(device, options, fb);
@@ -456,4 +460,17 @@ PYBIND11_MODULE(_C, m) {
     return out;
   });
   m.def("compiled_device_policies", [] { return offload::compiled_device_policies(); });
+  m.def("pool_stats", [](const std::string& device) {
+    const auto s = offload::storage::PinnedPool::stats(c10::Device(device));
+    py::dict out;
+    out["reserved_bytes"] = s.reserved_bytes;
+    out["peak_reserved_bytes"] = s.peak_reserved_bytes;
+    out["in_use_bytes"] = s.in_use_bytes;
+    out["peak_in_use_bytes"] = s.peak_in_use_bytes;
+    out["slabs"] = s.slabs;
+    out["slab_allocations"] = s.slab_allocations;
+    out["pageable_fallbacks"] = s.pageable_fallbacks;
+    return out;
+  });
+  m.def("pool_trim", [](const std::string& device) { offload::storage::PinnedPool::trim(c10::Device(device)); });
 }

@@ -37,6 +37,9 @@ py::dict memory_dict(const offload::sim::MemoryStats& s) {
   out["peak_bytes"] = s.peak_bytes;
   out["allocations"] = s.allocations;
   out["frees"] = s.frees;
+  out["reserved_bytes"] = s.reserved_bytes;
+  out["peak_reserved_bytes"] = s.peak_reserved_bytes;
+  out["system_allocations"] = s.system_allocations;
   return out;
 }
 
@@ -80,16 +83,19 @@ PYBIND11_MODULE(_sim, m) {
   m.def(
       "install",
       [](const std::string& name, int num_devices, std::int64_t capacity_bytes, std::int64_t copy_latency_us,
-         double copy_bandwidth_gbps, bool poison_freed) {
+         double copy_bandwidth_gbps, bool poison_freed, bool host_power_of_two, std::int64_t pinned_alloc_us) {
         offload::sim::install(offload::sim::Config{.backend_name = name,
                                                    .num_devices = num_devices,
                                                    .capacity_bytes = capacity_bytes,
                                                    .copy_latency_us = copy_latency_us,
                                                    .copy_bandwidth_gbps = copy_bandwidth_gbps,
-                                                   .poison_freed = poison_freed});
+                                                   .poison_freed = poison_freed,
+                                                   .host_power_of_two = host_power_of_two,
+                                                   .pinned_alloc_us = pinned_alloc_us});
       },
       py::arg("name"), py::arg("num_devices"), py::arg("capacity_bytes"), py::arg("copy_latency_us"),
-      py::arg("copy_bandwidth_gbps"), py::arg("poison_freed"));
+      py::arg("copy_bandwidth_gbps"), py::arg("poison_freed"), py::arg("host_power_of_two"),
+      py::arg("pinned_alloc_us"));
   m.attr("device_type") = static_cast<int>(kSim);  // what torch.Stream(device_type=...) takes
   m.def("installed", &offload::sim::installed);
   m.def("config", [] {
@@ -101,6 +107,8 @@ PYBIND11_MODULE(_sim, m) {
     out["copy_latency_us"] = c.copy_latency_us;
     out["copy_bandwidth_gbps"] = c.copy_bandwidth_gbps;
     out["poison_freed"] = c.poison_freed;
+    out["host_power_of_two"] = c.host_power_of_two;
+    out["pinned_alloc_us"] = c.pinned_alloc_us;
     return out;
   });
   m.def("set_copy_latency_us", &offload::sim::set_copy_latency_us);
@@ -109,6 +117,9 @@ PYBIND11_MODULE(_sim, m) {
   m.attr("max_copy_bandwidth_gbps") = offload::sim::kMaxCopyBandwidthGbps;
   m.def("set_poison_freed", &offload::sim::set_poison_freed);
   m.def("set_capacity_bytes", &offload::sim::set_capacity_bytes);
+  m.def("set_host_power_of_two", &offload::sim::set_host_power_of_two);
+  m.def("set_pinned_alloc_us", &offload::sim::set_pinned_alloc_us);
+  m.attr("max_pinned_alloc_us") = offload::sim::kMaxPinnedAllocUs;
   m.def("device_memory",
         [](int index) { return memory_dict(offload::sim::device_memory(static_cast<c10::DeviceIndex>(index))); });
   m.def("reset_peak", [](int index) { offload::sim::reset_peak(static_cast<c10::DeviceIndex>(index)); });

@@ -127,9 +127,10 @@ constexpr std::int64_t kParityDelayUs = 200;
 #define FIXTURE_TYPES(Storage, Sync) fixture::Manager<offload::device::Sim, offload::storage::Storage, Sync>
 #endif
 
-/// Every manager type of the parity cases: both storages under Blocking and
-/// Streamed, and pinned storage under CopyOnly.
+/// Every manager type of the parity cases: the three storages under
+/// Blocking and Streamed, and pinned storage under CopyOnly.
 #define FIXTURE_PARITY_TYPES                                                                                    \
   FIXTURE_TYPES(PinnedHost, offload::sync::Blocking), FIXTURE_TYPES(PageableHost, offload::sync::Blocking),     \
       FIXTURE_TYPES(PinnedHost, offload::sync::Streamed), FIXTURE_TYPES(PageableHost, offload::sync::Streamed), \
+      FIXTURE_TYPES(PinnedPool, offload::sync::Blocking), FIXTURE_TYPES(PinnedPool, offload::sync::Streamed),   \
       FIXTURE_TYPES(PinnedHost, fixture::CopyOnly)

@@ -7,7 +7,12 @@
 
 #include "doctest.hpp"
 
+#include <string>
+#include <thread>
+#include <vector>
+
 #include <ATen/ATen.h>
+#include <ATen/CPUGeneratorImpl.h>
 #include <c10/core/StreamGuard.h>
 #include <c10/util/Exception.h>
 #include <torch/csrc/autograd/autograd.h>
@@ -239,4 +244,111 @@ TEST_CASE("README usage snippet compiles, runs on sim and matches the run withou
   CHECK(std::memcmp(&run.with_snippet, &run.without, sizeof(float)) == 0);
   CHECK(run.stats.storages_offloaded > 0);
   CHECK(run.stats.tensors_reloaded + run.stats.stash_reuses > 0);
+}
+
+// storage::PinnedPool beyond the parity cases (which run it under Blocking
+// and Streamed): its pieces, its slabs from step to step, what it holds
+// after the graph is gone, and one pool shared by two managers on two
+// threads.
+namespace {
+
+using PoolManager = fixture::Manager<offload::device::Sim, offload::storage::PinnedPool, offload::sync::Streamed>;
+
+// Two layers on sim, leaves built from `seed` on the calling thread; the
+// forward draws no random numbers (safe on two threads at once).
+struct TwoLayers {
+  at::Tensor x, w1, w2;
+  explicit TwoLayers(int seed) {
+    const auto generator = at::detail::createCPUGenerator(seed);
+    x = at::randn({64, 96}, generator).to(fixture::sim0);
+    w1 = (at::randn({96, 160}, generator) * 0.1).to(fixture::sim0).requires_grad_();
+    w2 = (at::randn({160, 96}, generator) * 0.1).to(fixture::sim0).requires_grad_();
+  }
+  harness::RunResult train(int steps, const harness::Wrap& wrap = {}) const {
+    const std::vector<at::Tensor> params{w1.detach().clone().requires_grad_(), w2.detach().clone().requires_grad_()};
+    const auto forward = [this, &params] { return x.mm(params[0]).tanh().mm(params[1]).sigmoid().square().sum(); };
+    return harness::train_params(params, forward, steps, wrap);
+  }
+};
+
+}  // namespace
+
+TEST_CASE("pinned pool: exact pieces, no fresh slab after the first step, nothing held once the graph is gone" *
+          fixture::sim_only("the pool of sim:0 and sim's pinned allocator")) {
+  const fixture::Substrate substrate(kParityDelayUs);
+  const TwoLayers model(1);
+  offload::storage::PinnedPool::trim(fixture::sim0);
+  const auto before = offload::storage::PinnedPool::stats(fixture::sim0);
+  PoolManager manager(offload::Options{.min_offload_bytes = 0});
+  std::vector<std::int64_t> slabs_after_step;
+  const auto at_step = [&](const harness::Forward& forward) {
+    at::Tensor loss;
+    {
+      offload::Scope scope(manager);
+      loss = forward();
+    }
+    // Every piece is its saved view's bytes rounded up to 64: what the
+    // manager holds on the host, within 64 bytes per piece.
+    const auto stats = manager.stats();
+    const auto pool = offload::storage::PinnedPool::stats(fixture::sim0);
+    CHECK(stats.host_bytes_in_use > 0);
+    CHECK(pool.in_use_bytes - before.in_use_bytes >= stats.host_bytes_in_use);
+    CHECK(pool.in_use_bytes - before.in_use_bytes <= stats.host_bytes_in_use + 64 * stats.storages_offloaded);
+    slabs_after_step.push_back(pool.slab_allocations);
+    return loss;
+  };
+  const auto pooled = model.train(3, at_step);
+  std::string why;
+  CHECK_MESSAGE(harness::bitwise_equal(model.train(3), pooled, &why), why);
+  REQUIRE(slabs_after_step.size() == 3);
+  CHECK(slabs_after_step[0] > before.slab_allocations);  // the first step pinned what it needed
+  CHECK(slabs_after_step[1] == slabs_after_step[0]);     // later steps pinned nothing new
+  CHECK(slabs_after_step[2] == slabs_after_step[0]);
+  CHECK(manager.stats().host_bytes_in_use == 0);
+  CHECK(offload::storage::PinnedPool::stats(fixture::sim0).in_use_bytes == before.in_use_bytes);
+  // trim() returns what no buffer uses.
+  offload::storage::PinnedPool::trim(fixture::sim0);
+  CHECK(offload::storage::PinnedPool::stats(fixture::sim0).reserved_bytes == 0);
+}
+
+TEST_CASE("pinned pool: two managers on two threads share one pool, each bitwise" *
+          fixture::sim_only("the pool of sim:0")) {
+  const fixture::Substrate substrate(kParityDelayUs);
+  const TwoLayers a(2), b(3);
+  const auto plain_a = a.train(3);
+  const auto plain_b = b.train(3);
+  PoolManager first(offload::Options{.min_offload_bytes = 0});
+  PoolManager second(offload::Options{.min_offload_bytes = 0});
+  harness::RunResult got_a, got_b;
+  std::thread ta([&] { got_a = a.train(3, harness::with_scope(first)); });
+  std::thread tb([&] { got_b = b.train(3, harness::with_scope(second)); });
+  ta.join();
+  tb.join();
+  std::string why;
+  CHECK_MESSAGE(harness::bitwise_equal(plain_a, got_a, &why), why);
+  CHECK_MESSAGE(harness::bitwise_equal(plain_b, got_b, &why), why);
+  CHECK(first.stats().storages_offloaded > 0);
+  CHECK(second.stats().storages_offloaded > 0);
+  CHECK(first.stats().host_bytes_in_use == 0);
+  CHECK(second.stats().host_bytes_in_use == 0);
+  CHECK(offload::storage::PinnedPool::stats(fixture::sim0).in_use_bytes == 0);
+}
+
+TEST_CASE("pinned pool: bad PoolOptions name the knob, the value and the range (docs/bad-input.md)") {
+  using offload::storage::PinnedPool;
+  using offload::storage::PoolOptions;
+  CHECK_THROWS_WITH_AS(
+      PinnedPool(PoolOptions{.min_slab_bytes = 1024}),
+      doctest::Contains("offload::storage::PoolOptions: min_slab_bytes must be in [65536, 1099511627776], got 1024"),
+      c10::ValueError);
+  CHECK_THROWS_WITH_AS(PinnedPool(PoolOptions{.growth = 0.0}),
+                       doctest::Contains("offload::storage::PoolOptions: growth must be in (0, 1], got 0"),
+                       c10::ValueError);
+  CHECK_THROWS_WITH_AS(PinnedPool(PoolOptions{.growth = 1.5}),
+                       doctest::Contains("offload::storage::PoolOptions: growth must be in (0, 1], got 1.5"),
+                       c10::ValueError);
+  CHECK_THROWS_WITH_AS(PinnedPool(PoolOptions{.limit_bytes = 4096}),
+                       doctest::Contains("offload::storage::PoolOptions: limit_bytes must be 0 (no limit) or in "
+                                         "[min_slab_bytes = 4194304, 1125899906842624], got 4096"),
+                       c10::ValueError);
 }

@@ -29,6 +29,7 @@
 #include <offload/device/sim.hpp>
 #include <offload/device/xpu.hpp>
 #include <offload/storage/host.hpp>
+#include <offload/storage/pool.hpp>
 #include <offload/sync/blocking.hpp>
 #include <offload/sync/streamed.hpp>
 #if OFFLOAD_HAS_CUDA

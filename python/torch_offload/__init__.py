@@ -41,6 +41,7 @@ from ._manager import Manager, OffloadWarning, Stats, no_offload  # noqa: E402
 from ._checkpoint import CheckpointOffload, enable_gradient_checkpointing, plain_checkpoint  # noqa: E402
 from ._peers import NoOpManager, OffloadActivations, get_act_offloading_ctx_manager  # noqa: E402
 from . import torchtune, trl  # noqa: E402,F401  (torch_offload.trl / torch_offload.torchtune)
+from ._manager import pool_stats, pool_trim  # noqa: E402
 
 __all__ = [
     "Manager",
@@ -53,5 +54,7 @@ __all__ = [
     "OffloadActivations",
     "NoOpManager",
     "get_act_offloading_ctx_manager",
+    "pool_stats",
+    "pool_trim",
     "__version__",
 ]

@@ -197,8 +197,11 @@ class Manager(_HookRegion):
             ``torch.device`` or ``"type:index"`` names its type (one manager
             serves every index of a device type, and each tensor comes back
             to the index it left).
-        storage: ``"pinned_host"`` (page-locked host memory) or
-            ``"pageable_host"``.
+        storage: ``"pinned_host"`` (page-locked host memory),
+            ``"pageable_host"``, or ``"pinned_pool"`` (exact-size pieces of
+            large page-locked slabs, one pool per device shared by the
+            process's managers: no fresh pinned allocation after the first
+            step; ``torch_offload.pool_stats(device)``).
         sync: ``"streamed"`` (side copy stream, forward stash, backward
             prefetch; falls back to blocking copies, visibly, on a device
             without streams/events) or ``"blocking"``.
@@ -212,7 +215,7 @@ class Manager(_HookRegion):
             tensors fill the window without a slot each), [0, 1024].
         prefetch_bytes: streamed: a fixed prefetch window in bytes instead,
             0 = follow prefetch_depth, [0, 2**50].
-        pin_memory: whether pinned_host may page-lock (a bool).
+        pin_memory: whether pinned_host and pinned_pool may page-lock (a bool).
         host_budget_bytes: most host bytes held, 0 = unlimited, [0, 2**50].
         device_target_bytes: a device-memory target: the allocated device
             memory (``memory_allocated``) each ``with`` (one step) should
@@ -349,3 +352,24 @@ class no_offload(_HookRegion):
 
     def __exit__(self, *exc):
         self._close(*exc)
+
+
+def _pool_device(device):
+    device = torch.device(device)
+    return str(device if device.index is not None else torch.device(device.type, 0))
+
+
+def pool_stats(device):
+    """What the pinned pool of ``device`` (storage="pinned_pool"; index 0
+    when none is given) holds, as a dict of bytes and counts:
+    reserved_bytes and peak_reserved_bytes (pinned in slabs), in_use_bytes
+    and peak_in_use_bytes (carved out for live host buffers), slabs,
+    slab_allocations (slabs pinned since the pool was made: fresh pinned
+    allocations) and pageable_fallbacks. Zeros when the device has no pool."""
+    return _C.pool_stats(_pool_device(device))
+
+
+def pool_trim(device):
+    """Returns the slabs of ``device``'s pinned pool that hold no live buffer
+    to the pinned allocator."""
+    _C.pool_trim(_pool_device(device))

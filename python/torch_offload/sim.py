@@ -42,14 +42,14 @@ from . import _sim  # noqa: E402
 
 __all__ = [
     "install", "installed", "config", "set_copy_latency_us", "set_copy_bandwidth_gbps", "set_poison_freed",
-    "set_capacity_bytes",
+    "set_capacity_bytes", "set_host_power_of_two", "set_pinned_alloc_us",
     "device_memory", "reset_peak", "host_memory", "reset_host_peak", "synchronize", "device_module",
     "collective_backend",
 ]
 
 
 def install(name="sim", num_devices=2, capacity_bytes=0, copy_latency_us=10, copy_bandwidth_gbps=25.0,
-            poison_freed=False):
+            poison_freed=False, host_power_of_two=False, pinned_alloc_us=0):
     """Registers the simulated accelerator for this process (see the module doc).
 
     Args:
@@ -68,6 +68,15 @@ def install(name="sim", num_devices=2, capacity_bytes=0, copy_latency_us=10, cop
             second). The default (25) is a pinned copy over PCIe 4.0 x16.
         poison_freed: fill device blocks with 0xFF (NaN) when allocated and
             when released.
+        host_power_of_two: the pinned host allocator rounds a block it
+            takes from malloc up to a power of two, as PyTorch's caching
+            host allocator (CUDA's) does; False: 512 bytes below 1 MiB,
+            128 KiB above.
+        pinned_alloc_us: what a fresh pinned host block costs the thread
+            that allocates it (a block reused from the cache costs
+            nothing), [0, 1_000_000] microseconds: cudaHostAlloc pins pages
+            and costs milliseconds. With host_power_of_two=True, sim's
+            pinned memory behaves as CUDA's (docs/guide.md).
 
     Raises ValueError for a field out of range (naming it), RuntimeError
     when already installed with a different configuration (naming each
@@ -75,7 +84,8 @@ def install(name="sim", num_devices=2, capacity_bytes=0, copy_latency_us=10, cop
     Installing the same configuration again does nothing. Thread-safe.
     """
     first = not _sim.installed()
-    _sim.install(name, num_devices, capacity_bytes, copy_latency_us, copy_bandwidth_gbps, bool(poison_freed))
+    _sim.install(name, num_devices, capacity_bytes, copy_latency_us, copy_bandwidth_gbps, bool(poison_freed),
+                 bool(host_power_of_two), pinned_alloc_us)
     if first or not hasattr(torch, name):
         torch.utils.rename_privateuse1_backend(name)
         torch.utils.generate_methods_for_privateuse1_backend(for_tensor=True, for_module=True,
@@ -137,10 +147,23 @@ def set_capacity_bytes(nbytes):
     _sim.set_capacity_bytes(nbytes)
 
 
+def set_host_power_of_two(on):
+    """Power-of-two rounding of pinned host blocks taken from malloc from now on."""
+    _sim.set_host_power_of_two(bool(on))
+
+
+def set_pinned_alloc_us(us):
+    """Cost of a fresh pinned host block from now on, [0, 1_000_000] microseconds."""
+    _sim.set_pinned_alloc_us(us)
+
+
 def device_memory(index=0):
     """Counters of device ``index``: dict of current_bytes, peak_bytes,
     allocations, frees (bytes as requested; a block counts until its
-    stream-ordered release)."""
+    stream-ordered release), reserved_bytes and peak_reserved_bytes (taken
+    from malloc: blocks in use at their rounded sizes, idle in the cache or
+    in the poison quarantine) and system_allocations (blocks taken from
+    malloc, not the cache)."""
     return _sim.device_memory(index)
 
 
@@ -150,7 +173,9 @@ def reset_peak(index=0):
 
 
 def host_memory():
-    """Counters of the pinned host allocator (same keys as device_memory)."""
+    """Counters of the pinned host allocator (same keys as device_memory;
+    system_allocations: fresh pinned blocks, what cudaHostAlloc calls are on
+    CUDA)."""
     return _sim.host_memory()
 
 

@@ -130,7 +130,7 @@ struct Counters {
       ++system_frees;
     }
   }
-  MemoryStats stats() const { return {current, peak, allocations, frees, reserved, peak_reserved}; }
+  MemoryStats stats() const { return {current, peak, allocations, frees, reserved, peak_reserved, system_allocs}; }
 };
 
 }  // namespace offload::sim::detail

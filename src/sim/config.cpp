@@ -45,6 +45,11 @@ void check_bandwidth(double gbps, const char* where) {
                     kMaxCopyBandwidthGbps, "], got ", gbps);
 }
 
+void check_pinned_alloc(std::int64_t us, const char* where) {
+  TORCH_CHECK_VALUE(us >= 0 && us <= kMaxPinnedAllocUs, where, ": pinned_alloc_us must be in [0, ", kMaxPinnedAllocUs,
+                    "], got ", us);
+}
+
 void check_capacity(std::int64_t bytes, const char* where) {
   TORCH_CHECK_VALUE(bytes >= 0, where, ": capacity_bytes must be >= 0 (0 = unlimited), got ", bytes);
 }
@@ -60,6 +65,7 @@ void validate(const Config& c) {
   check_capacity(c.capacity_bytes, where);
   check_latency(c.copy_latency_us, where);
   check_bandwidth(c.copy_bandwidth_gbps, where);
+  check_pinned_alloc(c.pinned_alloc_us, where);
 }
 
 std::string differences(const Config& have, const Config& want) {
@@ -77,6 +83,8 @@ std::string differences(const Config& have, const Config& want) {
   field("copy_latency_us", have.copy_latency_us, want.copy_latency_us);
   field("copy_bandwidth_gbps", have.copy_bandwidth_gbps, want.copy_bandwidth_gbps);
   field("poison_freed", have.poison_freed, want.poison_freed);
+  field("host_power_of_two", have.host_power_of_two, want.host_power_of_two);
+  field("pinned_alloc_us", have.pinned_alloc_us, want.pinned_alloc_us);
   return out.str();
 }
 
@@ -89,6 +97,8 @@ Config config() {
   out.copy_bandwidth_gbps = rt.copy_bandwidth_gbps.load();
   out.poison_freed = rt.poison.load();
   out.capacity_bytes = detail::device_capacity();
+  out.host_power_of_two = rt.host_power_of_two.load();
+  out.pinned_alloc_us = rt.pinned_alloc_us.load();
   return out;
 }
 
@@ -104,6 +114,13 @@ void set_copy_bandwidth_gbps(double gbps) {
 
 void set_poison_freed(bool on) { detail::runtime().poison.store(on); }
 
+void set_host_power_of_two(bool on) { detail::runtime().host_power_of_two.store(on); }
+
+void set_pinned_alloc_us(std::int64_t us) {
+  detail::check_pinned_alloc(us, "offload::sim::set_pinned_alloc_us");
+  detail::runtime().pinned_alloc_us.store(us);
+}
+
 void set_capacity_bytes(std::int64_t bytes) {
   detail::check_capacity(bytes, "offload::sim::set_capacity_bytes");
   (void)detail::runtime();
@@ -116,6 +133,8 @@ ScopedKnobs::ScopedKnobs() {
   copy_bandwidth_gbps_ = c.copy_bandwidth_gbps;
   capacity_bytes_ = c.capacity_bytes;
   poison_freed_ = c.poison_freed;
+  host_power_of_two_ = c.host_power_of_two;
+  pinned_alloc_us_ = c.pinned_alloc_us;
 }
 
 ScopedKnobs::~ScopedKnobs() {
@@ -123,6 +142,8 @@ ScopedKnobs::~ScopedKnobs() {
   rt->copy_latency_us.store(copy_latency_us_);
   rt->copy_bandwidth_gbps.store(copy_bandwidth_gbps_);
   rt->poison.store(poison_freed_);
+  rt->host_power_of_two.store(host_power_of_two_);
+  rt->pinned_alloc_us.store(pinned_alloc_us_);
   detail::set_device_capacity(capacity_bytes_);
 }
 

@@ -5,10 +5,12 @@
 
 #include "block_cache.hpp"
 #include "internal.hpp"
+#include "runtime.hpp"
 
 #include <c10/core/Allocator.h>
 #include <c10/util/Exception.h>
 
+#include <bit>
 #include <cstdint>
 #include <cstring>
 #include <map>
@@ -23,16 +25,23 @@ namespace {
 
 void delete_host(void* ctx);
 
+// The size of the block a request of `n` bytes takes (Config::host_power_of_two).
+std::size_t host_block_size_for(std::size_t n) {
+  return runtime().host_power_of_two.load(std::memory_order_relaxed) ? std::bit_ceil(n) : block_size_for(n);
+}
+
 class SimHostAllocator final : public c10::Allocator {
  public:
   // Reuses an idle block of the cache when one fits (no stream ordering is
-  // needed: a queued copy keeps its CPU tensor, hence the block, alive).
+  // needed: a queued copy keeps its CPU tensor, hence the block, alive); a
+  // fresh block costs the caller Config::pinned_alloc_us, outside the lock
+  // (as pinning pages costs the thread that asks, not the others).
   c10::DataPtr allocate(std::size_t n) override {
     const c10::Device cpu(c10::DeviceType::CPU);
     if (n == 0) {
       return {nullptr, nullptr, &delete_host, cpu};
     }
-    auto size = block_size_for(n);
+    auto size = host_block_size_for(n);
     std::optional<std::pair<void*, std::size_t>> cached;
     {
       std::lock_guard<std::mutex> lock(mutex_);
@@ -43,6 +52,9 @@ class SimHostAllocator final : public c10::Allocator {
       ptr = cached->first;
       size = cached->second;
     } else {
+      if (const auto us = runtime().pinned_alloc_us.load(std::memory_order_relaxed); us > 0) {
+        wait_until_ns(steady_now_ns() + us * 1000);
+      }
       ptr = c10::alloc_cpu(size);
     }
     if (runtime().poison.load()) {

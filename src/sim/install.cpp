@@ -43,6 +43,8 @@ void install(const Config& config) {
   rt->copy_latency_us.store(config.copy_latency_us);
   rt->copy_bandwidth_gbps.store(config.copy_bandwidth_gbps);
   rt->poison.store(config.poison_freed);
+  rt->host_power_of_two.store(config.host_power_of_two);
+  rt->pinned_alloc_us.store(config.pinned_alloc_us);
   for (int d = 0; d < config.num_devices; ++d) {
     for (int id = 0; id < detail::kStreamsPerDevice; ++id) {
       rt->streams[static_cast<std::size_t>(d)][static_cast<std::size_t>(id)] =

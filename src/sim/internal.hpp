@@ -126,6 +126,8 @@ struct Runtime {
   std::atomic<std::int64_t> copy_latency_us{0};
   std::atomic<double> copy_bandwidth_gbps{1.0};
   std::atomic<bool> poison{false};
+  std::atomic<bool> host_power_of_two{false};
+  std::atomic<std::int64_t> pinned_alloc_us{0};
   std::array<std::array<std::unique_ptr<SimStream>, kStreamsPerDevice>, kMaxDevices> streams;
   std::array<std::atomic<std::uint32_t>, kMaxDevices> next_pool{};
 };
@@ -189,6 +191,7 @@ void validate(const Config& c);
 void check_latency(std::int64_t us, const char* where);
 void check_bandwidth(double gbps, const char* where);
 void check_capacity(std::int64_t bytes, const char* where);
+void check_pinned_alloc(std::int64_t us, const char* where);
 
 /// "field: installed a, requested b; ..." for each field that differs.
 std::string differences(const Config& have, const Config& want);

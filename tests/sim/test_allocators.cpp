@@ -11,6 +11,7 @@
 #include <doctest/doctest.h>
 
 #include <atomic>
+#include <chrono>
 #include <string>
 #include <thread>
 #include <vector>
@@ -230,6 +231,45 @@ TEST_CASE("sim: pinned host memory is counted") {
   }
   sim::empty_cache();
   CHECK(sim::host_memory().reserved_bytes == r0);
+}
+
+TEST_CASE("sim: pinned host blocks as CUDA's: power-of-two rounding and a cost per fresh block") {
+  if (at::globalContext().hasCUDA()) return;  // with CUDA present, factories pin with CUDA
+  sim::ScopedKnobs knobs;
+  const auto pinned = [](std::int64_t n) {
+    return torch::empty({n}, torch::TensorOptions().dtype(torch::kByte).pinned_memory(true));
+  };
+  // 3000 bytes: 3072 reserved by sim's own rounding, 4096 by a power of two.
+  sim::empty_cache();
+  auto r0 = sim::host_memory().reserved_bytes;
+  {
+    const auto p = pinned(3000);
+  }
+  CHECK(sim::host_memory().reserved_bytes == r0 + 3072);
+  sim::set_host_power_of_two(true);
+  sim::empty_cache();
+  r0 = sim::host_memory().reserved_bytes;
+  {
+    const auto p = pinned((1 << 20) + 1);
+  }
+  CHECK(sim::host_memory().reserved_bytes == r0 + (2 << 20));
+
+  // A fresh block costs the allocating thread pinned_alloc_us; one reused
+  // from the cache costs nothing and takes nothing from malloc.
+  sim::set_pinned_alloc_us(20'000);
+  sim::empty_cache();
+  const auto fresh_before = sim::host_memory().system_allocations;
+  const auto t0 = std::chrono::steady_clock::now();
+  {
+    const auto p = pinned(5000);
+  }
+  CHECK(std::chrono::steady_clock::now() - t0 >= std::chrono::milliseconds(20));
+  CHECK(sim::host_memory().system_allocations == fresh_before + 1);
+  {
+    const auto p = pinned(5000);
+  }
+  CHECK(sim::host_memory().system_allocations == fresh_before + 1);
+  sim::empty_cache();
 }
 
 TEST_CASE("sim: threads and streams share the allocator safely") {

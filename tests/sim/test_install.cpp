@@ -51,6 +51,10 @@ TEST_CASE("sim: install validates, is idempotent and names what differs") {
   CHECK(msg.find("copy_bandwidth_gbps must be in (0, 10000], got 20000") != std::string::npos);
   msg = bad([](sim::Config& c) { c.copy_bandwidth_gbps = std::numeric_limits<double>::quiet_NaN(); });
   CHECK(msg.find("copy_bandwidth_gbps must be in (0, 10000], got nan") != std::string::npos);
+  msg = bad([](sim::Config& c) { c.pinned_alloc_us = -1; });
+  CHECK(msg.find("offload::sim::Config: pinned_alloc_us must be in [0, 1000000], got -1") != std::string::npos);
+  msg = bad([](sim::Config& c) { c.pinned_alloc_us = sim::kMaxPinnedAllocUs + 1; });
+  CHECK(msg.find("offload::sim::Config: pinned_alloc_us must be in [0, 1000000], got 1000001") != std::string::npos);
   msg = bad([](sim::Config& c) { c.capacity_bytes = -5; });
   CHECK(msg.find("capacity_bytes must be >= 0 (0 = unlimited), got -5") != std::string::npos);
   msg = bad([](sim::Config& c) { c.backend_name = "cuda"; });
@@ -75,6 +79,11 @@ TEST_CASE("sim: install validates, is idempotent and names what differs") {
   CHECK_THROWS_AS(sim::set_copy_bandwidth_gbps(-1.0), c10::ValueError);
   CHECK_THROWS_AS(sim::set_copy_bandwidth_gbps(sim::kMaxCopyBandwidthGbps * 1.5), c10::ValueError);
   CHECK_THROWS_AS(sim::set_capacity_bytes(-1), c10::ValueError);
+  CHECK(error_of([] {
+          sim::set_pinned_alloc_us(-1);
+        }).find("offload::sim::set_pinned_alloc_us: pinned_alloc_us must be in [0, 1000000], got -1") !=
+        std::string::npos);
+  CHECK_THROWS_AS(sim::set_pinned_alloc_us(sim::kMaxPinnedAllocUs + 1), c10::ValueError);
   CHECK_THROWS_AS((void)sim::device_memory(2), c10::Error);
   CHECK(sim::config() == sim::Config{});  // nothing changed by the failures
 
@@ -84,6 +93,10 @@ TEST_CASE("sim: install validates, is idempotent and names what differs") {
     sim::set_copy_bandwidth_gbps(0.5);
     sim::set_poison_freed(true);
     sim::set_capacity_bytes(1 << 20);
+    sim::set_host_power_of_two(true);
+    sim::set_pinned_alloc_us(3000);
+    CHECK(sim::config().host_power_of_two);
+    CHECK(sim::config().pinned_alloc_us == 3000);
     CHECK(sim::config().copy_latency_us == 7);
     CHECK(sim::config().copy_bandwidth_gbps == 0.5);
     CHECK(sim::config().poison_freed);

@@ -79,6 +79,8 @@ inline constexpr std::int64_t kMaxCopyLatencyUs = 10'000'000;
 /// Largest accepted Config::copy_bandwidth_gbps (10 TB/s, above any
 /// device's memory bandwidth).
 inline constexpr double kMaxCopyBandwidthGbps = 10'000.0;
+/// Largest accepted Config::pinned_alloc_us (1 s).
+inline constexpr std::int64_t kMaxPinnedAllocUs = 1'000'000;
 
 /// What install() registers. Fields are validated by install(); see there.
 struct Config {
@@ -106,6 +108,19 @@ struct Config {
   /// allocated and when they are released (reads of memory that is not yet
   /// written, or already freed, see NaN for floating types).
   bool poison_freed = false;
+  /// How the pinned host allocator sizes a block it takes from malloc:
+  /// false, as the device allocator does (512 bytes below 1 MiB, 128 KiB
+  /// above); true, the next power of two, as PyTorch's caching host
+  /// allocator (CUDA's, XPU's) does, so that 2^k + 1 bytes reserve 2^(k+1)
+  /// (host_memory().reserved_bytes shows it).
+  bool host_power_of_two = false;
+  /// What taking a fresh block from malloc costs the thread of the pinned
+  /// host allocation, in microseconds (it waits that long; a block reused
+  /// from the cache costs nothing), in [0, kMaxPinnedAllocUs]: pinning
+  /// pages is what makes cudaHostAlloc cost milliseconds. With
+  /// host_power_of_two, sim's pinned memory behaves as CUDA's
+  /// (docs/guide.md, "The simulated accelerator", has the values).
+  std::int64_t pinned_alloc_us = 0;
 
   friend bool operator==(const Config&, const Config&) = default;
 };
@@ -130,7 +145,8 @@ void install(const Config& config = {});
 bool installed() noexcept;
 
 /// The installed Config, with the current values of the runtime knobs
-/// (copy_latency_us, copy_bandwidth_gbps, poison_freed, capacity_bytes).
+/// (copy_latency_us, copy_bandwidth_gbps, poison_freed, capacity_bytes,
+/// host_power_of_two, pinned_alloc_us).
 /// Throws c10::Error if not installed. Thread-safe.
 Config config();
 
@@ -157,7 +173,17 @@ void set_poison_freed(bool on);
 /// c10::Error if not installed. Thread-safe.
 void set_capacity_bytes(std::int64_t bytes);
 
-/// Saves the four runtime knobs on construction and restores them on
+/// Runtime knob: Config::host_power_of_two, for blocks the pinned host
+/// allocator takes from malloc from now on. Throws c10::Error if not
+/// installed. Thread-safe.
+void set_host_power_of_two(bool on);
+
+/// Runtime knob: Config::pinned_alloc_us, in [0, kMaxPinnedAllocUs]
+/// (c10::ValueError naming it, the value and the range, otherwise). Throws
+/// c10::Error if not installed. Thread-safe.
+void set_pinned_alloc_us(std::int64_t us);
+
+/// Saves the runtime knobs on construction and restores them on
 /// destruction, so that a test that changes them cannot leak its settings
 /// into the next one, even when it throws. Requires install().
 class ScopedKnobs {
@@ -172,6 +198,8 @@ class ScopedKnobs {
   double copy_bandwidth_gbps_;
   std::int64_t capacity_bytes_;
   bool poison_freed_;
+  bool host_power_of_two_;
+  std::int64_t pinned_alloc_us_;
 };
 
 /// Memory counters in bytes and in numbers of blocks (allocations, frees:
@@ -183,6 +211,8 @@ class ScopedKnobs {
 /// - reserved_bytes / peak_reserved_bytes: bytes taken from malloc: blocks in
 ///   use (rounded sizes), idle in the cache, or in the poison quarantine.
 ///   c10's `reserved_bytes`. They drop at empty_cache().
+/// - system_allocations: blocks taken from malloc (not from the cache):
+///   for the pinned host allocator, what cudaHostAlloc calls are on CUDA.
 struct MemoryStats {
   std::int64_t current_bytes = 0;
   std::int64_t peak_bytes = 0;
@@ -190,6 +220,7 @@ struct MemoryStats {
   std::int64_t frees = 0;
   std::int64_t reserved_bytes = 0;
   std::int64_t peak_reserved_bytes = 0;
+  std::int64_t system_allocations = 0;
 };
 
 /// Counters of the sim device allocator for device `index`. A freed block is

@@ -1,0 +1,342 @@
+// SPDX-License-Identifier: MIT
+#pragma once
+/// @file
+/// storage::PinnedPool: offloaded tensors live in host buffers carved at
+/// their exact size (rounded up to 64 bytes) from large page-locked slabs,
+/// one pool per device shared by every manager of the process, reused from
+/// step to step.
+///
+/// Why: a pinned host allocator that caches per block (PyTorch's
+/// CachingHostAllocator, CUDA's and XPU's) rounds every block up to a power
+/// of two and pins each new block, which costs milliseconds: a process holds
+/// up to about 2x the host memory its offloaded tensors need, and a step
+/// that offloads tensors of new sizes pays for pinning. A pool pins a few
+/// large slabs and hands out exact pieces of them: after the first step of
+/// a steady run, no new slab is pinned, and what the pool holds stays within
+/// a small fraction (PoolOptions::growth) of the most bytes in use at once.
+/// docs/policies/storage_policy.md has the contract.
+
+#include <algorithm>
+#include <bit>
+#include <cstdint>
+#include <map>
+#include <memory>
+#include <mutex>
+#include <string_view>
+#include <utility>
+#include <vector>
+
+#include <ATen/Context.h>
+#include <ATen/core/Tensor.h>
+#include <ATen/ops/from_blob.h>
+#include <c10/core/Allocator.h>
+#include <c10/core/Device.h>
+#include <c10/core/DeviceType.h>
+#include <c10/core/impl/DeviceGuardImplInterface.h>
+#include <c10/util/Exception.h>
+
+#include <offload/buffers.hpp>
+#include <offload/options.hpp>
+#include <offload/storage/host.hpp>
+
+namespace offload::storage {
+
+/// The knobs of the pool of one device (PinnedPool). The first manager
+/// that uses a device's pool sets them; later ones share that pool as it
+/// is. Plain data; validate() checks it.
+struct PoolOptions {
+  /// The smallest slab the pool pins, in bytes, [64 KiB, 2^40]. Slabs are
+  /// powers of two (what a caching pinned allocator would round them to
+  /// anyway), at least this, at least the request, and at least `growth`
+  /// times what the pool holds already.
+  std::int64_t min_slab_bytes = std::int64_t{4} << 20;
+  /// How a new slab grows with what the pool holds, (0, 1]: a slab is at
+  /// least this fraction of the pool's reserved bytes, so that a pool
+  /// growing to R bytes pins O(log R) slabs and holds at most about this
+  /// fraction more than it needs.
+  double growth = 1.0 / 32;
+  /// Most bytes the pool may pin, 0 = no limit, else [min_slab_bytes,
+  /// 2^50]. A request the pool cannot fit within it gets pageable memory
+  /// (HostBuffer::pinned false, counted in Stats::pinned_fallbacks).
+  std::int64_t limit_bytes = 0;
+
+  /// Throws c10::ValueError naming the field, the value and the accepted
+  /// range. Changes nothing.
+  void validate() const {
+    constexpr std::int64_t kMinSlab = std::int64_t{64} << 10;
+    constexpr std::int64_t kMaxSlab = std::int64_t{1} << 40;
+    constexpr std::int64_t kMaxLimit = std::int64_t{1} << 50;
+    TORCH_CHECK_VALUE(min_slab_bytes >= kMinSlab && min_slab_bytes <= kMaxSlab,
+                      "offload::storage::PoolOptions: min_slab_bytes must be in [", kMinSlab, ", ", kMaxSlab, "], got ",
+                      min_slab_bytes);
+    TORCH_CHECK_VALUE(growth > 0.0 && growth <= 1.0,
+                      "offload::storage::PoolOptions: growth must be in (0, 1], got ", growth);
+    TORCH_CHECK_VALUE(limit_bytes == 0 || (limit_bytes >= min_slab_bytes && limit_bytes <= kMaxLimit),
+                      "offload::storage::PoolOptions: limit_bytes must be 0 (no limit) or in [min_slab_bytes = ",
+                      min_slab_bytes, ", ", kMaxLimit, "], got ", limit_bytes);
+  }
+};
+
+/// What one device's pool holds (PinnedPool::stats). Bytes.
+struct PoolStats {
+  std::int64_t reserved_bytes = 0;       ///< pinned in slabs
+  std::int64_t peak_reserved_bytes = 0;  ///< the most pinned at once
+  std::int64_t in_use_bytes = 0;         ///< carved out for live buffers (64-byte multiples)
+  std::int64_t peak_in_use_bytes = 0;    ///< the most carved out at once
+  std::int64_t slabs = 0;                ///< slabs held now
+  std::int64_t slab_allocations = 0;     ///< slabs pinned since the pool was made (fresh pinned allocations)
+  std::int64_t pageable_fallbacks = 0;   ///< requests served with pageable memory (limit or pinning failed)
+};
+
+namespace detail {
+
+/// The pool of one device: slabs from the device's pinned host allocator,
+/// a best-fit free list over all of them, coalescing on release.
+/// Thread-safe: every member takes the pool's mutex.
+class HostPool : public std::enable_shared_from_this<HostPool> {
+ public:
+  static constexpr std::int64_t kAlign = 64;
+
+  HostPool(c10::DeviceType type, const PoolOptions& options) : type_(type), options_(options) {}
+  HostPool(const HostPool&) = delete;
+  HostPool& operator=(const HostPool&) = delete;
+
+  /// A pinned buffer of `nbytes` bytes carved from a slab, or pageable
+  /// memory (pinned false) when the limit or pinning forbids.
+  HostBuffer allocate(std::int64_t nbytes) {
+    if (nbytes == 0) return PageableHost{}.allocate(0, type_, Options{});
+    const std::int64_t size = (nbytes + kAlign - 1) / kAlign * kAlign;
+    std::unique_lock lock(mutex_);
+    auto found = by_size_.lower_bound(size);
+    if (found == by_size_.end()) {
+      if (!grow(size)) {
+        ++stats_.pageable_fallbacks;
+        lock.unlock();
+        return PageableHost{}.allocate(nbytes, type_, Options{});
+      }
+      found = by_size_.lower_bound(size);
+    }
+    auto [length, range] = *found;
+    Slab* slab = range.slab;
+    const std::int64_t offset = range.offset;
+    slab->free.erase(offset);
+    by_size_.erase(found);
+    if (length > size) add_free(slab, offset + size, length - size);
+    slab->used += size;
+    stats_.in_use_bytes += size;
+    stats_.peak_in_use_bytes = std::max(stats_.peak_in_use_bytes, stats_.in_use_bytes);
+    lock.unlock();
+    auto self = shared_from_this();
+    auto bytes = at::from_blob(
+        slab->base + offset, {nbytes}, [self, slab, offset, size](void*) { self->give_back(slab, offset, size); },
+        at::TensorOptions().dtype(at::kByte));
+    return HostBuffer{std::move(bytes), slab->pinned};
+  }
+
+  /// Returns every slab with nothing carved out of it to the pinned
+  /// allocator.
+  void trim() {
+    std::vector<std::unique_ptr<Slab>> idle;
+    {
+      const std::lock_guard lock(mutex_);
+      for (auto it = slabs_.begin(); it != slabs_.end();) {
+        if ((*it)->used != 0) {
+          ++it;
+          continue;
+        }
+        for (const auto& [offset, entry] : (*it)->free) by_size_.erase(entry);
+        stats_.reserved_bytes -= (*it)->size;
+        --stats_.slabs;
+        idle.push_back(std::move(*it));
+        it = slabs_.erase(it);
+      }
+    }
+  }  // the slabs' memory goes back to the allocator here, outside the lock
+
+  PoolStats stats() const {
+    const std::lock_guard lock(mutex_);
+    return stats_;
+  }
+
+ private:
+  struct Slab;
+  struct Range {
+    Slab* slab;
+    std::int64_t offset;
+  };
+  using BySize = std::multimap<std::int64_t, Range>;
+  struct Slab {
+    c10::DataPtr memory;
+    char* base = nullptr;
+    std::int64_t size = 0;
+    std::int64_t used = 0;
+    bool pinned = true;
+    std::map<std::int64_t, BySize::iterator> free;  // offset -> its entry in by_size_ (keyed by length)
+  };
+
+  void add_free(Slab* slab, std::int64_t offset, std::int64_t length) {
+    slab->free.emplace(offset, by_size_.emplace(length, Range{slab, offset}));
+  }
+
+  // A new slab that fits `size`: false when the limit forbids or pinning fails.
+  bool grow(std::int64_t size) {
+    const auto wanted = std::max({size, options_.min_slab_bytes,
+                                  static_cast<std::int64_t>(options_.growth * static_cast<double>(stats_.reserved_bytes))});
+    const auto slab_bytes = static_cast<std::int64_t>(std::bit_ceil(static_cast<std::uint64_t>(wanted)));
+    if (options_.limit_bytes != 0 && stats_.reserved_bytes + slab_bytes > options_.limit_bytes) return false;
+    auto slab = std::make_unique<Slab>();
+    try {
+      slab->memory = at::globalContext().getPinnedMemoryAllocator(type_)->allocate(static_cast<std::size_t>(slab_bytes));
+    } catch (const c10::Error& e) {
+      TORCH_WARN_ONCE("offload::storage::PinnedPool: pinned host memory is not available (",
+                      e.what_without_backtrace(), "); using pageable memory (Stats::pinned_fallbacks counts it)");
+      return false;
+    }
+    slab->base = static_cast<char*>(slab->memory.get());
+    slab->size = slab_bytes;
+    add_free(slab.get(), 0, slab_bytes);
+    stats_.reserved_bytes += slab_bytes;
+    stats_.peak_reserved_bytes = std::max(stats_.peak_reserved_bytes, stats_.reserved_bytes);
+    ++stats_.slabs;
+    ++stats_.slab_allocations;
+    slabs_.push_back(std::move(slab));
+    return true;
+  }
+
+  // A carved range is free again (the buffer's last reference is gone; the
+  // sync policies free a host buffer only after its last copy completed).
+  void give_back(Slab* slab, std::int64_t offset, std::int64_t size) noexcept {
+    const std::lock_guard lock(mutex_);
+    slab->used -= size;
+    stats_.in_use_bytes -= size;
+    std::int64_t start = offset;
+    std::int64_t length = size;
+    if (auto next = slab->free.find(offset + size); next != slab->free.end()) {
+      length += next->second->first;
+      by_size_.erase(next->second);
+      slab->free.erase(next);
+    }
+    if (auto after = slab->free.lower_bound(offset); after != slab->free.begin()) {
+      auto before = std::prev(after);
+      if (before->first + before->second->first == offset) {
+        start = before->first;
+        length += before->second->first;
+        by_size_.erase(before->second);
+        slab->free.erase(before);
+      }
+    }
+    add_free(slab, start, length);
+  }
+
+  c10::DeviceType type_;
+  PoolOptions options_;
+  mutable std::mutex mutex_;
+  std::vector<std::unique_ptr<Slab>> slabs_;
+  BySize by_size_;
+  PoolStats stats_;
+};
+
+/// The pools of this process, by device (type, index): weak, so that a pool
+/// goes (its slabs unpinned) when the last policy and the last buffer using
+/// it are gone.
+struct PoolRegistry {
+  std::mutex mutex;
+  std::map<std::pair<int, int>, std::weak_ptr<HostPool>> pools;
+  static PoolRegistry& instance() {
+    static PoolRegistry registry;
+    return registry;
+  }
+  static std::pair<int, int> key(c10::Device device) {
+    return {static_cast<int>(device.type()), static_cast<int>(device.index())};
+  }
+};
+
+/// The pool of `device`: made with `options` at first use, shared
+/// afterwards. Thread-safe.
+inline std::shared_ptr<HostPool> host_pool(c10::Device device, const PoolOptions& options) {
+  auto& registry = PoolRegistry::instance();
+  const std::lock_guard lock(registry.mutex);
+  auto& slot = registry.pools[PoolRegistry::key(device)];
+  auto pool = slot.lock();
+  if (!pool) {
+    pool = std::make_shared<HostPool>(device.type(), options);
+    slot = pool;
+  }
+  return pool;
+}
+
+/// The pool of `device` if one is alive, else null. Thread-safe.
+inline std::shared_ptr<HostPool> find_host_pool(c10::Device device) {
+  auto& registry = PoolRegistry::instance();
+  const std::lock_guard lock(registry.mutex);
+  const auto found = registry.pools.find(PoolRegistry::key(device));
+  return found == registry.pools.end() ? nullptr : found->second.lock();
+}
+
+}  // namespace detail
+
+/// Host buffers carved at their exact size (64-byte multiples) from
+/// page-locked slabs of a per-device pool that every PinnedPool of the
+/// process shares, so an offloaded tensor costs the host what it holds and
+/// steps after the first pin nothing new (see the file comment). The
+/// device is the current one of the saved tensor's device type (the
+/// manager allocates under a guard of the tensor's device). With
+/// Options::pin_memory false: pageable memory, as PageableHost. A slab the
+/// allocator cannot pin (a locked-memory limit), or one past
+/// PoolOptions::limit_bytes: pageable memory with one warning, counted in
+/// Stats::pinned_fallbacks; never an error.
+///
+/// Copyable; copies share the pools they used. Thread-safe: any number of
+/// managers on any threads may allocate from one pool.
+class PinnedPool {
+ public:
+  static constexpr std::string_view name = "pinned_pool";
+  static constexpr bool prefers_pinned = true;
+
+  /// The default PoolOptions.
+  PinnedPool() = default;
+  /// Validates `pool` (c10::ValueError naming the field) before anything.
+  explicit PinnedPool(const PoolOptions& pool) : pool_((pool.validate(), pool)) {}
+
+  /// A host buffer of `nbytes` bytes for a storage of the current `device`
+  /// device (pinned unless Options::pin_memory is false or the pool cannot
+  /// pin). Thread-safe.
+  HostBuffer allocate(std::int64_t nbytes, c10::DeviceType device, const Options& options) {
+    if (!options.pin_memory) return PageableHost{}.allocate(nbytes, device, options);
+    const auto index = c10::impl::getDeviceGuardImpl(device)->getDevice().index();
+    return pool_of(c10::Device(device, index))->allocate(nbytes);
+  }
+
+  /// What the pool of `device` (type and index) holds now; zeros when it
+  /// has none. Thread-safe.
+  static PoolStats stats(c10::Device device) {
+    const auto pool = detail::find_host_pool(device);
+    return pool ? pool->stats() : PoolStats{};
+  }
+
+  /// Returns the slabs of `device`'s pool that hold no live buffer to the
+  /// pinned allocator (between phases of a program, after the last step).
+  /// Buffers in use stay. A pool also returns its slabs when it goes.
+  /// Thread-safe.
+  static void trim(c10::Device device) {
+    if (const auto pool = detail::find_host_pool(device)) pool->trim();
+  }
+
+ private:
+  std::shared_ptr<detail::HostPool> pool_of(c10::Device device) {
+    const std::lock_guard lock(*held_mutex_);
+    for (const auto& [d, pool] : *held_) {
+      if (d == device) return pool;
+    }
+    auto pool = detail::host_pool(device, pool_);
+    held_->emplace_back(device, pool);
+    return pool;
+  }
+  PoolOptions pool_;
+  // The pools this policy (and its copies) used: kept alive while it lives.
+  std::shared_ptr<std::mutex> held_mutex_ = std::make_shared<std::mutex>();
+  std::shared_ptr<std::vector<std::pair<c10::Device, std::shared_ptr<detail::HostPool>>>> held_ =
+      std::make_shared<std::vector<std::pair<c10::Device, std::shared_ptr<detail::HostPool>>>>();
+};
+
+}  // namespace offload::storage
