@@ -44,6 +44,16 @@ DELAY_US = 50
 SERIAL_RTOL = 1e-4
 
 
+
+def note_stats(family, key, rank, stats, watch):
+    """With OFFLOAD_DIST_STATS=FILE: appends what a case offloaded on this
+    rank (for reports; the verdicts do not depend on it)."""
+    path = os.environ.get("OFFLOAD_DIST_STATS")
+    if path:
+        with open(f"{path}.{rank}", "a", encoding="utf-8") as out:
+            out.write(f"{family} {key} tensors_offloaded={stats.tensors_offloaded} "
+                      f"bytes_offloaded={stats.bytes_offloaded} subclass_offloads={watch.subclass_offloads}\n")
+
 def positive_control(device):
     """The watch sees an offloaded storage that its model lists among its
     parameters: an activation (which the manager offloads) posing as one."""
@@ -244,6 +254,7 @@ def run_family(family, rank, world, device, report):
                     diff = compare(references[name], got)
                     if diff:
                         problems.append(diff)
+                    note_stats(family, key, rank, stats, watch)
                     report(key, "; ".join(problems) or "ok")
                 except Exception:  # noqa: BLE001
                     report(key, "raised: " + traceback.format_exc(limit=4))
