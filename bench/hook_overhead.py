@@ -65,10 +65,18 @@ def measure(make_ctx, warmup, rounds, device="cpu"):
     clock = time.process_time_ns  # CPU time of the process, like offload-bench
     for r in range(rounds):
         if r % 2 == 0:
-            t0 = clock(); run(); t1 = clock(); hooked(); t2 = clock()
+            t0 = clock()
+            run()
+            t1 = clock()
+            hooked()
+            t2 = clock()
             t_none, t_hook = t1 - t0, t2 - t1
         else:
-            t0 = clock(); hooked(); t1 = clock(); run(); t2 = clock()
+            t0 = clock()
+            hooked()
+            t1 = clock()
+            run()
+            t2 = clock()
             t_hook, t_none = t1 - t0, t2 - t1
         per_tensor.append((t_hook - t_none) / OPS)
         base.append(t_none / OPS)

@@ -69,9 +69,8 @@ def make_tools(device):
     tools["save_on_cpu"] = lambda model: torch.autograd.graph.save_on_cpu(pin_memory=True)
     try:
         import accelerate
-        from trl.models.activation_offloading import OffloadActivations as Trl
-
         import trl
+        from trl.models.activation_offloading import OffloadActivations as Trl
 
         # TRL logs through accelerate's logger, which raises without an
         # accelerate state (e.g. when host memory use passes TRL's 60 % mark).
@@ -82,9 +81,8 @@ def make_tools(device):
     except Exception as e:  # reported in the table
         missing["trl"] = first_line(e)
     try:
-        from torchtune.training import OffloadActivations as Tune
-
         import torchtune
+        from torchtune.training import OffloadActivations as Tune
 
         tools[f"torchtune {torchtune.__version__}"] = lambda model: Tune()
     except Exception as e:
@@ -284,7 +282,7 @@ def matrix_cell(case, factory, device, reference):
         a.device == b.device and a.shape == b.shape and torch.equal(
             a.detach().cpu().contiguous().reshape(-1).view(torch.uint8),
             b.detach().cpu().contiguous().reshape(-1).view(torch.uint8))
-        for a, b in zip(reference, got))
+        for a, b in zip(reference, got, strict=True))
     return "exact" if same else "differs"
 
 
@@ -324,7 +322,7 @@ def hook_cost(device, quick):
         for name, (make_ctx, where) in hook_rows.items():
             samples[name] += hook_overhead.measure(make_ctx, warmup, rounds // blocks, device=where)[0]
     floors = {}
-    for name, (make_ctx, where) in hook_rows.items():
+    for name, (_, where) in hook_rows.items():
         median = statistics.median(samples[name])
         q = statistics.quantiles(samples[name], n=4)
         floor = floors.setdefault(where, median)  # each device's identity row comes first
@@ -429,8 +427,10 @@ def main():
             hf_offload = next((r for n, r in ok.items() if n.startswith("hf checkpoint offload=True")), None)
             ours_ckpt = ok.get("ours checkpoint streamed")
             if hf_offload and ours_ckpt:
-                cell["checkpoint_vs_hf_offload"] = {"peak_ratio": ours_ckpt["peak_bytes"] / hf_offload["peak_bytes"],
-                                                    "time_ratio": ours_ckpt["median_step_s"] / hf_offload["median_step_s"]}
+                cell["checkpoint_vs_hf_offload"] = {
+                    "peak_ratio": ours_ckpt["peak_bytes"] / hf_offload["peak_bytes"],
+                    "time_ratio": ours_ckpt["median_step_s"] / hf_offload["median_step_s"],
+                }
             results["cells"].append(cell)
 
     results["hook_cost"] = hook_cost(device, args.quick)

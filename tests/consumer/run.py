@@ -60,8 +60,11 @@ def main():
         t2 = time.monotonic()
 
         failures = []
-        intro = lambda what: json.loads(subprocess.run(
-            [args.meson, "introspect", what, build], check=True, capture_output=True, text=True).stdout)
+
+        def intro(what):
+            return json.loads(subprocess.run(
+                [args.meson, "introspect", what, build], check=True, capture_output=True, text=True).stdout)
+
         targets = intro("--targets")
         sub = sorted(t["name"] for t in targets if t.get("subproject") == "torch-offload")
         if sub != ["offload", "offload_sim"]:

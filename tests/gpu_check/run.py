@@ -143,7 +143,8 @@ def main():
         include = os.path.realpath(os.path.join(deps, "include"))
         if done.returncode == 0:
             inside, outside = header_origins(args.ninja, build, include)
-            check(not outside, f"no Boost/doctest/CLI11/nlohmann header read from outside {include} ({len(outside)} were)")
+            check(not outside,
+                  f"no Boost/doctest/CLI11/nlohmann header read from outside {include} ({len(outside)} were)")
             check(inside.get("boost", 0) > 0 and inside.get("doctest", 0) > 0,
                   f"Boost.Hana and doctest headers read from the folder: {inside}")
             with open(os.path.join(build, "compile_commands.json")) as f:

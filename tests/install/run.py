@@ -45,7 +45,10 @@ def install(args, tmp):
     run([args.meson, "install", "-C", args.build_root, "--destdir", stage, "--no-rebuild", "--quiet"])
     opts = {o["name"]: o["value"] for o in json.loads(run(
         [args.meson, "introspect", "--buildoptions", args.build_root], capture_output=True, text=True).stdout)}
-    staged = lambda p: stage + (p if os.path.isabs(p) else os.path.join(opts["prefix"], p))
+
+    def staged(p):
+        return stage + (p if os.path.isabs(p) else os.path.join(opts["prefix"], p))
+
     return staged(opts["prefix"]), staged(opts["libdir"]), staged(opts["includedir"])
 
 
@@ -129,7 +132,7 @@ def main():
                 return 1
             # Which LibTorch target torch-offload::offload took (see its config).
             want = "torch" if find_torch else "torch-offload::libtorch"
-            links = [l.split("links: ", 1)[1].split(";") for l in done.stdout.splitlines() if "links: " in l]
+            links = [line.split("links: ", 1)[1].split(";") for line in done.stdout.splitlines() if "links: " in line]
             if not links or links[0][0] != want:
                 print(f"install: FAIL: torch-offload::offload should link {want} first, links {links}", file=sys.stderr)
                 return 1
@@ -141,8 +144,8 @@ def main():
         # that the loader resolves torch-offload to the installed tree.
         env = {k: v for k, v in os.environ.items() if k != "LD_LIBRARY_PATH"}
         ldd = run(["ldd", exe], env=env, capture_output=True, text=True).stdout
-        resolved = [l.split("=>")[1].split()[0] for l in ldd.splitlines()
-                    if l.strip().startswith(("liboffload.so", "liboffload_sim.so")) and "=>" in l]
+        resolved = [line.split("=>")[1].split()[0] for line in ldd.splitlines()
+                    if line.strip().startswith(("liboffload.so", "liboffload_sim.so")) and "=>" in line]
         print("resolved:", resolved)
         if len(resolved) != 2 or not all(os.path.realpath(r).startswith(os.path.realpath(libdir)) for r in resolved):
             print(f"install: FAIL: liboffload*.so do not resolve to the installed {libdir}:\n{ldd}", file=sys.stderr)

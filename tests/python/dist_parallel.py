@@ -19,7 +19,6 @@ right, not only the same with and without offloading)."""
 import contextlib
 
 import torch
-import torch.distributed as dist
 from torch import nn
 from torch.nn import functional as F
 
@@ -131,7 +130,7 @@ def shard_losses(out, target, shards, sequence):
     or of the whole output."""
     if not sequence:
         return [F.mse_loss(out, target)]
-    return [F.mse_loss(o, t) for o, t in zip(out.chunk(shards, 1), target.chunk(shards, 1))]
+    return [F.mse_loss(o, t) for o, t in zip(out.chunk(shards, 1), target.chunk(shards, 1), strict=True)]
 
 
 def optimizer(params):
@@ -192,7 +191,7 @@ def tp_run(config, device, manager, place, rank, world):
         x, y = (t.to(device) for t in batch(step, shape=tp_shape(config)))
         if sequence:  # this rank's part of the sequence
             x, y = x.chunk(world, 1)[rank].contiguous(), y.chunk(world, 1)[rank].contiguous()
-        loss = forward_backward(lambda: F.mse_loss(model(x), y), manager, place)
+        loss = forward_backward(lambda x=x, y=y: F.mse_loss(model(x), y), manager, place)
         losses.append(loss.item())
         record.append(loss.detach())
         record += [p.grad.to_local().clone() if hasattr(p.grad, "to_local") else p.grad.clone()
@@ -246,7 +245,7 @@ def fsdp2_tp_run(config, device, manager, place, rank, world):
         x, y = (t.to(device) for t in batch(step, group=dp, shape=(2, 8)))
         if sequence:
             x, y = x.chunk(tp_size, 1)[tp].contiguous(), y.chunk(tp_size, 1)[tp].contiguous()
-        loss = forward_backward(lambda: F.mse_loss(model(x), y), manager, place)
+        loss = forward_backward(lambda x=x, y=y: F.mse_loss(model(x), y), manager, place)
         losses.append(loss.item())
         record.append(loss.detach())
         record += [p.grad.to_local().clone() for p in model.parameters()]
@@ -325,7 +324,7 @@ def pipeline_run(config, device, manager, place, rank, world):
     every = pipeline_stages(count)
     mine = [rank + k * world for k in range(per)]  # interleaved: rank r holds stages r, r + world, ...
     modules = nn.ModuleList(every[i].to(device) for i in mine)
-    stages = [PipelineStage(m, i, count, device) for m, i in zip(modules, mine)]
+    stages = [PipelineStage(m, i, count, device) for m, i in zip(modules, mine, strict=True)]
     schedule_type = {"gpipe": ScheduleGPipe, "1f1b": Schedule1F1B, "interleaved": ScheduleInterleaved1F1B}
     schedule = schedule_type[config["schedule"]](stages if per > 1 else stages[0], n_microbatches=MICROBATCHES,
                                                  loss_fn=F.mse_loss)
@@ -365,7 +364,7 @@ def pipeline_serial(config, device, rank, world):
     for step in range(STEPS):
         opt.zero_grad()
         x, y = (t.to(device) for t in batch(step, shape=(32,)))
-        micro = [F.mse_loss(model(xs), ys) for xs, ys in zip(x.chunk(MICROBATCHES), y.chunk(MICROBATCHES))]
+        micro = [F.mse_loss(model(xs), ys) for xs, ys in zip(x.chunk(MICROBATCHES), y.chunk(MICROBATCHES), strict=True)]
         (sum(micro) / MICROBATCHES).backward()
         losses += [m.item() for m in micro]
         opt.step()

@@ -34,10 +34,9 @@ import torch.utils.checkpoint
 from torch import nn
 from torch.nn import functional as F
 
+import dist_parallel
 import torch_offload
 import torch_offload.sim
-
-import dist_parallel
 from dist_common import PLACES, STEPS, SYNCS, Watch, compare, forward_backward, local
 
 DELAY_US = 50
@@ -130,7 +129,7 @@ def ddp_run(config, device, manager, place, rank, world):
             x, y = mlp_batch(rank, step, micro, device)
             sync_ctx = model.no_sync() if micro + 1 < micros else contextlib.nullcontext()
             with sync_ctx:
-                loss = forward_backward(lambda: F.mse_loss(model(x), y), manager, place)
+                loss = forward_backward(lambda x=x, y=y: F.mse_loss(model(x), y), manager, place)
             record.append(loss.detach())
         record += [p.grad.clone() for p in model.parameters()]
         opt.step()
@@ -159,7 +158,7 @@ def fsdp2_run(config, device, manager, place, rank, world):
         opt.zero_grad()
         idx, targets = lm_batch(rank, step, device)
 
-        def loss_fn():
+        def loss_fn(idx=idx, targets=targets):
             logits = model(idx)
             return F.cross_entropy(logits.float().reshape(-1, logits.size(-1)), targets.reshape(-1))
 
@@ -202,7 +201,7 @@ def cases(family):
 def serial_difference(serial, losses):
     if len(serial) != len(losses):
         return f"{len(losses)} losses recorded, the one-process run has {len(serial)}"
-    for i, (a, b) in enumerate(zip(serial, losses)):
+    for i, (a, b) in enumerate(zip(serial, losses, strict=True)):
         if abs(a - b) > SERIAL_RTOL * max(abs(a), abs(b), 1e-3):
             return f"loss {i} is {b!r}, the one-process run's {a!r}"
     return None

@@ -154,7 +154,7 @@ class Subject:
         inside `with manager` (when given); `regions` (names) get the
         manager."""
         with torch.no_grad():
-            for p, p0 in zip(self.params, self.initial):
+            for p, p0 in zip(self.params, self.initial, strict=True):
                 p.copy_(p0)
         optimizer = torch.optim.AdamW(self.params, lr=1e-2)
         for name in regions:
@@ -307,7 +307,7 @@ def test_custom_function_intermediates_are_offloaded(sync, compiled_norm):
 
     def train(manager):
         with torch.no_grad():
-            for p, p0 in zip(params, initial):
+            for p, p0 in zip(params, initial, strict=True):
                 p.copy_(p0)
         optimizer = torch.optim.AdamW(params, lr=1e-2)
         region.manager = manager

@@ -17,7 +17,6 @@ import torch_offload
 import torch_offload.sim
 import torch_offload.torchtune
 import torch_offload.trl
-
 from test_torch_offload import assert_bitwise, leaf
 from testdevice import DEV
 

@@ -19,10 +19,10 @@ import torch
 
 import cases
 import gpt
+import testdevice
 import torch_offload
 import torch_offload.sim
 from testdevice import DEV, sim_only
-import testdevice
 
 SYNCS = ["blocking", "streamed"]
 ROOT = os.path.dirname(os.path.dirname(os.path.dirname(os.path.abspath(__file__))))
@@ -36,7 +36,7 @@ def bits(t):
 
 def assert_bitwise(ref, got):
     assert len(ref) == len(got)
-    for i, (a, b) in enumerate(zip(ref, got)):
+    for i, (a, b) in enumerate(zip(ref, got, strict=True)):
         assert a.device == b.device, f"result {i}: device {b.device}, expected {a.device}"
         assert type(a) is type(b), f"result {i}: a {type(b).__name__}, expected a {type(a).__name__}"
         assert a.dtype == b.dtype and a.shape == b.shape, f"result {i}: dtype/shape differ"
@@ -117,7 +117,7 @@ def test_device_target_keeps_steps_under_it_bitwise_equal(sync):
         forwards.append(manager.stats())
 
     got = _stack_steps(step)
-    for (l0, g0, _), (l1, g1, _) in zip(plain, got):
+    for (l0, g0, _), (l1, g1, _) in zip(plain, got, strict=True):
         assert_bitwise([l0] + g0, [l1] + g1)
     if sync == "blocking":
         # Streamed's forward stash differs from step to step (how fast the
@@ -465,7 +465,8 @@ def test_integer_options_accept_numpy_and_torch_integers_and_name_huge_values():
 
     m = torch_offload.Manager(DEV, max_fwd_stash=numpy.int64(3), prefetch_depth=torch.tensor(4))
     assert m.options["max_fwd_stash"] == 3 and m.options["prefetch_depth"] == 4
-    with pytest.raises(ValueError, match=r"prefetch_bytes must be in \[0, 1125899906842624\], got 18446744073709551616"):
+    huge = r"prefetch_bytes must be in \[0, 1125899906842624\], got 18446744073709551616"
+    with pytest.raises(ValueError, match=huge):
         torch_offload.Manager(DEV, prefetch_bytes=2**64)
 
 

@@ -47,15 +47,15 @@ def compile_case(case, twin):
 def check(case):
     want, unwanted = CASES[case]
     rc, err = compile_case(case, twin=False)
-    errors = [l for l in err.splitlines() if re.search(r"\berror:", l)]
+    errors = [line for line in err.splitlines() if re.search(r"\berror:", line)]
     problems = []
     if rc == 0:
         problems.append("compiled, but must not")
     if len(errors) != 1:
         problems.append(f"{len(errors)} errors, want exactly 1")
-    if not any(want in l for l in errors):
+    if not any(want in e for e in errors):
         problems.append(f"no error says {want!r}")
-    if any(unwanted in l for l in errors):
+    if any(unwanted in e for e in errors):
         problems.append(f"an error mentions {unwanted!r}")
     twin_rc, twin_err = compile_case(case, twin=True)
     if twin_rc != 0:

@@ -14,7 +14,6 @@ from torchtune.models.llama3_2 import llama3_2
 from torchtune.modules import TiedLinear
 
 import torch_offload.torchtune
-
 from test_torch_offload import assert_bitwise
 from training import DEV, offloaded, train
 

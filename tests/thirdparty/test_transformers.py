@@ -17,7 +17,6 @@ import transformers
 import torch_offload
 import torch_offload.torchtune
 import torch_offload.trl
-
 from test_torch_offload import assert_bitwise
 from training import DEV, offloaded, train
 

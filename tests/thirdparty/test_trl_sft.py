@@ -25,7 +25,6 @@ import trl
 import trl.trainer.sft_trainer
 
 import torch_offload.trl
-
 from test_torch_offload import assert_bitwise
 from training import DEV, device_bytes
 

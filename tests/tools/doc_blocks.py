@@ -84,8 +84,8 @@ def translation_unit(path):
         if kind is None:
             unmarked.append(line)
             continue
-        includes += [l for l in code if l.startswith("#include")]
-        code = [l for l in code if not l.startswith("#include")]
+        includes += [c for c in code if c.startswith("#include")]
+        code = [c for c in code if not c.startswith("#include")]
         body.append(f"#line {line + 1} \"{os.path.relpath(path, root)}\"")
         if kind == "declarations":
             body += code
