@@ -111,8 +111,10 @@ def main() -> int:
     }
     with open(out, "w") as f:
         json.dump(result, f, indent=1)
-    print(f"python identity hooks: {result['python_ns_per_tensor']:.0f} ns per saved tensor "
-          f"(IQR {q[0]:.0f}..{q[2]:.0f}), no-hooks {result['python_baseline_ns_per_op']:.0f} ns per op")
+    print(
+        f"python identity hooks: {result['python_ns_per_tensor']:.0f} ns per saved tensor "
+        f"(IQR {q[0]:.0f}..{q[2]:.0f}), no-hooks {result['python_baseline_ns_per_op']:.0f} ns per op"
+    )
     return 0
 
 

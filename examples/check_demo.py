@@ -41,8 +41,24 @@ import subprocess
 import sys
 import tempfile
 
-TINY = ["--layers", "1", "--width", "32", "--heads", "2", "--seq", "32", "--batch", "4",
-        "--steps", "3", "--device", "sim", "--data", os.path.abspath(__file__)]
+TINY = [
+    "--layers",
+    "1",
+    "--width",
+    "32",
+    "--heads",
+    "2",
+    "--seq",
+    "32",
+    "--batch",
+    "4",
+    "--steps",
+    "3",
+    "--device",
+    "sim",
+    "--data",
+    os.path.abspath(__file__),
+]
 
 
 def fail(message):
@@ -71,6 +87,7 @@ def check_tiny(demo, model="gpt"):
         if model == "gpt":
             try:
                 import matplotlib  # noqa: F401  (only whether the PNG can be checked too)
+
                 plot = os.path.join(tmp, "memory.png")
             except ImportError:
                 print("matplotlib not importable here: skipping the --plot check")
@@ -78,7 +95,7 @@ def check_tiny(demo, model="gpt"):
         base = TINY
         if model != "gpt":  # no attention heads: TINY without "--heads 2"
             at = TINY.index("--heads")
-            base = TINY[:at] + TINY[at + 2:]
+            base = TINY[:at] + TINY[at + 2 :]
         s, _ = summary(demo, extra, tmp, "tiny", base)
         if s["model"]["name"] != model:
             fail(f"the summary names model {s['model']['name']!r}, expected {model!r}")
@@ -89,8 +106,10 @@ def check_tiny(demo, model="gpt"):
         if s["losses_none"] != s["losses_offload"]:
             fail(f"losses differ: {s['losses_none']!r} vs {s['losses_offload']!r}")
         if not s["peak_device_bytes_offload"] < s["peak_device_bytes_none"]:
-            fail(f"peak_device_bytes_offload {s['peak_device_bytes_offload']!r} is not below peak_device_bytes_none "
-                 f"{s['peak_device_bytes_none']!r}")
+            fail(
+                f"peak_device_bytes_offload {s['peak_device_bytes_offload']!r} is not below peak_device_bytes_none "
+                f"{s['peak_device_bytes_none']!r}"
+            )
         if not s["bytes_offloaded"] > 0 or not s["bytes_reloaded"] > 0:
             fail(f"nothing was offloaded or brought back: {s['bytes_offloaded']!r} / {s['bytes_reloaded']!r}")
         if s["oom_without_offload"] or s["oom_step_without_offload"] is not None:
@@ -106,10 +125,14 @@ def check_tiny(demo, model="gpt"):
             if "without offloading" not in text or "with offloading" not in text:
                 fail("the plot's CSV lacks one of the runs")
     if s["stats_offload"]["bytes_offloaded"] != s["bytes_offloaded"]:
-        fail(f"stats_offload.bytes_offloaded {s['stats_offload']['bytes_offloaded']!r} differs from bytes_offloaded "
-             f"{s['bytes_offloaded']!r}")
-    print(f"ok: {model}, 3 steps, losses bitwise equal, peak {s['peak_device_bytes_offload']} < "
-          f"{s['peak_device_bytes_none']} bytes, {s['bytes_offloaded']} bytes offloaded")
+        fail(
+            f"stats_offload.bytes_offloaded {s['stats_offload']['bytes_offloaded']!r} differs from bytes_offloaded "
+            f"{s['bytes_offloaded']!r}"
+        )
+    print(
+        f"ok: {model}, 3 steps, losses bitwise equal, peak {s['peak_device_bytes_offload']} < "
+        f"{s['peak_device_bytes_none']} bytes, {s['bytes_offloaded']} bytes offloaded"
+    )
 
 
 # cap-oom's model: two layers. With one, the room between the offloaded
@@ -124,8 +147,9 @@ def check_cap_oom(demo):
         s, _ = summary(demo, [], tmp, "free", CAP_OOM)
         cap = (s["peak_device_bytes_none"] + s["peak_device_bytes_offload"]) // 2
         target = (3 * cap + s["peak_device_bytes_offload"]) // 4
-        c, proc = summary(demo, ["--device-memory-cap", str(cap), "--device-target", str(target)], tmp, "capped",
-                          CAP_OOM)
+        c, proc = summary(
+            demo, ["--device-memory-cap", str(cap), "--device-target", str(target)], tmp, "capped", CAP_OOM
+        )
         if not c["oom_without_offload"] or not isinstance(c["oom_step_without_offload"], int):
             fail(f"with cap {cap} the run without offloading did not run out of memory")
         if c["oom_with_offload"] or len(c["losses_offload"]) != 3:
@@ -138,28 +162,36 @@ def check_cap_oom(demo):
         if c["device_target"] != target or t is None or t["name"] != "target":
             fail(f"--device-target {target}: the summary's device_target {c['device_target']!r}, target_run {t!r}")
         if t["oom_step"] is not None or t["losses"] != s["losses_offload"]:
-            fail(f"with cap {cap} and target {target} the targeted run did not train 3 steps with the same losses: "
-                 f"{t['losses']!r}")
+            fail(
+                f"with cap {cap} and target {target} the targeted run did not train 3 steps with the same losses: "
+                f"{t['losses']!r}"
+            )
         if not t["peak_device_bytes"] <= cap:
             fail(f"the targeted run's peak {t['peak_device_bytes']} is above the cap {cap}")
         moved, everything = t["bytes_offloaded"], c["bytes_offloaded"]
         if not 0 < moved < everything or t["stats"]["passed_target"] == 0:
-            fail(f"the targeted run moved {moved} bytes (offloading everything {everything}) and kept "
-                 f"{t['stats']['passed_target']} tensors on the device")
+            fail(
+                f"the targeted run moved {moved} bytes (offloading everything {everything}) and kept "
+                f"{t['stats']['passed_target']} tensors on the device"
+            )
         header = [line for line in proc.stdout.splitlines() if "no offload" in line and "offload (" in line]
         if len(header) != 1 or "offload (target)" not in header[0]:
             fail(f"the table has no column 'offload (target)': {header!r}")
         if "offload (target): trained all 3 steps under the cap" not in proc.stdout:
             fail("the output does not say that the targeted run trained under the cap")
-    print(f"ok: cap {cap} bytes: no offload ran out at step {c['oom_step_without_offload']}, offload trained 3 steps; "
-          f"target {target}: peak {t['peak_device_bytes']}, moved {moved} of {everything} bytes")
+    print(
+        f"ok: cap {cap} bytes: no offload ran out at step {c['oom_step_without_offload']}, offload trained 3 steps; "
+        f"target {target}: peak {t['peak_device_bytes']}, moved {moved} of {everything} bytes"
+    )
 
 
 def check_ranks(demo):
     with tempfile.TemporaryDirectory() as tmp:
         s, proc = summary(demo, ["--ranks", "2"], tmp, "ranks")
-    line = ("data parallel (2 ranks, gradients averaged through c10d, offload_sim): losses bitwise equal with and "
-            "without offloading on every rank; final parameters identical on every rank")
+    line = (
+        "data parallel (2 ranks, gradients averaged through c10d, offload_sim): losses bitwise equal with and "
+        "without offloading on every rank; final parameters identical on every rank"
+    )
     if line not in proc.stdout.splitlines():
         fail(f"rank 0 did not print {line!r}")
     if s["losses_none"] != s["losses_offload"] or len(s["losses_offload"]) != 3:
@@ -168,12 +200,14 @@ def check_ranks(demo):
         fail("nothing was offloaded")
     if proc.stdout.count("offload-demo ") != 1:
         fail(f"only rank 0 prints: {proc.stdout!r}")
-    print(f"ok: 2 ranks, losses bitwise equal on every rank, same parameters, {s['bytes_offloaded']} bytes offloaded "
-          "on rank 0")
+    print(
+        f"ok: 2 ranks, losses bitwise equal on every rank, same parameters, {s['bytes_offloaded']} bytes offloaded "
+        "on rank 0"
+    )
 
 
 def check_checkpoint(demo):
-    base = TINY[:TINY.index("--layers")] + ["--layers", "4"] + TINY[TINY.index("--layers") + 2:] + ["--checkpoint"]
+    base = TINY[: TINY.index("--layers")] + ["--layers", "4"] + TINY[TINY.index("--layers") + 2 :] + ["--checkpoint"]
     with tempfile.TemporaryDirectory() as tmp:
         s, _ = summary(demo, [], tmp, "free", base)
         runs = {r["name"]: r for r in s["checkpoint_runs"]}
@@ -186,17 +220,22 @@ def check_checkpoint(demo):
                 fail(f"{r['name']}: peak {r['peak_device_bytes']!r} not below {s['peak_device_bytes_none']!r}")
         both = runs["checkpoint+streamed"]
         if not 0 < both["bytes_offloaded"] < s["bytes_offloaded"] / 4:
-            fail(f"checkpoint + offload moved {both['bytes_offloaded']!r} bytes, offload alone "
-                 f"{s['bytes_offloaded']!r}")
+            fail(
+                f"checkpoint + offload moved {both['bytes_offloaded']!r} bytes, offload alone {s['bytes_offloaded']!r}"
+            )
         budget = both["stats"]["host_bytes_peak"]
         b, _ = summary(demo, ["--host-budget", str(budget)], tmp, "budget", base)
         both_b = [r for r in b["checkpoint_runs"] if r["name"] == "checkpoint+streamed"][0]
         if both_b["stats"]["passed_budget"] != 0 or b["stats_offload"]["passed_budget"] == 0:
-            fail(f"with --host-budget {budget}: checkpoint + offload passed {both_b['stats']['passed_budget']!r} over "
-                 f"budget, offload alone {b['stats_offload']['passed_budget']!r}")
+            fail(
+                f"with --host-budget {budget}: checkpoint + offload passed {both_b['stats']['passed_budget']!r} over "
+                f"budget, offload alone {b['stats_offload']['passed_budget']!r}"
+            )
         if not both_b["peak_device_bytes"] < b["peak_device_bytes_offload"]:
-            fail(f"with --host-budget {budget}: checkpoint + offload peak {both_b['peak_device_bytes']!r} is not below "
-                 f"offload's {b['peak_device_bytes_offload']!r}")
+            fail(
+                f"with --host-budget {budget}: checkpoint + offload peak {both_b['peak_device_bytes']!r} is not below "
+                f"offload's {b['peak_device_bytes_offload']!r}"
+            )
         # Plain offloading runs before the checkpointed runs and runs out of
         # device memory mid-forward: the runs after it start with nothing of
         # it held.
@@ -209,9 +248,11 @@ def check_checkpoint(demo):
             fail(f"with cap {cap} checkpoint + offload did not train 3 steps with the same losses: {both_c!r}")
         if "checkpoint + offload (streamed): trained all 3 steps under the cap" not in proc.stdout:
             fail("the output does not say that checkpoint + offload trained under the cap")
-    print(f"ok: checkpoint + offload moved {both['bytes_offloaded']} bytes (offload alone {s['bytes_offloaded']}); "
-          f"host budget {budget}, cap {cap}: offload ran out at step {c['oom_step_with_offload']}, checkpoint + "
-          "offload trained 3 steps")
+    print(
+        f"ok: checkpoint + offload moved {both['bytes_offloaded']} bytes (offload alone {s['bytes_offloaded']}); "
+        f"host budget {budget}, cap {cap}: offload ran out at step {c['oom_step_with_offload']}, checkpoint + "
+        "offload trained 3 steps"
+    )
 
 
 def check_bad_input(demo):
@@ -220,8 +261,8 @@ def check_bad_input(demo):
     # the machine (the devices accepted on it).
     # (arguments, a word the one stderr line must contain)
     cases = [
-        (["--device", "nosuchdevice"], "--device"),        # unavailable device
-        (["--device", "xla"], "--device"),                 # a LibTorch device type absent here
+        (["--device", "nosuchdevice"], "--device"),  # unavailable device
+        (["--device", "xla"], "--device"),  # a LibTorch device type absent here
     ]
     results = [(case, run_demo(demo, TINY + case[0])) for case in cases]
     for (args, word), proc in results:
@@ -239,8 +280,14 @@ def check_bad_input(demo):
 
 
 def main():
-    checks = {"tiny": check_tiny, "lstm": lambda demo: check_tiny(demo, "lstm"), "cap-oom": check_cap_oom,
-              "bad-input": check_bad_input, "ranks": check_ranks, "checkpoint": check_checkpoint}
+    checks = {
+        "tiny": check_tiny,
+        "lstm": lambda demo: check_tiny(demo, "lstm"),
+        "cap-oom": check_cap_oom,
+        "bad-input": check_bad_input,
+        "ranks": check_ranks,
+        "checkpoint": check_checkpoint,
+    }
     if len(sys.argv) != 3 or sys.argv[1] not in checks:
         print(__doc__)
         sys.exit(2)

@@ -58,11 +58,19 @@ def positive_control(device):
 
 # ------------------------------------------------------------------ models
 
+
 class Mlp(nn.Module):
     def __init__(self, width=64):
         super().__init__()
-        self.layers = nn.Sequential(nn.Linear(32, width), nn.GELU(), nn.Linear(width, width), nn.GELU(),
-                                    nn.Linear(width, width), nn.Tanh(), nn.Linear(width, 8))
+        self.layers = nn.Sequential(
+            nn.Linear(32, width),
+            nn.GELU(),
+            nn.Linear(width, width),
+            nn.GELU(),
+            nn.Linear(width, width),
+            nn.Tanh(),
+            nn.Linear(width, 8),
+        )
 
     def forward(self, x):
         return self.layers(x)
@@ -114,11 +122,17 @@ def lm_batch(rank, step, device, vocab=48):
 
 # ------------------------------------------------------------------ runs
 
+
 def ddp_run(config, device, manager, place, rank, world):
     from torch.nn.parallel import DistributedDataParallel as DDP
+
     torch.manual_seed(0)
-    model = DDP(Mlp().to(device), bucket_cap_mb=0.01, gradient_as_bucket_view=config.get("bucket_view", False),
-                static_graph=config.get("static_graph", False))
+    model = DDP(
+        Mlp().to(device),
+        bucket_cap_mb=0.01,
+        gradient_as_bucket_view=config.get("bucket_view", False),
+        static_graph=config.get("static_graph", False),
+    )
     opt = torch.optim.SGD(model.parameters(), lr=0.05, momentum=0.9)
     watch = Watch(manager, model) if manager else None
     record = []
@@ -139,6 +153,7 @@ def ddp_run(config, device, manager, place, rank, world):
 def fsdp2_run(config, device, manager, place, rank, world):
     from torch.distributed.device_mesh import init_device_mesh
     from torch.distributed.fsdp import MixedPrecisionPolicy, fully_shard
+
     torch.manual_seed(0)
     model = Lm(tied=config.get("tied", False), ckpt=config.get("checkpoint", False)).to(device)
     if config.get("frozen"):
@@ -170,14 +185,18 @@ def fsdp2_run(config, device, manager, place, rank, world):
 
 FAMILIES = {
     "ddp": {
-        "run": ddp_run, "places": PLACES, "world": 2,
+        "run": ddp_run,
+        "places": PLACES,
+        "world": 2,
         "configs": {
             "buckets_view_no_sync": {"bucket_view": True, "no_sync": True},
             "static_graph": {"static_graph": True},
         },
     },
     "fsdp2": {
-        "run": fsdp2_run, "places": PLACES, "world": 2,
+        "run": fsdp2_run,
+        "places": PLACES,
+        "world": 2,
         "configs": {
             "reshard": {"reshard": True},
             "no_reshard": {"reshard": False},
@@ -252,8 +271,8 @@ def collective_rows():
     """The rows of docs/bad-input.md's collectives section: (call, message)."""
     root = os.path.dirname(os.path.dirname(os.path.dirname(os.path.abspath(__file__))))
     text = open(os.path.join(root, "docs", "bad-input.md"), encoding="utf-8").read()
-    section = text[text.index("## Collectives on sim"):]
-    section = section[:section.index("\n## ")]
+    section = text[text.index("## Collectives on sim") :]
+    section = section[: section.index("\n## ")]
     return [tuple(re.findall(r"`([^`]*)`", line)) for line in section.splitlines() if line.startswith("| `")]
 
 
@@ -279,10 +298,21 @@ def main(family, rank, world, port, listen_fd, out_path):
     torch_offload.sim.install(copy_latency_us=DELAY_US, poison_freed=True)
     device = torch.device("sim", rank % torch_offload.sim.config()["num_devices"])
     torch.get_device_module("sim").set_device(device.index)
-    store = dist.TCPStore("127.0.0.1", port, world, rank == 0, timeout=datetime.timedelta(seconds=60),
-                          master_listen_fd=listen_fd if rank == 0 else None)
-    dist.init_process_group(torch_offload.sim.collective_backend, store=store, rank=rank, world_size=world,
-                            timeout=datetime.timedelta(seconds=60))
+    store = dist.TCPStore(
+        "127.0.0.1",
+        port,
+        world,
+        rank == 0,
+        timeout=datetime.timedelta(seconds=60),
+        master_listen_fd=listen_fd if rank == 0 else None,
+    )
+    dist.init_process_group(
+        torch_offload.sim.collective_backend,
+        store=store,
+        rank=rank,
+        world_size=world,
+        timeout=datetime.timedelta(seconds=60),
+    )
     keys_before = store.num_keys()
     results = {}
 

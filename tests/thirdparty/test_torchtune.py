@@ -22,8 +22,16 @@ VOCAB, SEQ, BATCH = 128, 64, 2
 
 def build(tied):
     torch.manual_seed(0)
-    model = llama3_2(vocab_size=VOCAB, num_layers=2, num_heads=4, num_kv_heads=2, embed_dim=64, max_seq_len=SEQ,
-                     intermediate_dim=128, tie_word_embeddings=tied)
+    model = llama3_2(
+        vocab_size=VOCAB,
+        num_layers=2,
+        num_heads=4,
+        num_kv_heads=2,
+        embed_dim=64,
+        max_seq_len=SEQ,
+        intermediate_dim=128,
+        tie_word_embeddings=tied,
+    )
     return model.to(DEV).train()
 
 
