@@ -65,10 +65,18 @@ def measure(make_ctx, warmup, rounds, device="cpu"):
     clock = time.process_time_ns  # CPU time of the process, like offload-bench
     for r in range(rounds):
         if r % 2 == 0:
-            t0 = clock(); run(); t1 = clock(); hooked(); t2 = clock()
+            t0 = clock()
+            run()
+            t1 = clock()
+            hooked()
+            t2 = clock()
             t_none, t_hook = t1 - t0, t2 - t1
         else:
-            t0 = clock(); hooked(); t1 = clock(); run(); t2 = clock()
+            t0 = clock()
+            hooked()
+            t1 = clock()
+            run()
+            t2 = clock()
             t_hook, t_none = t1 - t0, t2 - t1
         per_tensor.append((t_hook - t_none) / OPS)
         base.append(t_none / OPS)
@@ -103,8 +111,10 @@ def main() -> int:
     }
     with open(out, "w") as f:
         json.dump(result, f, indent=1)
-    print(f"python identity hooks: {result['python_ns_per_tensor']:.0f} ns per saved tensor "
-          f"(IQR {q[0]:.0f}..{q[2]:.0f}), no-hooks {result['python_baseline_ns_per_op']:.0f} ns per op")
+    print(
+        f"python identity hooks: {result['python_ns_per_tensor']:.0f} ns per saved tensor "
+        f"(IQR {q[0]:.0f}..{q[2]:.0f}), no-hooks {result['python_baseline_ns_per_op']:.0f} ns per op"
+    )
     return 0
 
 

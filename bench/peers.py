@@ -69,9 +69,8 @@ def make_tools(device):
     tools["save_on_cpu"] = lambda model: torch.autograd.graph.save_on_cpu(pin_memory=True)
     try:
         import accelerate
-        from trl.models.activation_offloading import OffloadActivations as Trl
-
         import trl
+        from trl.models.activation_offloading import OffloadActivations as Trl
 
         # TRL logs through accelerate's logger, which raises without an
         # accelerate state (e.g. when host memory use passes TRL's 60 % mark).
@@ -82,9 +81,8 @@ def make_tools(device):
     except Exception as e:  # reported in the table
         missing["trl"] = first_line(e)
     try:
-        from torchtune.training import OffloadActivations as Tune
-
         import torchtune
+        from torchtune.training import OffloadActivations as Tune
 
         tools[f"torchtune {torchtune.__version__}"] = lambda model: Tune()
     except Exception as e:
@@ -160,8 +158,7 @@ def instrument(ctx, counter):
 
 
 # model -> (layer counts, layer counts with --quick)
-MODELS = {"gpt": ([4, 8, 16], [4, 8]), "transformers gpt2": ([4, 16], [4]),
-          "transformers llama": ([4, 16], [4])}
+MODELS = {"gpt": ([4, 8, 16], [4, 8]), "transformers gpt2": ([4, 16], [4]), "transformers llama": ([4, 16], [4])}
 
 
 def make_model(kind, device, layers, shape):
@@ -178,12 +175,26 @@ def make_model(kind, device, layers, shape):
     torch.manual_seed(0)
     common = dict(vocab_size=96, bos_token_id=0, eos_token_id=1)
     if kind == "transformers gpt2":
-        config = transformers.GPT2Config(n_embd=m["width"], n_layer=layers, n_head=m["heads"], n_positions=m["seq"],
-                                         resid_pdrop=0.0, embd_pdrop=0.0, attn_pdrop=0.0, **common)
+        config = transformers.GPT2Config(
+            n_embd=m["width"],
+            n_layer=layers,
+            n_head=m["heads"],
+            n_positions=m["seq"],
+            resid_pdrop=0.0,
+            embd_pdrop=0.0,
+            attn_pdrop=0.0,
+            **common,
+        )
     else:
-        config = transformers.LlamaConfig(hidden_size=m["width"], intermediate_size=4 * m["width"],
-                                          num_hidden_layers=layers, num_attention_heads=m["heads"],
-                                          num_key_value_heads=m["heads"], max_position_embeddings=m["seq"], **common)
+        config = transformers.LlamaConfig(
+            hidden_size=m["width"],
+            intermediate_size=4 * m["width"],
+            num_hidden_layers=layers,
+            num_attention_heads=m["heads"],
+            num_key_value_heads=m["heads"],
+            max_position_embeddings=m["seq"],
+            **common,
+        )
     model = transformers.AutoModelForCausalLM.from_config(config).to(device).train()
     ids = idx_targets[0]
     return model, lambda: model(input_ids=ids, labels=ids).loss
@@ -229,7 +240,8 @@ class Run:
 
     def resident_bytes(self):
         tensors = list(self.model.parameters()) + [
-            t for state in self.opt.state.values() for t in state.values() if torch.is_tensor(t)]
+            t for state in self.opt.state.values() for t in state.values() if torch.is_tensor(t)
+        ]
         return sum(t.nbytes for t in tensors if t.device == self.device)
 
     def bytes_moved(self):
@@ -260,8 +272,12 @@ def train_all(device, dm, tools, kind, layers, steps, shape):
                 rows[name] = {"error": first_line(e)}
                 del runs[name]
     for name, run in runs.items():
-        rows[name] = {"peak_bytes": run.peak, "median_step_s": statistics.median(run.times),
-                      "losses": run.losses, "host_ns_per_saved_tensor": run.host_ns_per_saved_tensor()}
+        rows[name] = {
+            "peak_bytes": run.peak,
+            "median_step_s": statistics.median(run.times),
+            "losses": run.losses,
+            "host_ns_per_saved_tensor": run.host_ns_per_saved_tensor(),
+        }
         if run.forward_times:
             rows[name]["median_forward_s"] = statistics.median(run.forward_times)
         moved = run.bytes_moved()
@@ -281,10 +297,14 @@ def matrix_cell(case, factory, device, reference):
     if isinstance(reference, str):
         return "differs (no error where autograd raises)"
     same = len(got) == len(reference) and all(
-        a.device == b.device and a.shape == b.shape and torch.equal(
+        a.device == b.device
+        and a.shape == b.shape
+        and torch.equal(
             a.detach().cpu().contiguous().reshape(-1).view(torch.uint8),
-            b.detach().cpu().contiguous().reshape(-1).view(torch.uint8))
-        for a, b in zip(reference, got))
+            b.detach().cpu().contiguous().reshape(-1).view(torch.uint8),
+        )
+        for a, b in zip(reference, got, strict=True)
+    )
     return "exact" if same else "differs"
 
 
@@ -324,12 +344,18 @@ def hook_cost(device, quick):
         for name, (make_ctx, where) in hook_rows.items():
             samples[name] += hook_overhead.measure(make_ctx, warmup, rounds // blocks, device=where)[0]
     floors = {}
-    for name, (make_ctx, where) in hook_rows.items():
+    for name, (_, where) in hook_rows.items():
         median = statistics.median(samples[name])
         q = statistics.quantiles(samples[name], n=4)
         floor = floors.setdefault(where, median)  # each device's identity row comes first
-        rows[name] = {"ns_per_tensor": median, "q1": q[0], "q3": q[2], "rounds": rounds, "device": where,
-                      "ratio_to_identity": median / floor}
+        rows[name] = {
+            "ns_per_tensor": median,
+            "q1": q[0],
+            "q3": q[2],
+            "rounds": rounds,
+            "device": where,
+            "ratio_to_identity": median / floor,
+        }
         print(f"| {name} | {where} | {median:.0f} | {q[0]:.0f}..{q[2]:.0f} | {median / floor:.2f} |")
     torch.set_num_threads(threads)
     if device == "sim":
@@ -345,10 +371,14 @@ def main():
     parser.add_argument("--device", choices=["sim", "cuda"], required=True)
     parser.add_argument("--out", required=True, help="directory for peers[-cuda][-quick].json")
     parser.add_argument("--quick", action="store_true", help="fewer steps, a smaller model")
-    parser.add_argument("--models", default=",".join(MODELS),
-                        help=f"comma-separated, from {', '.join(MODELS)} (default: all)")
-    parser.add_argument("--hooks-only", action="store_true",
-                        help="only the hook cost per saved tensor (writes DIR/peers-hooks[-cuda].json)")
+    parser.add_argument(
+        "--models", default=",".join(MODELS), help=f"comma-separated, from {', '.join(MODELS)} (default: all)"
+    )
+    parser.add_argument(
+        "--hooks-only",
+        action="store_true",
+        help="only the hook cost per saved tensor (writes DIR/peers-hooks[-cuda].json)",
+    )
     args = parser.parse_args()
 
     device = args.device
@@ -362,15 +392,22 @@ def main():
             sys.exit("bench/peers.py: --device cuda but torch.cuda.is_available() is False")
         bandwidths = [None]
     if args.hooks_only:
-        results = {"device": device, "quick": args.quick, "torch": torch.__version__,
-                   "hook_cost": hook_cost(device, args.quick)}
+        results = {
+            "device": device,
+            "quick": args.quick,
+            "torch": torch.__version__,
+            "hook_cost": hook_cost(device, args.quick),
+        }
         write(results, os.path.join(args.out, f"peers-hooks{'' if device == 'sim' else '-cuda'}.json"))
         return
     torch.set_num_threads(max(1, (os.cpu_count() or 2) // 2))
     dm = torch.get_device_module(device)
     steps = 3 if args.quick else 7
-    shape = {"model": dict(width=256, heads=4, seq=64), "batch": 8} if args.quick else \
-        {"model": dict(width=256, heads=4, seq=128), "batch": 8}
+    shape = (
+        {"model": dict(width=256, heads=4, seq=64), "batch": 8}
+        if args.quick
+        else {"model": dict(width=256, heads=4, seq=128), "batch": 8}
+    )
     chosen = args.models.split(",")
     unknown = [m for m in chosen if m not in MODELS]
     if unknown:
@@ -382,30 +419,51 @@ def main():
     if any(kind.startswith("transformers") for kind in chosen):
         missing.update(checkpoint_missing)
 
-    results = {"device": device, "quick": args.quick, "steps": steps, "shape": shape, "models": chosen,
-               "missing": missing, "torch": torch.__version__, "machine": platform.processor() or platform.machine(),
-               "cores": os.cpu_count(), "cells": [], "matrix": {}}
-    print(f"## Peers on {device} ({'quick' if args.quick else 'full'}: width {shape['model']['width']}, "
-          f"seq {shape['model']['seq']}, batch {shape['batch']}, {steps} timed steps, median)\n")
+    results = {
+        "device": device,
+        "quick": args.quick,
+        "steps": steps,
+        "shape": shape,
+        "models": chosen,
+        "missing": missing,
+        "torch": torch.__version__,
+        "machine": platform.processor() or platform.machine(),
+        "cores": os.cpu_count(),
+        "cells": [],
+        "matrix": {},
+    }
+    print(
+        f"## Peers on {device} ({'quick' if args.quick else 'full'}: width {shape['model']['width']}, "
+        f"seq {shape['model']['seq']}, batch {shape['batch']}, {steps} timed steps, median)\n"
+    )
     for name, why in missing.items():
         print(f"- {name}: not run ({why})")
     print()
     print("R = (bytes ours blocking moves per step, both ways / link bandwidth) / forward time of none.\n")
-    print("| model | layers | link GB/s | R | tool | peak device | peak / none | step ms | step / none | losses = none "
-          "| host us per saved tensor |")
+    print(
+        "| model | layers | link GB/s | R | tool | peak device | peak / none | step ms | step / none | losses = none "
+        "| host us per saved tensor |"
+    )
     print("|---|---|---|---|---|---|---|---|---|---|---|")
     for kind, layers in ((kind, layers) for kind, counts in models for layers in counts):
         for gbps in bandwidths:
             if gbps is not None:
                 torch_offload.sim.set_copy_bandwidth_gbps(gbps)
             cell_tools = {**tools, **checkpoint_tools} if kind.startswith("transformers") else tools
-            cell = {"model": kind, "layers": layers, "bandwidth_gbps": gbps,
-                    "latency_us": torch_offload.sim.config()["copy_latency_us"] if gbps is not None else None,
-                    "tools": train_all(device, dm, cell_tools, kind, layers, steps, shape)}
+            cell = {
+                "model": kind,
+                "layers": layers,
+                "bandwidth_gbps": gbps,
+                "latency_us": torch_offload.sim.config()["copy_latency_us"] if gbps is not None else None,
+                "tools": train_all(device, dm, cell_tools, kind, layers, steps, shape),
+            }
             base = cell["tools"]["none"]
             moved = cell["tools"].get("ours blocking", {}).get("bytes_moved_per_step")
-            cell["R"] = (moved / (gbps * 1e9) / base["median_forward_s"]
-                         if gbps is not None and moved is not None and "median_forward_s" in base else None)
+            cell["R"] = (
+                moved / (gbps * 1e9) / base["median_forward_s"]
+                if gbps is not None and moved is not None and "median_forward_s" in base
+                else None
+            )
             r_text = f"{cell['R']:.2f}" if cell["R"] is not None else "-"
             where = f"| {kind} | {layers} | {gbps if gbps is not None else '-'} | {r_text} | "
             for name, row in cell["tools"].items():
@@ -417,9 +475,11 @@ def main():
                 row["time_ratio"] = row["median_step_s"] / base["median_step_s"]
                 row["losses_equal"] = row["losses"] == base["losses"]
                 host_text = f"{host / 1000:.1f}" if host is not None else "-"
-                print(f"{where}{name} | {row['peak_bytes'] / 2**20:.2f} MiB | {row['peak_ratio']:.3f} | "
-                      f"{row['median_step_s'] * 1000:.0f} | {row['time_ratio']:.2f} | "
-                      f"{'yes' if row['losses_equal'] else 'no'} | {host_text} |")
+                print(
+                    f"{where}{name} | {row['peak_bytes'] / 2**20:.2f} MiB | {row['peak_ratio']:.3f} | "
+                    f"{row['median_step_s'] * 1000:.0f} | {row['time_ratio']:.2f} | "
+                    f"{'yes' if row['losses_equal'] else 'no'} | {host_text} |"
+                )
             ok = {n: r for n, r in cell["tools"].items() if "error" not in r}
             ours = ok.get("ours streamed")
             peer_rows = [ok[n] for n in peers if n in ok]
@@ -429,12 +489,13 @@ def main():
             hf_offload = next((r for n, r in ok.items() if n.startswith("hf checkpoint offload=True")), None)
             ours_ckpt = ok.get("ours checkpoint streamed")
             if hf_offload and ours_ckpt:
-                cell["checkpoint_vs_hf_offload"] = {"peak_ratio": ours_ckpt["peak_bytes"] / hf_offload["peak_bytes"],
-                                                    "time_ratio": ours_ckpt["median_step_s"] / hf_offload["median_step_s"]}
+                cell["checkpoint_vs_hf_offload"] = {
+                    "peak_ratio": ours_ckpt["peak_bytes"] / hf_offload["peak_bytes"],
+                    "time_ratio": ours_ckpt["median_step_s"] / hf_offload["median_step_s"],
+                }
             results["cells"].append(cell)
 
     results["hook_cost"] = hook_cost(device, args.quick)
-
 
     # Correctness matrix: poison and a slow link on, as in the tests.
     if device == "sim":
@@ -456,21 +517,30 @@ def main():
         torch_offload.sim.set_poison_freed(False)
         torch_offload.sim.set_copy_latency_us(10)
 
-    exact = all(r["ours blocking"].startswith("exact") and r["ours streamed"].startswith("exact")
-                for r in results["matrix"].values())
+    exact = all(
+        r["ours blocking"].startswith("exact") and r["ours streamed"].startswith("exact")
+        for r in results["matrix"].values()
+    )
     peak_ok = [c.get("target_peak") for c in results["cells"]]
     time_ok = [c.get("target_time") for c in results["cells"]]
     results["targets"] = {"peak": all(peak_ok), "time": all(time_ok), "exact": exact}
-    print(f"\nTargets: ours streamed peak <= 1.05x the lowest peer peak: "
-          f"{sum(bool(x) for x in peak_ok)}/{len(peak_ok)} cells; step-time ratio below every peer's: "
-          f"{sum(bool(x) for x in time_ok)}/{len(time_ok)} cells; ours exact in every matrix cell: "
-          f"{'yes' if exact else 'no'}")
+    print(
+        f"\nTargets: ours streamed peak <= 1.05x the lowest peer peak: "
+        f"{sum(bool(x) for x in peak_ok)}/{len(peak_ok)} cells; step-time ratio below every peer's: "
+        f"{sum(bool(x) for x in time_ok)}/{len(time_ok)} cells; ours exact in every matrix cell: "
+        f"{'yes' if exact else 'no'}"
+    )
     versus = [c for c in results["cells"] if "checkpoint_vs_hf_offload" in c]
     if versus:
-        print("\nCheckpoint + offload, ours checkpoint streamed / hf checkpoint offload=True: " + "; ".join(
-            f"{c['model']} L={c['layers']} {c['bandwidth_gbps']} GB/s: "
-            f"peak {c['checkpoint_vs_hf_offload']['peak_ratio']:.3f}x, "
-            f"step {c['checkpoint_vs_hf_offload']['time_ratio']:.2f}x" for c in versus))
+        print(
+            "\nCheckpoint + offload, ours checkpoint streamed / hf checkpoint offload=True: "
+            + "; ".join(
+                f"{c['model']} L={c['layers']} {c['bandwidth_gbps']} GB/s: "
+                f"peak {c['checkpoint_vs_hf_offload']['peak_ratio']:.3f}x, "
+                f"step {c['checkpoint_vs_hf_offload']['time_ratio']:.2f}x"
+                for c in versus
+            )
+        )
     name = f"peers{'' if device == 'sim' else '-cuda'}{'-quick' if args.quick else ''}.json"
     write(results, os.path.join(args.out, name))
 

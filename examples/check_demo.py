@@ -41,8 +41,24 @@ import subprocess
 import sys
 import tempfile
 
-TINY = ["--layers", "1", "--width", "32", "--heads", "2", "--seq", "32", "--batch", "4",
-        "--steps", "3", "--device", "sim", "--data", os.path.abspath(__file__)]
+TINY = [
+    "--layers",
+    "1",
+    "--width",
+    "32",
+    "--heads",
+    "2",
+    "--seq",
+    "32",
+    "--batch",
+    "4",
+    "--steps",
+    "3",
+    "--device",
+    "sim",
+    "--data",
+    os.path.abspath(__file__),
+]
 
 
 def fail(message):
@@ -60,7 +76,7 @@ def summary(demo, extra, tmp, name, base=TINY):
     proc = run_demo(demo, base + ["--summary-json", path] + extra)
     print(proc.stdout)
     if proc.returncode != 0:
-        fail("offload-demo exited with %d: %s" % (proc.returncode, proc.stderr.strip()))
+        fail(f"offload-demo exited with {proc.returncode}: {proc.stderr.strip()}")
     with open(path) as f:
         return json.load(f), proc
 
@@ -71,6 +87,7 @@ def check_tiny(demo, model="gpt"):
         if model == "gpt":
             try:
                 import matplotlib  # noqa: F401  (only whether the PNG can be checked too)
+
                 plot = os.path.join(tmp, "memory.png")
             except ImportError:
                 print("matplotlib not importable here: skipping the --plot check")
@@ -78,25 +95,27 @@ def check_tiny(demo, model="gpt"):
         base = TINY
         if model != "gpt":  # no attention heads: TINY without "--heads 2"
             at = TINY.index("--heads")
-            base = TINY[:at] + TINY[at + 2:]
+            base = TINY[:at] + TINY[at + 2 :]
         s, _ = summary(demo, extra, tmp, "tiny", base)
         if s["model"]["name"] != model:
-            fail("the summary names model %r, expected %r" % (s["model"]["name"], model))
+            fail(f"the summary names model {s['model']['name']!r}, expected {model!r}")
         if s["steps"] != 3 or len(s["losses_none"]) != 3 or len(s["losses_offload"]) != 3:
-            fail("expected 3 losses per run, got %r and %r" % (s["losses_none"], s["losses_offload"]))
+            fail(f"expected 3 losses per run, got {s['losses_none']!r} and {s['losses_offload']!r}")
         if s["max_abs_loss_diff"] != 0:
-            fail("max_abs_loss_diff is %r, expected 0" % s["max_abs_loss_diff"])
+            fail(f"max_abs_loss_diff is {s['max_abs_loss_diff']!r}, expected 0")
         if s["losses_none"] != s["losses_offload"]:
-            fail("losses differ: %r vs %r" % (s["losses_none"], s["losses_offload"]))
+            fail(f"losses differ: {s['losses_none']!r} vs {s['losses_offload']!r}")
         if not s["peak_device_bytes_offload"] < s["peak_device_bytes_none"]:
-            fail("peak_device_bytes_offload %r is not below peak_device_bytes_none %r"
-                 % (s["peak_device_bytes_offload"], s["peak_device_bytes_none"]))
+            fail(
+                f"peak_device_bytes_offload {s['peak_device_bytes_offload']!r} is not below peak_device_bytes_none "
+                f"{s['peak_device_bytes_none']!r}"
+            )
         if not s["bytes_offloaded"] > 0 or not s["bytes_reloaded"] > 0:
-            fail("nothing was offloaded or brought back: %r / %r" % (s["bytes_offloaded"], s["bytes_reloaded"]))
+            fail(f"nothing was offloaded or brought back: {s['bytes_offloaded']!r} / {s['bytes_reloaded']!r}")
         if s["oom_without_offload"] or s["oom_step_without_offload"] is not None:
             fail("no cap was set, yet the run without offloading ran out of memory")
         if s["device"] != "sim:0" or s["data_files"] != [os.path.abspath(__file__)]:
-            fail("unexpected device or data_files: %r, %r" % (s["device"], s["data_files"]))
+            fail(f"unexpected device or data_files: {s['device']!r}, {s['data_files']!r}")
         if plot:
             with open(plot, "rb") as f:
                 if f.read(8) != b"\x89PNG\r\n\x1a\n":
@@ -106,10 +125,14 @@ def check_tiny(demo, model="gpt"):
             if "without offloading" not in text or "with offloading" not in text:
                 fail("the plot's CSV lacks one of the runs")
     if s["stats_offload"]["bytes_offloaded"] != s["bytes_offloaded"]:
-        fail("stats_offload.bytes_offloaded %r differs from bytes_offloaded %r"
-             % (s["stats_offload"]["bytes_offloaded"], s["bytes_offloaded"]))
-    print("ok: %s, 3 steps, losses bitwise equal, peak %d < %d bytes, %d bytes offloaded"
-          % (model, s["peak_device_bytes_offload"], s["peak_device_bytes_none"], s["bytes_offloaded"]))
+        fail(
+            f"stats_offload.bytes_offloaded {s['stats_offload']['bytes_offloaded']!r} differs from bytes_offloaded "
+            f"{s['bytes_offloaded']!r}"
+        )
+    print(
+        f"ok: {model}, 3 steps, losses bitwise equal, peak {s['peak_device_bytes_offload']} < "
+        f"{s['peak_device_bytes_none']} bytes, {s['bytes_offloaded']} bytes offloaded"
+    )
 
 
 # cap-oom's model: two layers. With one, the room between the offloaded
@@ -124,78 +147,95 @@ def check_cap_oom(demo):
         s, _ = summary(demo, [], tmp, "free", CAP_OOM)
         cap = (s["peak_device_bytes_none"] + s["peak_device_bytes_offload"]) // 2
         target = (3 * cap + s["peak_device_bytes_offload"]) // 4
-        c, proc = summary(demo, ["--device-memory-cap", str(cap), "--device-target", str(target)], tmp, "capped",
-                          CAP_OOM)
+        c, proc = summary(
+            demo, ["--device-memory-cap", str(cap), "--device-target", str(target)], tmp, "capped", CAP_OOM
+        )
         if not c["oom_without_offload"] or not isinstance(c["oom_step_without_offload"], int):
-            fail("with cap %d the run without offloading did not run out of memory" % cap)
+            fail(f"with cap {cap} the run without offloading did not run out of memory")
         if c["oom_with_offload"] or len(c["losses_offload"]) != 3:
-            fail("with cap %d the offloaded run did not train all 3 steps" % cap)
+            fail(f"with cap {cap} the offloaded run did not train all 3 steps")
         if c["losses_offload"] != s["losses_offload"]:
             fail("the capped offloaded run's losses differ from the uncapped one's")
         if "ran out of device memory at step" not in proc.stdout:
             fail("the output does not say that the run without offloading ran out of memory")
         t = c["target_run"]
         if c["device_target"] != target or t is None or t["name"] != "target":
-            fail("--device-target %d: the summary's device_target %r, target_run %r" % (target, c["device_target"], t))
+            fail(f"--device-target {target}: the summary's device_target {c['device_target']!r}, target_run {t!r}")
         if t["oom_step"] is not None or t["losses"] != s["losses_offload"]:
-            fail("with cap %d and target %d the targeted run did not train 3 steps with the same losses: %r"
-                 % (cap, target, t["losses"]))
+            fail(
+                f"with cap {cap} and target {target} the targeted run did not train 3 steps with the same losses: "
+                f"{t['losses']!r}"
+            )
         if not t["peak_device_bytes"] <= cap:
-            fail("the targeted run's peak %d is above the cap %d" % (t["peak_device_bytes"], cap))
+            fail(f"the targeted run's peak {t['peak_device_bytes']} is above the cap {cap}")
         moved, everything = t["bytes_offloaded"], c["bytes_offloaded"]
         if not 0 < moved < everything or t["stats"]["passed_target"] == 0:
-            fail("the targeted run moved %d bytes (offloading everything %d) and kept %d tensors on the device"
-                 % (moved, everything, t["stats"]["passed_target"]))
+            fail(
+                f"the targeted run moved {moved} bytes (offloading everything {everything}) and kept "
+                f"{t['stats']['passed_target']} tensors on the device"
+            )
         header = [line for line in proc.stdout.splitlines() if "no offload" in line and "offload (" in line]
         if len(header) != 1 or "offload (target)" not in header[0]:
-            fail("the table has no column 'offload (target)': %r" % header)
+            fail(f"the table has no column 'offload (target)': {header!r}")
         if "offload (target): trained all 3 steps under the cap" not in proc.stdout:
             fail("the output does not say that the targeted run trained under the cap")
-    print("ok: cap %d bytes: no offload ran out at step %d, offload trained 3 steps; target %d: peak %d, moved %d of "
-          "%d bytes" % (cap, c["oom_step_without_offload"], target, t["peak_device_bytes"], moved, everything))
+    print(
+        f"ok: cap {cap} bytes: no offload ran out at step {c['oom_step_without_offload']}, offload trained 3 steps; "
+        f"target {target}: peak {t['peak_device_bytes']}, moved {moved} of {everything} bytes"
+    )
 
 
 def check_ranks(demo):
     with tempfile.TemporaryDirectory() as tmp:
         s, proc = summary(demo, ["--ranks", "2"], tmp, "ranks")
-    line = ("data parallel (2 ranks, gradients averaged through c10d, offload_sim): losses bitwise equal with and "
-            "without offloading on every rank; final parameters identical on every rank")
+    line = (
+        "data parallel (2 ranks, gradients averaged through c10d, offload_sim): losses bitwise equal with and "
+        "without offloading on every rank; final parameters identical on every rank"
+    )
     if line not in proc.stdout.splitlines():
-        fail("rank 0 did not print %r" % line)
+        fail(f"rank 0 did not print {line!r}")
     if s["losses_none"] != s["losses_offload"] or len(s["losses_offload"]) != 3:
-        fail("rank 0's losses: %r vs %r" % (s["losses_none"], s["losses_offload"]))
+        fail(f"rank 0's losses: {s['losses_none']!r} vs {s['losses_offload']!r}")
     if not s["bytes_offloaded"] > 0:
         fail("nothing was offloaded")
     if proc.stdout.count("offload-demo ") != 1:
-        fail("only rank 0 prints: %r" % proc.stdout)
-    print("ok: 2 ranks, losses bitwise equal on every rank, same parameters, %d bytes offloaded on rank 0"
-          % s["bytes_offloaded"])
+        fail(f"only rank 0 prints: {proc.stdout!r}")
+    print(
+        f"ok: 2 ranks, losses bitwise equal on every rank, same parameters, {s['bytes_offloaded']} bytes offloaded "
+        "on rank 0"
+    )
 
 
 def check_checkpoint(demo):
-    base = TINY[:TINY.index("--layers")] + ["--layers", "4"] + TINY[TINY.index("--layers") + 2:] + ["--checkpoint"]
+    base = TINY[: TINY.index("--layers")] + ["--layers", "4"] + TINY[TINY.index("--layers") + 2 :] + ["--checkpoint"]
     with tempfile.TemporaryDirectory() as tmp:
         s, _ = summary(demo, [], tmp, "free", base)
         runs = {r["name"]: r for r in s["checkpoint_runs"]}
         if sorted(runs) != ["checkpoint", "checkpoint+streamed"]:
-            fail("checkpoint_runs are %r" % sorted(runs))
+            fail(f"checkpoint_runs are {sorted(runs)!r}")
         for r in runs.values():
             if r["losses"] != s["losses_none"] or not r["losses_bitwise_equal_to_none"]:
-                fail("%s: losses %r differ from %r" % (r["name"], r["losses"], s["losses_none"]))
+                fail(f"{r['name']}: losses {r['losses']!r} differ from {s['losses_none']!r}")
             if not r["peak_device_bytes"] < s["peak_device_bytes_none"]:
-                fail("%s: peak %r not below %r" % (r["name"], r["peak_device_bytes"], s["peak_device_bytes_none"]))
+                fail(f"{r['name']}: peak {r['peak_device_bytes']!r} not below {s['peak_device_bytes_none']!r}")
         both = runs["checkpoint+streamed"]
         if not 0 < both["bytes_offloaded"] < s["bytes_offloaded"] / 4:
-            fail("checkpoint + offload moved %r bytes, offload alone %r" % (both["bytes_offloaded"], s["bytes_offloaded"]))
+            fail(
+                f"checkpoint + offload moved {both['bytes_offloaded']!r} bytes, offload alone {s['bytes_offloaded']!r}"
+            )
         budget = both["stats"]["host_bytes_peak"]
         b, _ = summary(demo, ["--host-budget", str(budget)], tmp, "budget", base)
         both_b = [r for r in b["checkpoint_runs"] if r["name"] == "checkpoint+streamed"][0]
         if both_b["stats"]["passed_budget"] != 0 or b["stats_offload"]["passed_budget"] == 0:
-            fail("with --host-budget %d: checkpoint + offload passed %r over budget, offload alone %r"
-                 % (budget, both_b["stats"]["passed_budget"], b["stats_offload"]["passed_budget"]))
+            fail(
+                f"with --host-budget {budget}: checkpoint + offload passed {both_b['stats']['passed_budget']!r} over "
+                f"budget, offload alone {b['stats_offload']['passed_budget']!r}"
+            )
         if not both_b["peak_device_bytes"] < b["peak_device_bytes_offload"]:
-            fail("with --host-budget %d: checkpoint + offload peak %r is not below offload's %r"
-                 % (budget, both_b["peak_device_bytes"], b["peak_device_bytes_offload"]))
+            fail(
+                f"with --host-budget {budget}: checkpoint + offload peak {both_b['peak_device_bytes']!r} is not below "
+                f"offload's {b['peak_device_bytes_offload']!r}"
+            )
         # Plain offloading runs before the checkpointed runs and runs out of
         # device memory mid-forward: the runs after it start with nothing of
         # it held.
@@ -203,14 +243,16 @@ def check_checkpoint(demo):
         c, proc = summary(demo, ["--host-budget", str(budget), "--device-memory-cap", str(cap)], tmp, "capped", base)
         both_c = [r for r in c["checkpoint_runs"] if r["name"] == "checkpoint+streamed"][0]
         if not c["oom_with_offload"]:
-            fail("with cap %d and host budget %d plain offloading did not run out of memory" % (cap, budget))
+            fail(f"with cap {cap} and host budget {budget} plain offloading did not run out of memory")
         if both_c["oom_step"] is not None or both_c["losses"] != s["losses_none"]:
-            fail("with cap %d checkpoint + offload did not train 3 steps with the same losses: %r" % (cap, both_c))
+            fail(f"with cap {cap} checkpoint + offload did not train 3 steps with the same losses: {both_c!r}")
         if "checkpoint + offload (streamed): trained all 3 steps under the cap" not in proc.stdout:
             fail("the output does not say that checkpoint + offload trained under the cap")
-    print("ok: checkpoint + offload moved %d bytes (offload alone %d); host budget %d, cap %d: offload ran out at "
-          "step %d, checkpoint + offload trained 3 steps"
-          % (both["bytes_offloaded"], s["bytes_offloaded"], budget, cap, c["oom_step_with_offload"]))
+    print(
+        f"ok: checkpoint + offload moved {both['bytes_offloaded']} bytes (offload alone {s['bytes_offloaded']}); "
+        f"host budget {budget}, cap {cap}: offload ran out at step {c['oom_step_with_offload']}, checkpoint + "
+        "offload trained 3 steps"
+    )
 
 
 def check_bad_input(demo):
@@ -219,27 +261,33 @@ def check_bad_input(demo):
     # the machine (the devices accepted on it).
     # (arguments, a word the one stderr line must contain)
     cases = [
-        (["--device", "nosuchdevice"], "--device"),        # unavailable device
-        (["--device", "xla"], "--device"),                 # a LibTorch device type absent here
+        (["--device", "nosuchdevice"], "--device"),  # unavailable device
+        (["--device", "xla"], "--device"),  # a LibTorch device type absent here
     ]
     results = [(case, run_demo(demo, TINY + case[0])) for case in cases]
     for (args, word), proc in results:
         lines = proc.stderr.strip().splitlines()
         shown = " ".join(args)
         if proc.returncode != 2:
-            fail("%s: exit status %d, expected 2 (stderr: %r)" % (shown, proc.returncode, proc.stderr))
+            fail(f"{shown}: exit status {proc.returncode}, expected 2 (stderr: {proc.stderr!r})")
         if len(lines) != 1:
-            fail("%s: expected one line on stderr, got %d: %r" % (shown, len(lines), proc.stderr))
+            fail(f"{shown}: expected one line on stderr, got {len(lines)}: {proc.stderr!r}")
         if word not in lines[0]:
-            fail("%s: the stderr line does not name %r: %r" % (shown, word, lines[0]))
+            fail(f"{shown}: the stderr line does not name {word!r}: {lines[0]!r}")
         if proc.stdout.strip():
-            fail("%s: printed on stdout before rejecting the input: %r" % (shown, proc.stdout))
-        print("ok: %-40s -> %s" % (shown, lines[0]))
+            fail(f"{shown}: printed on stdout before rejecting the input: {proc.stdout!r}")
+        print(f"ok: {shown:<40} -> {lines[0]}")
 
 
 def main():
-    checks = {"tiny": check_tiny, "lstm": lambda demo: check_tiny(demo, "lstm"), "cap-oom": check_cap_oom,
-              "bad-input": check_bad_input, "ranks": check_ranks, "checkpoint": check_checkpoint}
+    checks = {
+        "tiny": check_tiny,
+        "lstm": lambda demo: check_tiny(demo, "lstm"),
+        "cap-oom": check_cap_oom,
+        "bad-input": check_bad_input,
+        "ranks": check_ranks,
+        "checkpoint": check_checkpoint,
+    }
     if len(sys.argv) != 3 or sys.argv[1] not in checks:
         print(__doc__)
         sys.exit(2)

@@ -6,6 +6,7 @@ line), and so does a table-driven script that ends with "N passed, N
 failed"; any other Meson test counts as one case, passed or failed by its
 result. A doctest run that crashed before its summary counts one failure.
 """
+
 import json
 import re
 import sys

@@ -7,13 +7,14 @@ CSV has the columns run,event,t_ms,mib (event "sample" or the name of a
 mark such as "forward done"); CAP_MIB 0 means no cap. offload-demo writes
 the CSV and runs this script; exit status 3 when matplotlib is missing.
 """
+
 import csv
 import sys
 
 try:
     import matplotlib
 except ImportError:
-    sys.stderr.write("offload-demo: --plot: matplotlib is not installed for %s\n" % sys.executable)
+    sys.stderr.write(f"offload-demo: --plot: matplotlib is not installed for {sys.executable}\n")
     sys.exit(3)
 matplotlib.use("Agg")
 import matplotlib.pyplot as plt  # noqa: E402
@@ -43,10 +44,19 @@ for i, run in enumerate(order):
     for event, t in marks[run]:
         ax.axvline(t, color=c, ls=":", lw=1.1)
         # each run's labels at its own height, so close lines of two runs stay readable
-        ax.annotate(event, xy=(t, ymax * (1.1 - 0.2 * i)), xytext=(-2, 0), textcoords="offset points", rotation=90,
-                    color=c, fontsize=8, ha="right", va="top")
+        ax.annotate(
+            event,
+            xy=(t, ymax * (1.1 - 0.2 * i)),
+            xytext=(-2, 0),
+            textcoords="offset points",
+            rotation=90,
+            color=c,
+            fontsize=8,
+            ha="right",
+            va="top",
+        )
 if cap > 0:
-    ax.axhline(cap, color="black", ls="--", lw=1.2, label="device memory cap (%.0f MiB)" % cap)
+    ax.axhline(cap, color="black", ls="--", lw=1.2, label=f"device memory cap ({cap:.0f} MiB)")
 ax.set_ylim(0, ymax * 1.12)
 ax.set_xlim(left=0)
 ax.set_xlabel("time since the start of the training step (ms)")

@@ -37,11 +37,10 @@ if torch.__version__ != _BUILT_WITH:
         f"{torch.__version__}; rebuild it against this torch (pip install --no-build-isolation .)"
     )
 
-from ._manager import Manager, OffloadWarning, Stats, no_offload  # noqa: E402
-from ._checkpoint import CheckpointOffload, enable_gradient_checkpointing, plain_checkpoint  # noqa: E402
-from ._peers import NoOpManager, OffloadActivations, get_act_offloading_ctx_manager  # noqa: E402
 from . import torchtune, trl  # noqa: E402,F401  (torch_offload.trl / torch_offload.torchtune)
-from ._manager import pool_stats, pool_trim  # noqa: E402
+from ._checkpoint import CheckpointOffload, enable_gradient_checkpointing, plain_checkpoint  # noqa: E402
+from ._manager import Manager, OffloadWarning, Stats, no_offload, pool_stats, pool_trim  # noqa: E402
+from ._peers import NoOpManager, OffloadActivations, get_act_offloading_ctx_manager  # noqa: E402
 
 __all__ = [
     "Manager",

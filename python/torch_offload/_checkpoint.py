@@ -82,8 +82,11 @@ def enable_gradient_checkpointing(model, manager=None, every_n_layers=1, **check
     if hasattr(model, "_set_gradient_checkpointing"):
         import inspect
 
-        more = {"every_n_layers": every_n_layers} if "every_n_layers" in inspect.signature(
-            model._set_gradient_checkpointing).parameters else {}
+        more = (
+            {"every_n_layers": every_n_layers}
+            if "every_n_layers" in inspect.signature(model._set_gradient_checkpointing).parameters
+            else {}
+        )
         model._set_gradient_checkpointing(enable=True, gradient_checkpointing_func=func, **more)
     else:
         for module in model.modules():

@@ -19,8 +19,16 @@ Stats = dataclasses.make_dataclass(
     frozen=True,
     namespace={
         "passed_through": property(
-            lambda self: self.passed_other_device + self.passed_small + self.passed_excluded
-            + self.passed_leaf + self.passed_layout + self.passed_subclass + self.passed_budget + self.passed_target,
+            lambda self: (
+                self.passed_other_device
+                + self.passed_small
+                + self.passed_excluded
+                + self.passed_leaf
+                + self.passed_layout
+                + self.passed_subclass
+                + self.passed_budget
+                + self.passed_target
+            ),
             doc="Saved tensors that stayed on their device or host, all reasons.",
         ),
         "__module__": __name__,
@@ -37,9 +45,12 @@ the ``passed_*`` reasons.
 
 def _tensors_in(tensors):
     """The tensors of an iterable, as a list; TypeError for anything else."""
+
     def refuse(what):
-        return TypeError("torch_offload.Manager.exclude: expected tensors (or an iterable of them), got "
-                         f"{type(what).__name__}")
+        return TypeError(
+            f"torch_offload.Manager.exclude: expected tensors (or an iterable of them), got {type(what).__name__}"
+        )
+
     try:
         items = list(tensors)
     except TypeError:
@@ -69,8 +80,10 @@ def _types_in(types):
         items = (types,)
     for cls in items:
         if not (isinstance(cls, type) and issubclass(cls, torch.Tensor)) or cls in (torch.Tensor, torch.nn.Parameter):
-            raise TypeError("torch_offload.Manager: exclude_types must be tensor subclasses other than torch.Tensor "
-                            f"and nn.Parameter (a type or a tuple of them), got {cls!r}")
+            raise TypeError(
+                "torch_offload.Manager: exclude_types must be tensor subclasses other than torch.Tensor "
+                f"and nn.Parameter (a type or a tuple of them), got {cls!r}"
+            )
     return items
 
 
@@ -100,8 +113,10 @@ def _flatten_checked(t):
         back = cls.__tensor_unflatten__(inner, ctx, t.size(), t.stride())
         why = None
         if type(back) is not cls or back.shape != t.shape or back.dtype != t.dtype:
-            why = (f"__tensor_unflatten__ gave a {_type_name(type(back))} of shape {tuple(back.shape)} and dtype "
-                   f"{back.dtype} for one of shape {tuple(t.shape)} and dtype {t.dtype}")
+            why = (
+                f"__tensor_unflatten__ gave a {_type_name(type(back))} of shape {tuple(back.shape)} and dtype "
+                f"{back.dtype} for one of shape {tuple(t.shape)} and dtype {t.dtype}"
+            )
     except Exception as e:  # the subclass's own code: anything it raises
         why = f"{type(e).__name__}: {e}"
     if why is not None:
@@ -252,9 +267,22 @@ class Manager(_HookRegion):
     Every warning the manager raises is an ``OffloadWarning``.
     """
 
-    def __init__(self, device="auto", storage="pinned_host", sync="streamed", *, min_offload_bytes=1024,
-                 max_fwd_stash=5, prefetch_depth=2, prefetch_bytes=0, pin_memory=True, host_budget_bytes=0,
-                 device_target_bytes=0, fallback="error", exclude_types=()):
+    def __init__(
+        self,
+        device="auto",
+        storage="pinned_host",
+        sync="streamed",
+        *,
+        min_offload_bytes=1024,
+        max_fwd_stash=5,
+        prefetch_depth=2,
+        prefetch_bytes=0,
+        pin_memory=True,
+        host_budget_bytes=0,
+        device_target_bytes=0,
+        fallback="error",
+        exclude_types=(),
+    ):
         if isinstance(device, torch.device):
             device = device.type
         elif isinstance(device, str) and device.partition(":")[2].isdigit():
@@ -265,9 +293,14 @@ class Manager(_HookRegion):
             if not isinstance(value, str):
                 raise TypeError(f"torch_offload.Manager: {name} must be a str, got {type(value).__name__}")
         exclude_types = _types_in(exclude_types)
-        options = {"min_offload_bytes": min_offload_bytes, "max_fwd_stash": max_fwd_stash,
-                   "prefetch_depth": prefetch_depth, "prefetch_bytes": prefetch_bytes,
-                   "host_budget_bytes": host_budget_bytes, "device_target_bytes": device_target_bytes}
+        options = {
+            "min_offload_bytes": min_offload_bytes,
+            "max_fwd_stash": max_fwd_stash,
+            "prefetch_depth": prefetch_depth,
+            "prefetch_bytes": prefetch_bytes,
+            "host_budget_bytes": host_budget_bytes,
+            "device_target_bytes": device_target_bytes,
+        }
         for name, lo, hi, _ in _C.option_fields():
             value = options[name]
             if isinstance(value, bool):

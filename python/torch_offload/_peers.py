@@ -87,8 +87,10 @@ def keep_on_device(modules):
         module.register_forward_hook(lambda *args: noop.__exit__(), always_call=True)
 
 
-TRL_HEADS = ("output or output.linear, else lm_head, else decoder.output or decoder.lm_head, else final_layer_norm "
-             "or ln_f, else head, each an nn.Module, after unwrapping .module and PEFT's .base_model")
+TRL_HEADS = (
+    "output or output.linear, else lm_head, else decoder.output or decoder.lm_head, else final_layer_norm "
+    "or ln_f, else head, each an nn.Module, after unwrapping .module and PEFT's .base_model"
+)
 
 
 def trl_keep_on_device(model):
@@ -126,27 +128,38 @@ def trl_keep_on_device(model):
         head = unwrapped.head
     if not isinstance(head, nn.Module):
         head = None
-    liger = [module for name, module in unwrapped.named_modules() if "liger" in name.lower()] \
-        if isinstance(unwrapped, nn.Module) else []
+    liger = (
+        [module for name, module in unwrapped.named_modules() if "liger" in name.lower()]
+        if isinstance(unwrapped, nn.Module)
+        else []
+    )
     return head, liger
 
 
 def warn_no_head(where, looked_for, silence, stacklevel):
     """The peers' "no output head was detected" warning, naming the search
     (an OffloadWarning, a UserWarning, through ``warnings``, where the peers log it)."""
-    warnings.warn(f"{where}: no output head detected (looked for {looked_for}); its activations are offloaded "
-                  f"too, which usually slows training given the large vocabulary size{silence}",
-                  OffloadWarning, stacklevel=stacklevel + 1)
+    warnings.warn(
+        f"{where}: no output head detected (looked for {looked_for}); its activations are offloaded "
+        f"too, which usually slows training given the large vocabulary size{silence}",
+        OffloadWarning,
+        stacklevel=stacklevel + 1,
+    )
 
 
-def trl_ctx_manager(where, model, *, use_pin_memory, use_streams, min_offload_size, max_fwd_stash_size,
-                    warn_if_no_head, make):
+def trl_ctx_manager(
+    where, model, *, use_pin_memory, use_streams, min_offload_size, max_fwd_stash_size, warn_if_no_head, make
+):
     """TRL's ``get_act_offloading_ctx_manager`` body: ``make(**options)``,
     the model's parameters and buffers excluded, TRL's head and Liger
     modules kept on the device, a warning naming the search when no head."""
     check_module(where, model)
-    manager = make(use_pin_memory=use_pin_memory, use_streams=use_streams, min_offload_size=min_offload_size,
-                   max_fwd_stash_size=max_fwd_stash_size)
+    manager = make(
+        use_pin_memory=use_pin_memory,
+        use_streams=use_streams,
+        min_offload_size=min_offload_size,
+        max_fwd_stash_size=max_fwd_stash_size,
+    )
     manager.update_model_params(model)
     head, liger = trl_keep_on_device(model)
     keep_on_device(([head] if head is not None else []) + liger)
@@ -170,19 +183,31 @@ class OffloadActivations(ModelParams, PeerOffload):
 
     public_name = "torch_offload.OffloadActivations"
 
-    def __init__(self, use_pin_memory=True, use_streams=True, *positional, min_offload_size=1024,
-                 max_fwd_stash_size=5):
+    def __init__(self, use_pin_memory=True, use_streams=True, *positional, min_offload_size=1024, max_fwd_stash_size=5):
         if positional:
-            raise TypeError("torch_offload.OffloadActivations: pass min_offload_size and max_fwd_stash_size by name "
-                            "(TRL takes them third and fourth, torchtune fourth and third); torch_offload.trl and "
-                            "torch_offload.torchtune take each peer's positional order")
-        super().__init__(use_pin_memory=use_pin_memory, use_streams=use_streams, min_offload_size=min_offload_size,
-                         max_fwd_stash_size=max_fwd_stash_size)
+            raise TypeError(
+                "torch_offload.OffloadActivations: pass min_offload_size and max_fwd_stash_size by name "
+                "(TRL takes them third and fourth, torchtune fourth and third); torch_offload.trl and "
+                "torch_offload.torchtune take each peer's positional order"
+            )
+        super().__init__(
+            use_pin_memory=use_pin_memory,
+            use_streams=use_streams,
+            min_offload_size=min_offload_size,
+            max_fwd_stash_size=max_fwd_stash_size,
+        )
 
 
-def get_act_offloading_ctx_manager(model, enable_activation_offloading=True, *, use_pin_memory=True,
-                                   use_streams=True, min_offload_size=1024, max_fwd_stash_size=5,
-                                   warn_if_no_head=True):
+def get_act_offloading_ctx_manager(
+    model,
+    enable_activation_offloading=True,
+    *,
+    use_pin_memory=True,
+    use_streams=True,
+    min_offload_size=1024,
+    max_fwd_stash_size=5,
+    warn_if_no_head=True,
+):
     """TRL 1.16's ``get_act_offloading_ctx_manager`` (as
     ``torch_offload.trl``) with torchtune's switch as its second positional
     argument, every other argument by name.
@@ -212,6 +237,13 @@ def get_act_offloading_ctx_manager(model, enable_activation_offloading=True, *, 
     check_module(where, model)
     if not enable_activation_offloading:
         return contextlib.nullcontext()
-    return trl_ctx_manager(where, model, use_pin_memory=use_pin_memory, use_streams=use_streams,
-                           min_offload_size=min_offload_size, max_fwd_stash_size=max_fwd_stash_size,
-                           warn_if_no_head=warn_if_no_head, make=OffloadActivations)
+    return trl_ctx_manager(
+        where,
+        model,
+        use_pin_memory=use_pin_memory,
+        use_streams=use_streams,
+        min_offload_size=min_offload_size,
+        max_fwd_stash_size=max_fwd_stash_size,
+        warn_if_no_head=warn_if_no_head,
+        make=OffloadActivations,
+    )

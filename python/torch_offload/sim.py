@@ -41,15 +41,35 @@ ctypes.CDLL(_C.__file__, mode=os.RTLD_NOLOAD | os.RTLD_GLOBAL)
 from . import _sim  # noqa: E402
 
 __all__ = [
-    "install", "installed", "config", "set_copy_latency_us", "set_copy_bandwidth_gbps", "set_poison_freed",
-    "set_capacity_bytes", "set_host_power_of_two", "set_pinned_alloc_us",
-    "device_memory", "reset_peak", "host_memory", "reset_host_peak", "synchronize", "device_module",
+    "install",
+    "installed",
+    "config",
+    "set_copy_latency_us",
+    "set_copy_bandwidth_gbps",
+    "set_poison_freed",
+    "set_capacity_bytes",
+    "set_host_power_of_two",
+    "set_pinned_alloc_us",
+    "device_memory",
+    "reset_peak",
+    "host_memory",
+    "reset_host_peak",
+    "synchronize",
+    "device_module",
     "collective_backend",
 ]
 
 
-def install(name="sim", num_devices=2, capacity_bytes=0, copy_latency_us=10, copy_bandwidth_gbps=25.0,
-            poison_freed=False, host_power_of_two=False, pinned_alloc_us=0):
+def install(
+    name="sim",
+    num_devices=2,
+    capacity_bytes=0,
+    copy_latency_us=10,
+    copy_bandwidth_gbps=25.0,
+    poison_freed=False,
+    host_power_of_two=False,
+    pinned_alloc_us=0,
+):
     """Registers the simulated accelerator for this process (see the module doc).
 
     Args:
@@ -84,12 +104,19 @@ def install(name="sim", num_devices=2, capacity_bytes=0, copy_latency_us=10, cop
     Installing the same configuration again does nothing. Thread-safe.
     """
     first = not _sim.installed()
-    _sim.install(name, num_devices, capacity_bytes, copy_latency_us, copy_bandwidth_gbps, bool(poison_freed),
-                 bool(host_power_of_two), pinned_alloc_us)
+    _sim.install(
+        name,
+        num_devices,
+        capacity_bytes,
+        copy_latency_us,
+        copy_bandwidth_gbps,
+        bool(poison_freed),
+        bool(host_power_of_two),
+        pinned_alloc_us,
+    )
     if first or not hasattr(torch, name):
         torch.utils.rename_privateuse1_backend(name)
-        torch.utils.generate_methods_for_privateuse1_backend(for_tensor=True, for_module=True,
-                                                             for_storage=True)
+        torch.utils.generate_methods_for_privateuse1_backend(for_tensor=True, for_module=True, for_storage=True)
         torch._register_device_module(name, device_module)
         atexit.register(_drain_at_exit)
     _register_collectives(name)
@@ -116,10 +143,12 @@ collective_backend = _sim.collective_backend_name
 
 def _register_collectives(device_name):
     import torch.distributed as dist
+
     if not dist.is_available() or collective_backend in dist.Backend.backend_list:
         return
-    dist.Backend.register_backend(collective_backend, _sim.make_collective_backend, extended_api=False,
-                                  devices=[device_name])
+    dist.Backend.register_backend(
+        collective_backend, _sim.make_collective_backend, extended_api=False, devices=[device_name]
+    )
 
 
 def config():
@@ -191,6 +220,7 @@ def synchronize(device=None):
 
 # ---------------------------------------------------------------- device module
 
+
 def _index(device):
     if device is None:
         return _sim.current_device()
@@ -231,8 +261,12 @@ def Stream(device=None, priority=0):  # noqa: N802 (a class-like factory, as tor
 
 def Event(enable_timing=False, blocking=False, interprocess=False):  # noqa: N802
     """An event of this device (torch.Event); recorded with ``stream.record_event()`` or ``event.record(stream)``."""
-    return torch.Event(device=torch.device(_name(), _sim.current_device()), enable_timing=enable_timing,
-                       blocking=blocking, interprocess=interprocess)
+    return torch.Event(
+        device=torch.device(_name(), _sim.current_device()),
+        enable_timing=enable_timing,
+        blocking=blocking,
+        interprocess=interprocess,
+    )
 
 
 def _empty_cache():
@@ -259,7 +293,6 @@ def _manual_seed(seed):
     torch.default_generator.manual_seed(int(seed))
 
 
-
 device_module = types.ModuleType("torch_offload.sim.device_module", "The device module registered for sim.")
 for _fn_name, _fn in {
     "is_available": lambda: _sim.installed(),
@@ -268,8 +301,9 @@ for _fn_name, _fn in {
     "set_device": lambda device: _sim.set_device(_index(device)),
     "synchronize": synchronize,
     "current_stream": current_stream,
-    "default_stream": lambda device=None: torch.Stream(stream_id=0, device_index=_index(device),
-                                                       device_type=_sim.device_type),
+    "default_stream": lambda device=None: torch.Stream(
+        stream_id=0, device_index=_index(device), device_type=_sim.device_type
+    ),
     "stream": stream,
     "Stream": Stream,
     "Event": Event,

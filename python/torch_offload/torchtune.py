@@ -35,8 +35,12 @@ class OffloadActivations(PeerOffload):
     """
 
     def __init__(self, use_pin_memory=True, use_streams=True, max_fwd_stash_size=5, min_offload_size=1024):
-        super().__init__(use_pin_memory=use_pin_memory, use_streams=use_streams, min_offload_size=min_offload_size,
-                         max_fwd_stash_size=max_fwd_stash_size)
+        super().__init__(
+            use_pin_memory=use_pin_memory,
+            use_streams=use_streams,
+            min_offload_size=min_offload_size,
+            max_fwd_stash_size=max_fwd_stash_size,
+        )
 
 
 def output_head(model):

@@ -36,12 +36,17 @@ class OffloadActivations(ModelParams, PeerOffload):
     public_name = "torch_offload.trl.OffloadActivations"
 
     def __init__(self, use_pin_memory=True, use_streams=True, min_offload_size=1024, max_fwd_stash_size=5):
-        super().__init__(use_pin_memory=use_pin_memory, use_streams=use_streams, min_offload_size=min_offload_size,
-                         max_fwd_stash_size=max_fwd_stash_size)
+        super().__init__(
+            use_pin_memory=use_pin_memory,
+            use_streams=use_streams,
+            min_offload_size=min_offload_size,
+            max_fwd_stash_size=max_fwd_stash_size,
+        )
 
 
-def get_act_offloading_ctx_manager(model, use_pin_memory=True, use_streams=True, min_offload_size=1024,
-                                   max_fwd_stash_size=5, warn_if_no_head=True):
+def get_act_offloading_ctx_manager(
+    model, use_pin_memory=True, use_streams=True, min_offload_size=1024, max_fwd_stash_size=5, warn_if_no_head=True
+):
     """TRL 1.16.0's ``get_act_offloading_ctx_manager``: an
     ``OffloadActivations`` with ``update_model_params(model)`` applied, whose
     output head and Liger modules (found as TRL finds them: after unwrapping
@@ -52,7 +57,13 @@ def get_act_offloading_ctx_manager(model, use_pin_memory=True, use_streams=True,
     naming the search, unless ``warn_if_no_head=False``. TypeError when
     ``model`` is not an ``nn.Module``; ValueError for an option out of range.
     """
-    return trl_ctx_manager("torch_offload.trl.get_act_offloading_ctx_manager", model, use_pin_memory=use_pin_memory,
-                           use_streams=use_streams, min_offload_size=min_offload_size,
-                           max_fwd_stash_size=max_fwd_stash_size, warn_if_no_head=warn_if_no_head,
-                           make=OffloadActivations)
+    return trl_ctx_manager(
+        "torch_offload.trl.get_act_offloading_ctx_manager",
+        model,
+        use_pin_memory=use_pin_memory,
+        use_streams=use_streams,
+        min_offload_size=min_offload_size,
+        max_fwd_stash_size=max_fwd_stash_size,
+        warn_if_no_head=warn_if_no_head,
+        make=OffloadActivations,
+    )

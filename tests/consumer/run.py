@@ -13,6 +13,7 @@ subproject promises its parent:
   - it installs nothing (`meson introspect --installed` is empty).
 Exit status 0 when all hold; the temporary directory is removed unless --keep.
 """
+
 import argparse
 import json
 import os
@@ -34,8 +35,12 @@ def main():
     ap = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     ap.add_argument("--source-root", required=True, help="the torch-offload repository")
     ap.add_argument("--libtorch", required=True, help="LibTorch prefix the top project uses")
-    ap.add_argument("--cuda", default="auto", choices=["enabled", "disabled", "auto"],
-                    help="torch-offload's cuda feature for the subproject (default auto)")
+    ap.add_argument(
+        "--cuda",
+        default="auto",
+        choices=["enabled", "disabled", "auto"],
+        help="torch-offload's cuda feature for the subproject (default auto)",
+    )
     ap.add_argument("--meson", default="meson")
     ap.add_argument("--ninja", default="ninja")
     ap.add_argument("--jobs", default="2")
@@ -52,16 +57,31 @@ def main():
         os.symlink(os.path.abspath(args.source_root), os.path.join(src, "subprojects", "torch-offload"))
 
         t0 = time.monotonic()
-        run([args.meson, "setup", build, src, "--buildtype=plain",
-             "-Dtorch-offload:libtorch=" + args.libtorch, "-Dtorch-offload:cuda=" + args.cuda])
+        run(
+            [
+                args.meson,
+                "setup",
+                build,
+                src,
+                "--buildtype=plain",
+                "-Dtorch-offload:libtorch=" + args.libtorch,
+                "-Dtorch-offload:cuda=" + args.cuda,
+            ]
+        )
         run([args.ninja, "-C", build, "-j", args.jobs])
         t1 = time.monotonic()
         run([os.path.join(build, "consumer")])
         t2 = time.monotonic()
 
         failures = []
-        intro = lambda what: json.loads(subprocess.run(
-            [args.meson, "introspect", what, build], check=True, capture_output=True, text=True).stdout)
+
+        def intro(what):
+            return json.loads(
+                subprocess.run(
+                    [args.meson, "introspect", what, build], check=True, capture_output=True, text=True
+                ).stdout
+            )
+
         targets = intro("--targets")
         sub = sorted(t["name"] for t in targets if t.get("subproject") == "torch-offload")
         if sub != ["offload", "offload_sim"]:
@@ -80,8 +100,11 @@ def main():
                 failures.append(f"warning flags leak into the consumer: {warns}")
         for f in failures:
             print("consumer_subproject: FAIL:", f, file=sys.stderr)
-        print(f"consumer_subproject: setup+build {t1 - t0:.0f} s, run {t2 - t1:.1f} s; "
-              f"subproject targets {sub}; installs nothing: {not installed}", flush=True)
+        print(
+            f"consumer_subproject: setup+build {t1 - t0:.0f} s, run {t2 - t1:.1f} s; "
+            f"subproject targets {sub}; installs nothing: {not installed}",
+            flush=True,
+        )
         ok = not failures
     finally:
         if args.keep:

@@ -17,6 +17,7 @@ on a machine without a GPU.
    Proof that no registry was used: apt-get, apt, pip, pip3 and sudo are
    stubs on PATH that record any call (none may happen), PIP_NO_INDEX is set.
 """
+
 import argparse
 import os
 import shutil
@@ -29,8 +30,11 @@ SKIP = 77
 HEADER_DIRS = ("boost", "doctest", "CLI", "nlohmann")
 # The smallest build that reads Boost.Hana and doctest: liboffload (engine,
 # device::Cuda), the dispatcher's compile-time tests, the doctest main.
-TARGETS = ["liboffload.so", "tests/liboffload_static_tests.a.p/static_devices.cpp.o",
-           "tests/offload_tests.p/main.cpp.o"]
+TARGETS = [
+    "liboffload.so",
+    "tests/liboffload_static_tests.a.p/static_devices.cpp.o",
+    "tests/offload_tests.p/main.cpp.o",
+]
 
 failures = []
 
@@ -49,9 +53,11 @@ def run(cmd, env, **kw):
 def one_line_exit(script, args, env, status, needle):
     done = run([script] + args, env)
     lines = done.stdout.splitlines()
-    check(done.returncode == status and len(lines) == 1 and needle in lines[0],
-          f"gpu-check {' '.join(args)}: exit {status}, one line with '{needle}' "
-          f"(got exit {done.returncode}: {done.stdout.strip()!r})")
+    check(
+        done.returncode == status and len(lines) == 1 and needle in lines[0],
+        f"gpu-check {' '.join(args)}: exit {status}, one line with '{needle}' "
+        f"(got exit {done.returncode}: {done.stdout.strip()!r})",
+    )
 
 
 def fake_libtorch(tmp, name, minor, cuda):
@@ -112,8 +118,10 @@ def main():
         env.update(PATH=os.pathsep.join([stubs] + tools + [os.environ.get("PATH", "")]), PIP_NO_INDEX="1")
 
         # 1. no GPU: one line, exit 3
-        if shutil.which("nvidia-smi", path=env["PATH"]) and subprocess.run(
-                ["nvidia-smi", "-L"], capture_output=True).returncode == 0:
+        if (
+            shutil.which("nvidia-smi", path=env["PATH"])
+            and subprocess.run(["nvidia-smi", "-L"], capture_output=True).returncode == 0
+        ):
             print("skip: a GPU is visible here; the no-GPU exit is not checked")
         else:
             for extra in ([], ["--offline"]):
@@ -124,8 +132,13 @@ def main():
         old = fake_libtorch(tmp, "torch-2.8", 8, cuda=True)
         cpu = fake_libtorch(tmp, "torch-cpu", 11, cuda=False)
         build = os.path.join(tmp, "build")
-        one_line_exit(gpu_check, ["--build-only", "--deps", os.path.join(tmp, "nowhere"), "--libtorch", args.libtorch],
-                      env, 3, "no prepared header folder")
+        one_line_exit(
+            gpu_check,
+            ["--build-only", "--deps", os.path.join(tmp, "nowhere"), "--libtorch", args.libtorch],
+            env,
+            3,
+            "no prepared header folder",
+        )
         t0 = time.monotonic()
         done = run([device_deps, "--headers-only", deps], env)
         print(done.stdout, end="")
@@ -136,16 +149,33 @@ def main():
 
         # 3. the offline build, and where its headers came from
         t0 = time.monotonic()
-        done = run([gpu_check, "--build-only", "--deps", deps, "--libtorch", args.libtorch, "--build", build,
-                    "--targets", ",".join(TARGETS)], env)
+        done = run(
+            [
+                gpu_check,
+                "--build-only",
+                "--deps",
+                deps,
+                "--libtorch",
+                args.libtorch,
+                "--build",
+                build,
+                "--targets",
+                ",".join(TARGETS),
+            ],
+            env,
+        )
         print(done.stdout[-6000:], end="")
         check(done.returncode == 0, f"offline build of {', '.join(TARGETS)} ({time.monotonic() - t0:.0f} s)")
         include = os.path.realpath(os.path.join(deps, "include"))
         if done.returncode == 0:
             inside, outside = header_origins(args.ninja, build, include)
-            check(not outside, f"no Boost/doctest/CLI11/nlohmann header read from outside {include} ({len(outside)} were)")
-            check(inside.get("boost", 0) > 0 and inside.get("doctest", 0) > 0,
-                  f"Boost.Hana and doctest headers read from the folder: {inside}")
+            check(
+                not outside, f"no Boost/doctest/CLI11/nlohmann header read from outside {include} ({len(outside)} were)"
+            )
+            check(
+                inside.get("boost", 0) > 0 and inside.get("doctest", 0) > 0,
+                f"Boost.Hana and doctest headers read from the folder: {inside}",
+            )
             with open(os.path.join(build, "compile_commands.json")) as f:
                 check("-isystem " + include in f.read(), f"compile commands pass -isystem {include}")
             # The check can fail: a header missing from the folder is read
@@ -153,11 +183,15 @@ def main():
             os.remove(os.path.join(include, "boost", "hana", "tuple.hpp"))
             again = run([args.ninja, "-C", build, TARGETS[1]], env)
             inside, outside = header_origins(args.ninja, build, include)
-            check(again.returncode != 0 or any(p.endswith("/boost/hana/tuple.hpp") for p in outside),
-                  "with boost/hana/tuple.hpp taken out of the folder, the check reports it read from elsewhere "
-                  f"(build exit {again.returncode}, outside: {sorted(outside)})")
-        check(not os.path.exists(calls),
-              "no registry client called" + ("" if not os.path.exists(calls) else ": " + open(calls).read().strip()))
+            check(
+                again.returncode != 0 or any(p.endswith("/boost/hana/tuple.hpp") for p in outside),
+                "with boost/hana/tuple.hpp taken out of the folder, the check reports it read from elsewhere "
+                f"(build exit {again.returncode}, outside: {sorted(outside)})",
+            )
+        check(
+            not os.path.exists(calls),
+            "no registry client called" + ("" if not os.path.exists(calls) else ": " + open(calls).read().strip()),
+        )
     finally:
         if args.keep:
             print("kept", tmp)

@@ -19,6 +19,7 @@ against no offloading). The staging tree has the build's prefix under
 --destdir, so pkg-config is told the prefix with --define-variable; the CMake
 config finds its prefix from its own location.
 """
+
 import argparse
 import json
 import os
@@ -43,22 +44,49 @@ def install(args, tmp):
     """Installs into tmp/stage; returns (staged prefix, staged libdir, staged includedir)."""
     stage = os.path.join(tmp, "stage")
     run([args.meson, "install", "-C", args.build_root, "--destdir", stage, "--no-rebuild", "--quiet"])
-    opts = {o["name"]: o["value"] for o in json.loads(run(
-        [args.meson, "introspect", "--buildoptions", args.build_root], capture_output=True, text=True).stdout)}
-    staged = lambda p: stage + (p if os.path.isabs(p) else os.path.join(opts["prefix"], p))
+    opts = {
+        o["name"]: o["value"]
+        for o in json.loads(
+            run([args.meson, "introspect", "--buildoptions", args.build_root], capture_output=True, text=True).stdout
+        )
+    }
+
+    def staged(p):
+        return stage + (p if os.path.isabs(p) else os.path.join(opts["prefix"], p))
+
     return staged(opts["prefix"]), staged(opts["libdir"]), staged(opts["includedir"])
 
 
 def check_layout(prefix, libdir, includedir):
-    want = [os.path.join(includedir, "offload", f) for f in (
-        "offload.hpp", "config.hpp", "fwd.hpp", "dispatch.hpp", "detail/core.hpp",   # include/offload
-        "sim.hpp",                                                                   # src/sim/include/offload
-        "builtin.hpp",                                                               # policies/offload
-        "device/cuda.hpp", "device/sim.hpp", "device/generic.hpp", "storage/host.hpp",  # policies/offload
-        "sync/blocking.hpp", "sync/streamed.hpp")]
-    want += [os.path.join(libdir, f) for f in (
-        "liboffload.so", "liboffload_sim.so", "pkgconfig/torch-offload.pc", "pkgconfig/torch-offload-sim.pc",
-        "cmake/torch-offload/torch-offloadConfig.cmake", "cmake/torch-offload/torch-offloadConfigVersion.cmake")]
+    want = [
+        os.path.join(includedir, "offload", f)
+        for f in (
+            "offload.hpp",
+            "config.hpp",
+            "fwd.hpp",
+            "dispatch.hpp",
+            "detail/core.hpp",  # include/offload
+            "sim.hpp",  # src/sim/include/offload
+            "builtin.hpp",  # policies/offload
+            "device/cuda.hpp",
+            "device/sim.hpp",
+            "device/generic.hpp",
+            "storage/host.hpp",  # policies/offload
+            "sync/blocking.hpp",
+            "sync/streamed.hpp",
+        )
+    ]
+    want += [
+        os.path.join(libdir, f)
+        for f in (
+            "liboffload.so",
+            "liboffload_sim.so",
+            "pkgconfig/torch-offload.pc",
+            "pkgconfig/torch-offload-sim.pc",
+            "cmake/torch-offload/torch-offloadConfig.cmake",
+            "cmake/torch-offload/torch-offloadConfigVersion.cmake",
+        )
+    ]
     missing = [p for p in want if not os.path.isfile(p)]
     stray = [p for p in ("meson.build", "config.hpp.in") if os.path.exists(os.path.join(includedir, "offload", p))]
     for p in missing:
@@ -101,8 +129,12 @@ def main():
         t0 = time.monotonic()
         if args.mode == "pkgconfig":
             env = dict(os.environ, PKG_CONFIG_PATH=os.path.join(libdir, "pkgconfig"))
-            flags = run([args.pkg_config, "--define-variable=prefix=" + prefix, "--cflags", "--libs",
-                         "torch-offload-sim"], env=env, capture_output=True, text=True).stdout.split()
+            flags = run(
+                [args.pkg_config, "--define-variable=prefix=" + prefix, "--cflags", "--libs", "torch-offload-sim"],
+                env=env,
+                capture_output=True,
+                text=True,
+            ).stdout.split()
             # The staged libdir is no system directory: tell the loader (an
             # installed prefix in the loader's path needs no rpath).
             run(cxx + ["-std=c++20", consumer_main, "-o", exe] + flags + ["-Wl,-rpath," + libdir])
@@ -112,24 +144,34 @@ def main():
             shutil.copy(os.path.join(here, "CMakeLists.txt"), src)
             shutil.copy(consumer_main, src)
             find_torch = args.mode == "cmake-find-torch"
-            configure = [args.cmake, "-S", src, "-B", build, "-DCMAKE_BUILD_TYPE=",  # no -O: quicker
-                         "-DCMAKE_CXX_COMPILER=" + cxx[len(launcher)], *launcher,
-                         "-DCMAKE_PREFIX_PATH=" + prefix + ";" + os.path.join(args.libtorch, "share", "cmake"),
-                         "-DCONSUMER_FIND_TORCH=" + ("ON" if find_torch else "OFF")]
+            configure = [
+                args.cmake,
+                "-S",
+                src,
+                "-B",
+                build,
+                "-DCMAKE_BUILD_TYPE=",  # no -O: quicker
+                "-DCMAKE_CXX_COMPILER=" + cxx[len(launcher)],
+                *launcher,
+                "-DCMAKE_PREFIX_PATH=" + prefix + ";" + os.path.join(args.libtorch, "share", "cmake"),
+                "-DCONSUMER_FIND_TORCH=" + ("ON" if find_torch else "OFF"),
+            ]
             print("+", " ".join(shlex.quote(c) for c in configure), flush=True)
             done = subprocess.run(configure, capture_output=True, text=True)
             sys.stdout.write(done.stdout[-4000:])
             sys.stderr.write(done.stderr[-8000:])
             if done.returncode != 0:
                 if find_torch and "uses CUDA but I cannot find the CUDA libraries" in " ".join(done.stderr.split()):
-                    print("install_cmake_find_torch: SKIP: find_package(Torch) needs the CUDA toolkit for this "
-                          "CUDA build of LibTorch; find_package(torch-offload) alone is tested by install_cmake")
+                    print(
+                        "install_cmake_find_torch: SKIP: find_package(Torch) needs the CUDA toolkit for this "
+                        "CUDA build of LibTorch; find_package(torch-offload) alone is tested by install_cmake"
+                    )
                     status = SKIP
                     return status
                 return 1
             # Which LibTorch target torch-offload::offload took (see its config).
             want = "torch" if find_torch else "torch-offload::libtorch"
-            links = [l.split("links: ", 1)[1].split(";") for l in done.stdout.splitlines() if "links: " in l]
+            links = [line.split("links: ", 1)[1].split(";") for line in done.stdout.splitlines() if "links: " in line]
             if not links or links[0][0] != want:
                 print(f"install: FAIL: torch-offload::offload should link {want} first, links {links}", file=sys.stderr)
                 return 1
@@ -141,8 +183,11 @@ def main():
         # that the loader resolves torch-offload to the installed tree.
         env = {k: v for k, v in os.environ.items() if k != "LD_LIBRARY_PATH"}
         ldd = run(["ldd", exe], env=env, capture_output=True, text=True).stdout
-        resolved = [l.split("=>")[1].split()[0] for l in ldd.splitlines()
-                    if l.strip().startswith(("liboffload.so", "liboffload_sim.so")) and "=>" in l]
+        resolved = [
+            line.split("=>")[1].split()[0]
+            for line in ldd.splitlines()
+            if line.strip().startswith(("liboffload.so", "liboffload_sim.so")) and "=>" in line
+        ]
         print("resolved:", resolved)
         if len(resolved) != 2 or not all(os.path.realpath(r).startswith(os.path.realpath(libdir)) for r in resolved):
             print(f"install: FAIL: liboffload*.so do not resolve to the installed {libdir}:\n{ldd}", file=sys.stderr)

@@ -75,8 +75,10 @@ def compare(reference, got):
     """None when `got` is bitwise `reference` (lists of tensors), else what differs."""
     if len(reference) != len(got):
         return f"{len(got)} tensors recorded, reference has {len(reference)}"
-    for i, (a, b) in enumerate(zip(reference, got)):
+    for i, (a, b) in enumerate(zip(reference, got, strict=True)):
         if a.shape != b.shape or a.dtype != b.dtype or not torch.equal(bits(a), bits(b)):
-            return f"tensor {i} of {len(got)} differs (shape {tuple(b.shape)}; first values {local(b).flatten()[:3]} " \
-                   f"vs reference {local(a).flatten()[:3]})"
+            return (
+                f"tensor {i} of {len(got)} differs (shape {tuple(b.shape)}; first values {local(b).flatten()[:3]} "
+                f"vs reference {local(a).flatten()[:3]})"
+            )
     return None

@@ -19,7 +19,6 @@ right, not only the same with and without offloading)."""
 import contextlib
 
 import torch
-import torch.distributed as dist
 from torch import nn
 from torch.nn import functional as F
 
@@ -30,6 +29,7 @@ HIDDEN = 64
 
 
 # ------------------------------------------------------------------ models
+
 
 class Mlp(nn.Module):
     """up (colwise) -> GELU -> down (rowwise)."""
@@ -102,22 +102,29 @@ class Stack(nn.Module):
 
 def mlp_plan(prefix=""):
     from torch.distributed.tensor.parallel import ColwiseParallel, RowwiseParallel
+
     return {f"{prefix}up": ColwiseParallel(), f"{prefix}down": RowwiseParallel()}
 
 
 def sequence_plan():
     from torch.distributed.tensor import Shard
     from torch.distributed.tensor.parallel import ColwiseParallel, RowwiseParallel, SequenceParallel
-    return {"norm": SequenceParallel(), "mlp.up": ColwiseParallel(input_layouts=Shard(1)),
-            "mlp.down": RowwiseParallel(output_layouts=Shard(1))}
+
+    return {
+        "norm": SequenceParallel(),
+        "mlp.up": ColwiseParallel(input_layouts=Shard(1)),
+        "mlp.down": RowwiseParallel(output_layouts=Shard(1)),
+    }
 
 
 def attention_plan():
     from torch.distributed.tensor.parallel import ColwiseParallel, RowwiseParallel
+
     return {"q": ColwiseParallel(), "k": ColwiseParallel(), "v": ColwiseParallel(), "out": RowwiseParallel()}
 
 
 # ------------------------------------------------------------------ data
+
 
 def batch(step, group=0, shape=(4, 8)):
     """Input and target of `step` for data-parallel group `group` (ranks of
@@ -131,7 +138,7 @@ def shard_losses(out, target, shards, sequence):
     or of the whole output."""
     if not sequence:
         return [F.mse_loss(out, target)]
-    return [F.mse_loss(o, t) for o, t in zip(out.chunk(shards, 1), target.chunk(shards, 1))]
+    return [F.mse_loss(o, t) for o, t in zip(out.chunk(shards, 1), target.chunk(shards, 1), strict=True)]
 
 
 def optimizer(params):
@@ -142,10 +149,12 @@ def optimizer(params):
 
 # ------------------------------------------------------------------ tensor and sequence parallel (2 ranks)
 
+
 def tp_model(config):
     """(the unsharded model, a function that parallelizes it on a 1-D mesh)."""
     from torch.distributed.tensor.parallel import parallelize_module
     from torch.distributed.tensor.parallel.input_reshard import input_reshard
+
     kind = config["model"]
     torch.manual_seed(0)
     if kind == "mlp":
@@ -161,6 +170,7 @@ def tp_model(config):
         def parallelize(mesh):
             for b in model.blocks:
                 parallelize_module(b, mesh, sequence_plan())
+
         return model, parallelize
     if kind == "input_reshard":
         # A replicated layer (plain parameters, offloaded as usual) before a
@@ -170,6 +180,7 @@ def tp_model(config):
         def parallelize(mesh):
             parallelize_module(model.blocks[1], mesh, mlp_plan())
             input_reshard(model.blocks[1], mesh, 0)
+
         return model, parallelize
     raise ValueError(f"tp model {kind!r}")
 
@@ -180,6 +191,7 @@ def tp_shape(config):
 
 def tp_run(config, device, manager, place, rank, world):
     from torch.distributed.device_mesh import init_device_mesh
+
     model, parallelize = tp_model(config)
     model.to(device)
     parallelize(init_device_mesh(device.type, (world,)))
@@ -192,11 +204,12 @@ def tp_run(config, device, manager, place, rank, world):
         x, y = (t.to(device) for t in batch(step, shape=tp_shape(config)))
         if sequence:  # this rank's part of the sequence
             x, y = x.chunk(world, 1)[rank].contiguous(), y.chunk(world, 1)[rank].contiguous()
-        loss = forward_backward(lambda: F.mse_loss(model(x), y), manager, place)
+        loss = forward_backward(lambda x=x, y=y: F.mse_loss(model(x), y), manager, place)
         losses.append(loss.item())
         record.append(loss.detach())
-        record += [p.grad.to_local().clone() if hasattr(p.grad, "to_local") else p.grad.clone()
-                   for p in model.parameters()]
+        record += [
+            p.grad.to_local().clone() if hasattr(p.grad, "to_local") else p.grad.clone() for p in model.parameters()
+        ]
         opt.step()
     return record + [p.detach().clone() for p in model.parameters()], watch, losses
 
@@ -219,6 +232,7 @@ def tp_serial(config, device, rank, world):
 
 # ------------------------------------------------------------------ FSDP2 x TP (4 ranks, 2 x 2 mesh)
 
+
 def fsdp2_tp_model(config):
     torch.manual_seed(0)
     if config["model"] == "mlp":
@@ -230,6 +244,7 @@ def fsdp2_tp_run(config, device, manager, place, rank, world):
     from torch.distributed.device_mesh import init_device_mesh
     from torch.distributed.fsdp import fully_shard
     from torch.distributed.tensor.parallel import parallelize_module
+
     mesh = init_device_mesh(device.type, (2, world // 2), mesh_dim_names=("dp", "tp"))
     model = fsdp2_tp_model(config).to(device)
     sequence = config["model"] == "sequence_parallel"
@@ -246,7 +261,7 @@ def fsdp2_tp_run(config, device, manager, place, rank, world):
         x, y = (t.to(device) for t in batch(step, group=dp, shape=(2, 8)))
         if sequence:
             x, y = x.chunk(tp_size, 1)[tp].contiguous(), y.chunk(tp_size, 1)[tp].contiguous()
-        loss = forward_backward(lambda: F.mse_loss(model(x), y), manager, place)
+        loss = forward_backward(lambda x=x, y=y: F.mse_loss(model(x), y), manager, place)
         losses.append(loss.item())
         record.append(loss.detach())
         record += [p.grad.to_local().clone() for p in model.parameters()]
@@ -286,8 +301,9 @@ MICROBATCHES = 4
 
 def pipeline_stages(count):
     torch.manual_seed(0)
-    return [nn.Sequential(nn.Linear(WIDTH, HIDDEN), nn.GELU(), nn.Linear(HIDDEN, WIDTH), nn.Tanh())
-            for _ in range(count)]
+    return [
+        nn.Sequential(nn.Linear(WIDTH, HIDDEN), nn.GELU(), nn.Linear(HIDDEN, WIDTH), nn.Tanh()) for _ in range(count)
+    ]
 
 
 def stages_per_rank(config):
@@ -298,6 +314,7 @@ def stages_per_rank(config):
 def stage_forwards_under(manager, modules):
     """Opens `manager` around each forward of each module (a forward pre-hook
     enters, a forward hook that also runs on an exception exits)."""
+
     def enter(*_):
         manager.__enter__()  # returns None: a pre-hook's value would replace the input
 
@@ -320,15 +337,17 @@ def pipeline_run(config, device, manager, place, rank, world):
     micro-batch's forward, loss and backward run inside); "stage_forward":
     around each forward of this rank's stage modules only."""
     from torch.distributed.pipelining import PipelineStage, Schedule1F1B, ScheduleGPipe, ScheduleInterleaved1F1B
+
     per = stages_per_rank(config)
     count = per * world
     every = pipeline_stages(count)
     mine = [rank + k * world for k in range(per)]  # interleaved: rank r holds stages r, r + world, ...
     modules = nn.ModuleList(every[i].to(device) for i in mine)
-    stages = [PipelineStage(m, i, count, device) for m, i in zip(modules, mine)]
+    stages = [PipelineStage(m, i, count, device) for m, i in zip(modules, mine, strict=True)]
     schedule_type = {"gpipe": ScheduleGPipe, "1f1b": Schedule1F1B, "interleaved": ScheduleInterleaved1F1B}
-    schedule = schedule_type[config["schedule"]](stages if per > 1 else stages[0], n_microbatches=MICROBATCHES,
-                                                 loss_fn=F.mse_loss)
+    schedule = schedule_type[config["schedule"]](
+        stages if per > 1 else stages[0], n_microbatches=MICROBATCHES, loss_fn=F.mse_loss
+    )
     first, last = 0 in mine, count - 1 in mine
     opt = optimizer(modules.parameters())
     watch = Watch(manager, modules) if manager else None
@@ -365,7 +384,7 @@ def pipeline_serial(config, device, rank, world):
     for step in range(STEPS):
         opt.zero_grad()
         x, y = (t.to(device) for t in batch(step, shape=(32,)))
-        micro = [F.mse_loss(model(xs), ys) for xs, ys in zip(x.chunk(MICROBATCHES), y.chunk(MICROBATCHES))]
+        micro = [F.mse_loss(model(xs), ys) for xs, ys in zip(x.chunk(MICROBATCHES), y.chunk(MICROBATCHES), strict=True)]
         (sum(micro) / MICROBATCHES).backward()
         losses += [m.item() for m in micro]
         opt.step()
@@ -376,7 +395,10 @@ def pipeline_serial(config, device, rank, world):
 
 FAMILIES = {
     "tp": {
-        "run": tp_run, "serial": tp_serial, "places": PLACES, "world": 2,
+        "run": tp_run,
+        "serial": tp_serial,
+        "places": PLACES,
+        "world": 2,
         "configs": {
             "mlp": {"model": "mlp", "saves_dtensors": True},
             "attention": {"model": "attention", "saves_dtensors": True},
@@ -388,14 +410,20 @@ FAMILIES = {
         },
     },
     "fsdp2_tp": {
-        "run": fsdp2_tp_run, "serial": fsdp2_tp_serial, "places": ("outside",), "world": 4,
+        "run": fsdp2_tp_run,
+        "serial": fsdp2_tp_serial,
+        "places": ("outside",),
+        "world": 4,
         "configs": {
             "mlp": {"model": "mlp", "saves_dtensors": True},
             "sequence_parallel": {"model": "sequence_parallel", "saves_dtensors": True},
         },
     },
     "pipeline": {
-        "run": pipeline_run, "serial": pipeline_serial, "places": ("step", "stage_forward"), "world": 2,
+        "run": pipeline_run,
+        "serial": pipeline_serial,
+        "places": ("step", "stage_forward"),
+        "world": 2,
         "configs": {
             "gpipe": {"schedule": "gpipe"},
             "1f1b": {"schedule": "1f1b"},

@@ -34,15 +34,13 @@ import torch.utils.checkpoint
 from torch import nn
 from torch.nn import functional as F
 
+import dist_parallel
 import torch_offload
 import torch_offload.sim
-
-import dist_parallel
 from dist_common import PLACES, STEPS, SYNCS, Watch, compare, forward_backward, local
 
 DELAY_US = 50
 SERIAL_RTOL = 1e-4
-
 
 
 def note_stats(family, key, rank, stats, watch):
@@ -51,8 +49,11 @@ def note_stats(family, key, rank, stats, watch):
     path = os.environ.get("OFFLOAD_DIST_STATS")
     if path:
         with open(f"{path}.{rank}", "a", encoding="utf-8") as out:
-            out.write(f"{family} {key} tensors_offloaded={stats.tensors_offloaded} "
-                      f"bytes_offloaded={stats.bytes_offloaded} subclass_offloads={watch.subclass_offloads}\n")
+            out.write(
+                f"{family} {key} tensors_offloaded={stats.tensors_offloaded} "
+                f"bytes_offloaded={stats.bytes_offloaded} subclass_offloads={watch.subclass_offloads}\n"
+            )
+
 
 def positive_control(device):
     """The watch sees an offloaded storage that its model lists among its
@@ -69,11 +70,19 @@ def positive_control(device):
 
 # ------------------------------------------------------------------ models
 
+
 class Mlp(nn.Module):
     def __init__(self, width=64):
         super().__init__()
-        self.layers = nn.Sequential(nn.Linear(32, width), nn.GELU(), nn.Linear(width, width), nn.GELU(),
-                                    nn.Linear(width, width), nn.Tanh(), nn.Linear(width, 8))
+        self.layers = nn.Sequential(
+            nn.Linear(32, width),
+            nn.GELU(),
+            nn.Linear(width, width),
+            nn.GELU(),
+            nn.Linear(width, width),
+            nn.Tanh(),
+            nn.Linear(width, 8),
+        )
 
     def forward(self, x):
         return self.layers(x)
@@ -125,11 +134,17 @@ def lm_batch(rank, step, device, vocab=48):
 
 # ------------------------------------------------------------------ runs
 
+
 def ddp_run(config, device, manager, place, rank, world):
     from torch.nn.parallel import DistributedDataParallel as DDP
+
     torch.manual_seed(0)
-    model = DDP(Mlp().to(device), bucket_cap_mb=0.01, gradient_as_bucket_view=config.get("bucket_view", False),
-                static_graph=config.get("static_graph", False))
+    model = DDP(
+        Mlp().to(device),
+        bucket_cap_mb=0.01,
+        gradient_as_bucket_view=config.get("bucket_view", False),
+        static_graph=config.get("static_graph", False),
+    )
     opt = torch.optim.SGD(model.parameters(), lr=0.05, momentum=0.9)
     watch = Watch(manager, model) if manager else None
     record = []
@@ -140,7 +155,7 @@ def ddp_run(config, device, manager, place, rank, world):
             x, y = mlp_batch(rank, step, micro, device)
             sync_ctx = model.no_sync() if micro + 1 < micros else contextlib.nullcontext()
             with sync_ctx:
-                loss = forward_backward(lambda: F.mse_loss(model(x), y), manager, place)
+                loss = forward_backward(lambda x=x, y=y: F.mse_loss(model(x), y), manager, place)
             record.append(loss.detach())
         record += [p.grad.clone() for p in model.parameters()]
         opt.step()
@@ -150,6 +165,7 @@ def ddp_run(config, device, manager, place, rank, world):
 def fsdp2_run(config, device, manager, place, rank, world):
     from torch.distributed.device_mesh import init_device_mesh
     from torch.distributed.fsdp import MixedPrecisionPolicy, fully_shard
+
     torch.manual_seed(0)
     model = Lm(tied=config.get("tied", False), ckpt=config.get("checkpoint", False)).to(device)
     if config.get("frozen"):
@@ -169,7 +185,7 @@ def fsdp2_run(config, device, manager, place, rank, world):
         opt.zero_grad()
         idx, targets = lm_batch(rank, step, device)
 
-        def loss_fn():
+        def loss_fn(idx=idx, targets=targets):
             logits = model(idx)
             return F.cross_entropy(logits.float().reshape(-1, logits.size(-1)), targets.reshape(-1))
 
@@ -181,14 +197,18 @@ def fsdp2_run(config, device, manager, place, rank, world):
 
 FAMILIES = {
     "ddp": {
-        "run": ddp_run, "places": PLACES, "world": 2,
+        "run": ddp_run,
+        "places": PLACES,
+        "world": 2,
         "configs": {
             "buckets_view_no_sync": {"bucket_view": True, "no_sync": True},
             "static_graph": {"static_graph": True},
         },
     },
     "fsdp2": {
-        "run": fsdp2_run, "places": PLACES, "world": 2,
+        "run": fsdp2_run,
+        "places": PLACES,
+        "world": 2,
         "configs": {
             "reshard": {"reshard": True},
             "no_reshard": {"reshard": False},
@@ -212,7 +232,7 @@ def cases(family):
 def serial_difference(serial, losses):
     if len(serial) != len(losses):
         return f"{len(losses)} losses recorded, the one-process run has {len(serial)}"
-    for i, (a, b) in enumerate(zip(serial, losses)):
+    for i, (a, b) in enumerate(zip(serial, losses, strict=True)):
         if abs(a - b) > SERIAL_RTOL * max(abs(a), abs(b), 1e-3):
             return f"loss {i} is {b!r}, the one-process run's {a!r}"
     return None
@@ -264,8 +284,8 @@ def collective_rows():
     """The rows of docs/bad-input.md's collectives section: (call, message)."""
     root = os.path.dirname(os.path.dirname(os.path.dirname(os.path.abspath(__file__))))
     text = open(os.path.join(root, "docs", "bad-input.md"), encoding="utf-8").read()
-    section = text[text.index("## Collectives on sim"):]
-    section = section[:section.index("\n## ")]
+    section = text[text.index("## Collectives on sim") :]
+    section = section[: section.index("\n## ")]
     return [tuple(re.findall(r"`([^`]*)`", line)) for line in section.splitlines() if line.startswith("| `")]
 
 
@@ -291,10 +311,21 @@ def main(family, rank, world, port, listen_fd, out_path):
     torch_offload.sim.install(copy_latency_us=DELAY_US, poison_freed=True)
     device = torch.device("sim", rank % torch_offload.sim.config()["num_devices"])
     torch.get_device_module("sim").set_device(device.index)
-    store = dist.TCPStore("127.0.0.1", port, world, rank == 0, timeout=datetime.timedelta(seconds=60),
-                          master_listen_fd=listen_fd if rank == 0 else None)
-    dist.init_process_group(torch_offload.sim.collective_backend, store=store, rank=rank, world_size=world,
-                            timeout=datetime.timedelta(seconds=60))
+    store = dist.TCPStore(
+        "127.0.0.1",
+        port,
+        world,
+        rank == 0,
+        timeout=datetime.timedelta(seconds=60),
+        master_listen_fd=listen_fd if rank == 0 else None,
+    )
+    dist.init_process_group(
+        torch_offload.sim.collective_backend,
+        store=store,
+        rank=rank,
+        world_size=world,
+        timeout=datetime.timedelta(seconds=60),
+    )
     keys_before = store.num_keys()
     results = {}
 

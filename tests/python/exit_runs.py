@@ -15,9 +15,10 @@ or autograd thread exists, so each child starts its own); a child runs the
 script and leaves through sys.exit, so its exit is a normal interpreter
 exit. (The objects imported so far are frozen out of the garbage
 collector's reach first: an interpreter exit with torch loaded otherwise
-spends most of its time walking them, copy-on-write page by page.) The exit status is what the parent's waitpid reads: a process killed
-by a signal (SIGABRT: "terminate called without an active exception")
-counts as non-zero.
+spends most of its time walking them, copy-on-write page by page.) The
+exit status is what the parent's waitpid reads: a process killed by a
+signal (SIGABRT: "terminate called without an active exception") counts
+as non-zero.
 """
 
 import gc

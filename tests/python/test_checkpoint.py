@@ -14,8 +14,8 @@ import torch
 from torch import nn
 from torch.nn import functional as F
 
-import torch_offload
 import testdevice
+import torch_offload
 
 DEV = f"{testdevice.DEV}:0"
 

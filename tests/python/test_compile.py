@@ -136,8 +136,10 @@ class Subject:
         self.idx, self.targets = gpt.batch(DEV, batch_size=BATCH, seq=SHAPE["seq"])
         self.forward = self.model
         if mode == "eager":
-            self.regions = {"blocks": Regions(self.model.blocks, self.params),
-                            "whole": Regions([self.model], self.params)}
+            self.regions = {
+                "blocks": Regions(self.model.blocks, self.params),
+                "whole": Regions([self.model], self.params),
+            }
             return
         if mode == "whole":
             self.forward = torch.compile(self.model, backend=backend, fullgraph=True)
@@ -154,7 +156,7 @@ class Subject:
         inside `with manager` (when given); `regions` (names) get the
         manager."""
         with torch.no_grad():
-            for p, p0 in zip(self.params, self.initial):
+            for p, p0 in zip(self.params, self.initial, strict=True):
                 p.copy_(p0)
         optimizer = torch.optim.AdamW(self.params, lr=1e-2)
         for name in regions:
@@ -206,8 +208,11 @@ def eager():
     return subject
 
 
-@pytest.fixture(scope="module", params=[(mode, backend) for mode in ("blocks", "whole", "checkpoint")
-                                        for backend in BACKENDS], ids=lambda p: f"{p[0]}-{p[1]}")
+@pytest.fixture(
+    scope="module",
+    params=[(mode, backend) for mode in ("blocks", "whole", "checkpoint") for backend in BACKENDS],
+    ids=lambda p: f"{p[0]}-{p[1]}",
+)
 def compiled(request):
     """A compiled GPT, its reference run (no manager; the first call
     compiles) and the activation bytes its regions save per forward."""
@@ -235,7 +240,9 @@ def test_compiled_training_offloads_and_is_bitwise(compiled, eager, sync):
     # Everything the compiled regions saved that is an activation, and
     # nothing else (a parameter's storage would add its bytes).
     assert MIN_RATIO * STEPS * compiled.saved_bytes <= inside <= STEPS * compiled.saved_bytes, (
-        inside, compiled.saved_bytes)
+        inside,
+        compiled.saved_bytes,
+    )
     if mode == "checkpoint":
         # Only the blocks' inputs: the checkpointed blocks are recomputed in backward.
         block_input = BATCH * SHAPE["seq"] * SHAPE["width"] * 4
@@ -307,7 +314,7 @@ def test_custom_function_intermediates_are_offloaded(sync, compiled_norm):
 
     def train(manager):
         with torch.no_grad():
-            for p, p0 in zip(params, initial):
+            for p, p0 in zip(params, initial, strict=True):
                 p.copy_(p0)
         optimizer = torch.optim.AdamW(params, lr=1e-2)
         region.manager = manager

@@ -49,9 +49,22 @@ def start_family(family, tmp):
         for rank in range(world):
             out = os.path.join(tmp, f"{family}-{rank}.json")
             log = open(os.path.join(tmp, f"{family}-{rank}.log"), "w+")
-            proc = subprocess.Popen([sys.executable, dist_worker.__file__, family, str(rank), str(world), str(port),
-                                     str(fd if rank == 0 else -1), out], pass_fds=[fd] if rank == 0 else [],
-                                    stdout=log, stderr=subprocess.STDOUT, text=True)
+            proc = subprocess.Popen(
+                [
+                    sys.executable,
+                    dist_worker.__file__,
+                    family,
+                    str(rank),
+                    str(world),
+                    str(port),
+                    str(fd if rank == 0 else -1),
+                    out,
+                ],
+                pass_fds=[fd] if rank == 0 else [],
+                stdout=log,
+                stderr=subprocess.STDOUT,
+                text=True,
+            )
             ranks.append((proc, log, out))
     return ranks
 

@@ -17,32 +17,42 @@ import torch_offload
 import torch_offload.sim
 import torch_offload.torchtune
 import torch_offload.trl
-
 from test_torch_offload import assert_bitwise, leaf
 from testdevice import DEV
 
 # ---------------------------------------------------------------- signatures
 
-TRL_OFFLOAD = [("use_pin_memory", True), ("use_streams", True), ("min_offload_size", 1024),
-               ("max_fwd_stash_size", 5)]
-TRL_GET = [("model", inspect.Parameter.empty), ("use_pin_memory", True), ("use_streams", True),
-           ("min_offload_size", 1024), ("max_fwd_stash_size", 5), ("warn_if_no_head", True)]
-TUNE_OFFLOAD = [("use_pin_memory", True), ("use_streams", True), ("max_fwd_stash_size", 5),
-                ("min_offload_size", 1024)]
+TRL_OFFLOAD = [("use_pin_memory", True), ("use_streams", True), ("min_offload_size", 1024), ("max_fwd_stash_size", 5)]
+TRL_GET = [
+    ("model", inspect.Parameter.empty),
+    ("use_pin_memory", True),
+    ("use_streams", True),
+    ("min_offload_size", 1024),
+    ("max_fwd_stash_size", 5),
+    ("warn_if_no_head", True),
+]
+TUNE_OFFLOAD = [("use_pin_memory", True), ("use_streams", True), ("max_fwd_stash_size", 5), ("min_offload_size", 1024)]
 TUNE_GET = [("model", inspect.Parameter.empty), ("enable_activation_offloading", inspect.Parameter.empty)]
 
 
 def positional(fn):
-    return [(p.name, p.default) for p in inspect.signature(fn).parameters.values()
-            if p.kind == inspect.Parameter.POSITIONAL_OR_KEYWORD]
+    return [
+        (p.name, p.default)
+        for p in inspect.signature(fn).parameters.values()
+        if p.kind == inspect.Parameter.POSITIONAL_OR_KEYWORD
+    ]
 
 
-@pytest.mark.parametrize("fn,expected", [
-    (torch_offload.trl.OffloadActivations, TRL_OFFLOAD),
-    (torch_offload.trl.get_act_offloading_ctx_manager, TRL_GET),
-    (torch_offload.torchtune.OffloadActivations, TUNE_OFFLOAD),
-    (torch_offload.torchtune.get_act_offloading_ctx_manager, TUNE_GET),
-], ids=["trl.OffloadActivations", "trl.get", "torchtune.OffloadActivations", "torchtune.get"])
+@pytest.mark.parametrize(
+    "fn,expected",
+    [
+        (torch_offload.trl.OffloadActivations, TRL_OFFLOAD),
+        (torch_offload.trl.get_act_offloading_ctx_manager, TRL_GET),
+        (torch_offload.torchtune.OffloadActivations, TUNE_OFFLOAD),
+        (torch_offload.torchtune.get_act_offloading_ctx_manager, TUNE_GET),
+    ],
+    ids=["trl.OffloadActivations", "trl.get", "torchtune.OffloadActivations", "torchtune.get"],
+)
 def test_each_drop_in_has_its_peers_signature(fn, expected):
     assert positional(fn) == expected
 
@@ -50,8 +60,11 @@ def test_each_drop_in_has_its_peers_signature(fn, expected):
 def test_positional_orders_mean_what_each_peer_means():
     trl = torch_offload.trl.OffloadActivations(True, True, 2048, 3).options
     tune = torch_offload.torchtune.OffloadActivations(True, True, 3, 2048).options
-    assert (trl["min_offload_bytes"], trl["max_fwd_stash"]) == (2048, 3) == \
-        (tune["min_offload_bytes"], tune["max_fwd_stash"])
+    assert (
+        (trl["min_offload_bytes"], trl["max_fwd_stash"])
+        == (2048, 3)
+        == (tune["min_offload_bytes"], tune["max_fwd_stash"])
+    )
     top = torch_offload.OffloadActivations(False, False, min_offload_size=2048, max_fwd_stash_size=3)
     assert f"Manager<{DEV}, pageable_host, blocking>" in repr(top)
     assert (top.options["min_offload_bytes"], top.options["max_fwd_stash"]) == (2048, 3)
@@ -60,12 +73,17 @@ def test_positional_orders_mean_what_each_peer_means():
     assert isinstance(torch_offload.torchtune.get_act_offloading_ctx_manager(model, False), contextlib.nullcontext)
     # The top-level name takes torchtune's switch second, as torchtune's recipes pass it.
     assert isinstance(torch_offload.get_act_offloading_ctx_manager(model, False), contextlib.nullcontext)
-    assert positional(torch_offload.get_act_offloading_ctx_manager) == [("model", inspect.Parameter.empty),
-                                                                       ("enable_activation_offloading", True)]
-    assert isinstance(torch_offload.trl.get_act_offloading_ctx_manager(model, False, warn_if_no_head=False),
-                      torch_offload.trl.OffloadActivations)  # TRL: the second argument is use_pin_memory
-    assert "pageable_host" in repr(torch_offload.trl.get_act_offloading_ctx_manager(model, False,
-                                                                                    warn_if_no_head=False))
+    assert positional(torch_offload.get_act_offloading_ctx_manager) == [
+        ("model", inspect.Parameter.empty),
+        ("enable_activation_offloading", True),
+    ]
+    assert isinstance(
+        torch_offload.trl.get_act_offloading_ctx_manager(model, False, warn_if_no_head=False),
+        torch_offload.trl.OffloadActivations,
+    )  # TRL: the second argument is use_pin_memory
+    assert "pageable_host" in repr(
+        torch_offload.trl.get_act_offloading_ctx_manager(model, False, warn_if_no_head=False)
+    )
 
 
 @pytest.mark.parametrize("make", [torch_offload.trl.OffloadActivations, torch_offload.OffloadActivations])
@@ -147,9 +165,24 @@ def shape(kind):
     raise AssertionError(kind)
 
 
-TRL_SHAPES = ["output", "output.linear", "output neither module nor linear", "lm_head", "decoder.output",
-              "decoder.lm_head", "decoder without a head", "final_layer_norm", "ln_f", "head", "head not a module",
-              "final_layer", ".module", "peft", "base_model without peft_config", ".module then peft"]
+TRL_SHAPES = [
+    "output",
+    "output.linear",
+    "output neither module nor linear",
+    "lm_head",
+    "decoder.output",
+    "decoder.lm_head",
+    "decoder without a head",
+    "final_layer_norm",
+    "ln_f",
+    "head",
+    "head not a module",
+    "final_layer",
+    ".module",
+    "peft",
+    "base_model without peft_config",
+    ".module then peft",
+]
 
 
 def hooked(model, extra=()):
@@ -165,8 +198,11 @@ def call(get, model, *args):
 
 
 @pytest.mark.parametrize("kind", TRL_SHAPES)
-@pytest.mark.parametrize("get", [torch_offload.trl.get_act_offloading_ctx_manager,
-                                 torch_offload.get_act_offloading_ctx_manager], ids=["trl", "top-level"])
+@pytest.mark.parametrize(
+    "get",
+    [torch_offload.trl.get_act_offloading_ctx_manager, torch_offload.get_act_offloading_ctx_manager],
+    ids=["trl", "top-level"],
+)
 def test_trl_head_search(get, kind):
     model, expected = shape(kind)
     extra = [model.output.linear] if kind == "output.linear" else []
@@ -185,14 +221,26 @@ def test_trl_keeps_liger_modules_and_the_head():
     assert {id(m) for m in hooked(model)} == {id(liger), id(inner), id(model.lm_head)}
 
 
-@pytest.mark.parametrize("kind,expected", [("output", "output"), ("output.linear", "output.linear"),
-                                           ("lm_head", None), ("decoder.output", "decoder.output"),
-                                           ("none", None)])
+@pytest.mark.parametrize(
+    "kind,expected",
+    [
+        ("output", "output"),
+        ("output.linear", "output.linear"),
+        ("lm_head", None),
+        ("decoder.output", "decoder.output"),
+        ("none", None),
+    ],
+)
 def test_torchtune_head_search(kind, expected):
     head = nn.Linear(8, 8)
     tied = Tied()
-    model = {"output": holder(output=head), "output.linear": holder(output=tied), "lm_head": holder(lm_head=head),
-             "decoder.output": holder(decoder=holder(output=head)), "none": holder(body=head)}[kind]
+    model = {
+        "output": holder(output=head),
+        "output.linear": holder(output=tied),
+        "lm_head": holder(lm_head=head),
+        "decoder.output": holder(decoder=holder(output=head)),
+        "none": holder(body=head),
+    }[kind]
     _, warned = call(torch_offload.torchtune.get_act_offloading_ctx_manager, model, True)
     want = {"output": [head], "output.linear": [tied.linear], "decoder.output": [head], None: []}[expected]
     assert hooked(model, [tied.linear]) == want
@@ -219,12 +267,16 @@ class HeadedNet(nn.Module):
         return getattr(self, self.head_attr)(h)
 
 
-@pytest.mark.parametrize("get,head_attr", [
-    (torch_offload.trl.get_act_offloading_ctx_manager, "lm_head"),
-    (torch_offload.trl.get_act_offloading_ctx_manager, "ln_f"),
-    (lambda m: torch_offload.torchtune.get_act_offloading_ctx_manager(m, True), "output"),
-    (lambda m: torch_offload.torchtune.get_act_offloading_ctx_manager(m, True), "output.linear"),
-], ids=["trl lm_head", "trl ln_f", "torchtune output", "torchtune TiedLinear"])
+@pytest.mark.parametrize(
+    "get,head_attr",
+    [
+        (torch_offload.trl.get_act_offloading_ctx_manager, "lm_head"),
+        (torch_offload.trl.get_act_offloading_ctx_manager, "ln_f"),
+        (lambda m: torch_offload.torchtune.get_act_offloading_ctx_manager(m, True), "output"),
+        (lambda m: torch_offload.torchtune.get_act_offloading_ctx_manager(m, True), "output.linear"),
+    ],
+    ids=["trl lm_head", "trl ln_f", "torchtune output", "torchtune TiedLinear"],
+)
 def test_kept_head_trains_bitwise_and_saves_on_the_device(get, head_attr):
     def run(ctx_of):
         torch.manual_seed(0)

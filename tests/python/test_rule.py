@@ -159,8 +159,11 @@ def test_a_failing_flatten_round_trip_raises_at_pack_naming_the_type_and_exclude
     a = torch.randn(64, 64, device=DEV)
     w = torch.randn(64, 64, device=DEV, requires_grad=True)
     manager = torch_offload.Manager(DEV, min_offload_bytes=0)
-    with pytest.raises(RuntimeError, match=r"cannot offload a saved test_rule\.BadUnflatten: .*round trip failed "
-                                           r"\(ValueError: no way back\).*exclude_types=\(BadUnflatten,\)"):
+    with pytest.raises(
+        RuntimeError,
+        match=r"cannot offload a saved test_rule\.BadUnflatten: .*round trip failed "
+        r"\(ValueError: no way back\).*exclude_types=\(BadUnflatten,\)",
+    ):
         with manager:
             (BadUnflatten(a, a) * w).sin().sum()
     assert manager.stats().tensors_offloaded == 0

@@ -19,10 +19,10 @@ import torch
 
 import cases
 import gpt
+import testdevice
 import torch_offload
 import torch_offload.sim
 from testdevice import DEV, sim_only
-import testdevice
 
 SYNCS = ["blocking", "streamed"]
 ROOT = os.path.dirname(os.path.dirname(os.path.dirname(os.path.abspath(__file__))))
@@ -36,7 +36,7 @@ def bits(t):
 
 def assert_bitwise(ref, got):
     assert len(ref) == len(got)
-    for i, (a, b) in enumerate(zip(ref, got)):
+    for i, (a, b) in enumerate(zip(ref, got, strict=True)):
         assert a.device == b.device, f"result {i}: device {b.device}, expected {a.device}"
         assert type(a) is type(b), f"result {i}: a {type(b).__name__}, expected a {type(a).__name__}"
         assert a.dtype == b.dtype and a.shape == b.shape, f"result {i}: dtype/shape differ"
@@ -117,7 +117,7 @@ def test_device_target_keeps_steps_under_it_bitwise_equal(sync):
         forwards.append(manager.stats())
 
     got = _stack_steps(step)
-    for (l0, g0, _), (l1, g1, _) in zip(plain, got):
+    for (l0, g0, _), (l1, g1, _) in zip(plain, got, strict=True):
         assert_bitwise([l0] + g0, [l1] + g1)
     if sync == "blocking":
         # Streamed's forward stash differs from step to step (how fast the
@@ -135,8 +135,10 @@ def test_device_target_keeps_steps_under_it_bitwise_equal(sync):
 @pytest.mark.parametrize("region", ["blocking", "streamed", "no_offload"])
 def test_in_place_change_after_save_raises_autograds_error(region):
     manager = torch_offload.Manager(DEV, sync=region, min_offload_bytes=64) if region != "no_offload" else None
-    with pytest.raises(RuntimeError, match="one of the variables needed for gradient computation has been "
-                                           "modified by an inplace operation"):
+    with pytest.raises(
+        RuntimeError,
+        match="one of the variables needed for gradient computation has been modified by an inplace operation",
+    ):
         cases.in_place_after_save(lambda: manager or torch_offload.no_offload(), DEV)
     if manager:
         assert manager.stats().tensors_offloaded == 1
@@ -154,6 +156,7 @@ def test_tensors_saved_on_another_thread_are_not_routed():
 
 
 # ---------------------------------------------------------------- API
+
 
 def test_no_offload_keeps_tensors_where_they_are():
     a = leaf(64, 64)
@@ -176,7 +179,7 @@ def test_forward_dropped_without_backward_frees_its_graph(region):
     manager = torch_offload.Manager(DEV, min_offload_bytes=1 << 40 if region == "small" else 0)
     torch_offload.sim.synchronize()
     before = torch_offload.sim.device_memory()["current_bytes"]
-    with manager, (torch_offload.no_offload() if region == "no_offload" else contextlib.nullcontext()):
+    with manager, torch_offload.no_offload() if region == "no_offload" else contextlib.nullcontext():
         h = a.exp()
         kept = weakref.ref(h)
         h.sigmoid().sum()
@@ -186,8 +189,11 @@ def test_forward_dropped_without_backward_frees_its_graph(region):
     assert kept() is None
     assert torch_offload.sim.device_memory()["current_bytes"] == before
     stats = manager.stats()
-    assert (stats.tensors_offloaded, stats.passed_small) == {"small": (0, 2), "offloaded": (2, 0),
-                                                              "no_offload": (0, 0)}[region], stats
+    assert (stats.tensors_offloaded, stats.passed_small) == {
+        "small": (0, 2),
+        "offloaded": (2, 0),
+        "no_offload": (0, 0),
+    }[region], stats
 
 
 def test_nested_with_and_backward_after_exit():
@@ -229,8 +235,14 @@ def test_options_round_trip_every_field():
     import inspect
 
     names = [name for name, _, _, _ in torch_offload._C.option_fields()]
-    assert names == ["min_offload_bytes", "max_fwd_stash", "prefetch_depth", "prefetch_bytes", "host_budget_bytes",
-                     "device_target_bytes"]
+    assert names == [
+        "min_offload_bytes",
+        "max_fwd_stash",
+        "prefetch_depth",
+        "prefetch_bytes",
+        "host_budget_bytes",
+        "device_target_bytes",
+    ]
     # Each is a keyword of Manager with the C++ default, and options() returns what was given.
     params = inspect.signature(torch_offload.Manager).parameters
     defaults = torch_offload.Manager(DEV).options
@@ -246,8 +258,9 @@ def test_fixed_prefetch_window_is_exact_and_bounded():
     (x * 1).tanh().tanh().tanh().tanh().tanh().tanh().tanh().tanh().sum().backward()
     ref = x.grad.cpu()
     for window in (0, 5 * 64 * 1024 // 2):
-        manager = torch_offload.Manager(DEV, min_offload_bytes=0, max_fwd_stash=1, prefetch_depth=0,
-                                        prefetch_bytes=window)
+        manager = torch_offload.Manager(
+            DEV, min_offload_bytes=0, max_fwd_stash=1, prefetch_depth=0, prefetch_bytes=window
+        )
         x.grad = None
         with manager:
             h = x * 1
@@ -278,8 +291,9 @@ def test_parameters_stay_whatever_their_requires_grad():
     """Frozen or not, a parameter and its views (Linear saves weight.t()) stay;
     the dropout mask (a bool leaf) and activations are offloaded."""
     torch.manual_seed(0)
-    model = torch.nn.Sequential(torch.nn.Linear(64, 64), torch.nn.Dropout(0.5), torch.nn.ReLU(),
-                                torch.nn.Linear(64, 64)).to(DEV)
+    model = torch.nn.Sequential(
+        torch.nn.Linear(64, 64), torch.nn.Dropout(0.5), torch.nn.ReLU(), torch.nn.Linear(64, 64)
+    ).to(DEV)
     model[3].requires_grad_(False)
     x = leaf(8, 64)
 
@@ -347,8 +361,9 @@ def test_repr_names_the_chosen_manager():
 
 
 def test_peer_names_accept_the_peers_arguments():
-    trl_style = torch_offload.OffloadActivations(use_pin_memory=True, use_streams=True, min_offload_size=1024,
-                                                 max_fwd_stash_size=5)
+    trl_style = torch_offload.OffloadActivations(
+        use_pin_memory=True, use_streams=True, min_offload_size=1024, max_fwd_stash_size=5
+    )
     assert f"Manager<{DEV}, pinned_host, streamed>" in repr(trl_style)
     blocking = torch_offload.OffloadActivations(use_pin_memory=False, use_streams=False)
     assert f"Manager<{DEV}, pageable_host, blocking>" in repr(blocking)
@@ -376,8 +391,9 @@ def test_get_act_offloading_ctx_manager_keeps_the_head_on_the_device(use_streams
         return [loss.detach()] + [p.grad for p in model.parameters()], ctx
 
     ref, _ = run(lambda m: contextlib.nullcontext())
-    got, manager = run(lambda m: torch_offload.get_act_offloading_ctx_manager(m, use_streams=use_streams,
-                                                                              min_offload_size=64))
+    got, manager = run(
+        lambda m: torch_offload.get_act_offloading_ctx_manager(m, use_streams=use_streams, min_offload_size=64)
+    )
     assert_bitwise(ref, got)
     with_head, plain = manager.stats(), None
     assert with_head.tensors_offloaded > 0
@@ -385,9 +401,10 @@ def test_get_act_offloading_ctx_manager_keeps_the_head_on_the_device(use_streams
     _, plain = run(lambda m: plain_manager)
     # The head (ln output saved by lm_head's matmul) was not offloaded.
     assert with_head.tensors_seen < plain.stats().tensors_seen
-    assert isinstance(torch_offload.get_act_offloading_ctx_manager(torch.nn.Linear(2, 2),
-                                                                   enable_activation_offloading=False),
-                      contextlib.nullcontext)
+    assert isinstance(
+        torch_offload.get_act_offloading_ctx_manager(torch.nn.Linear(2, 2), enable_activation_offloading=False),
+        contextlib.nullcontext,
+    )
 
 
 def test_pass_through_fallback_and_unavailable_device():
@@ -407,16 +424,28 @@ def test_exit_with_sim_copies_in_flight_keeps_the_exit_status():
     """The interpreter exits while a worker still holds a CPU tensor Python
     sees: it must not abort ("terminate called without an active
     exception", 134), whatever the status."""
-    code = ("import sys, torch, torch_offload.sim\n"
-            "torch_offload.sim.install()\n"
-            "x = torch.randn(10000, device='sim')\n"
-            "y = x.to('cpu', non_blocking=True)\n"
-            "if len(sys.argv) > 1: sys.exit(int(sys.argv[1]))\n")
+    code = (
+        "import sys, torch, torch_offload.sim\n"
+        "torch_offload.sim.install()\n"
+        "x = torch.randn(10000, device='sim')\n"
+        "y = x.to('cpu', non_blocking=True)\n"
+        "if len(sys.argv) > 1: sys.exit(int(sys.argv[1]))\n"
+    )
     runs = [[] for _ in range(20)] + [["3"] for _ in range(4)]
     for batch in range(0, len(runs), 4):  # 4 at a time: a run is mostly startup
-        procs = [(args, subprocess.Popen([sys.executable, "-c", code, *args], stdout=subprocess.PIPE,
-                                         stderr=subprocess.STDOUT, text=True, env=os.environ))
-                 for args in runs[batch:batch + 4]]
+        procs = [
+            (
+                args,
+                subprocess.Popen(
+                    [sys.executable, "-c", code, *args],
+                    stdout=subprocess.PIPE,
+                    stderr=subprocess.STDOUT,
+                    text=True,
+                    env=os.environ,
+                ),
+            )
+            for args in runs[batch : batch + 4]
+        ]
         for args, proc in procs:
             out, _ = proc.communicate(timeout=120)
             assert proc.returncode == (int(args[0]) if args else 0), out
@@ -424,10 +453,11 @@ def test_exit_with_sim_copies_in_flight_keeps_the_exit_status():
 
 # ---------------------------------------------------------------- bad input
 
+
 def bad_input_rows():
     """The rows of docs/bad-input.md's Python section: (call, exception name, message)."""
     text = open(os.path.join(ROOT, "docs", "bad-input.md"), encoding="utf-8").read()
-    section = text[text.index("## Python: `torch_offload`"):]
+    section = text[text.index("## Python: `torch_offload`") :]
     rows = [re.findall(r"`([^`]*)`", line) for line in section.splitlines() if line.startswith("| `")]
     assert len(rows) >= 20, "docs/bad-input.md: the Python table is missing"
     return [tuple(r) for r in rows]
@@ -465,7 +495,8 @@ def test_integer_options_accept_numpy_and_torch_integers_and_name_huge_values():
 
     m = torch_offload.Manager(DEV, max_fwd_stash=numpy.int64(3), prefetch_depth=torch.tensor(4))
     assert m.options["max_fwd_stash"] == 3 and m.options["prefetch_depth"] == 4
-    with pytest.raises(ValueError, match=r"prefetch_bytes must be in \[0, 1125899906842624\], got 18446744073709551616"):
+    huge = r"prefetch_bytes must be in \[0, 1125899906842624\], got 18446744073709551616"
+    with pytest.raises(ValueError, match=huge):
         torch_offload.Manager(DEV, prefetch_bytes=2**64)
 
 
@@ -516,6 +547,7 @@ def test_import_with_another_torch_version_is_an_import_error():
 
 # ---------------------------------------------------------------- sim device module
 
+
 @sim_only("the sim device module")
 def test_device_module_serves_device_generic_code():
     mod = torch.get_device_module("sim")
@@ -555,6 +587,7 @@ def test_device_module_serves_device_generic_code():
 
 # ---------------------------------------------------------------- docs
 
+
 def test_readme_python_snippet_runs():
     readme = open(os.path.join(ROOT, "README.md"), encoding="utf-8").read()
     found = re.search(r"<!-- snippet:python[^>]*-->\s*```python\n(.*?)```", readme, re.S)
@@ -562,7 +595,13 @@ def test_readme_python_snippet_runs():
     model = gpt.make(DEV, layers=1, width=32, heads=2, seq=16)
     optimizer = torch.optim.AdamW(model.parameters())
     inputs, targets = gpt.batch(DEV, batch_size=2, seq=16)
-    namespace = {"model": model, "optimizer": optimizer, "inputs": inputs, "targets": targets, "steps": 2,
-                 "loss_fn": lambda logits, t: torch.nn.functional.cross_entropy(logits.flatten(0, 1), t.flatten())}
+    namespace = {
+        "model": model,
+        "optimizer": optimizer,
+        "inputs": inputs,
+        "targets": targets,
+        "steps": 2,
+        "loss_fn": lambda logits, t: torch.nn.functional.cross_entropy(logits.flatten(0, 1), t.flatten()),
+    }
     exec(compile(found.group(1), "README.md", "exec"), namespace)
     assert namespace["manager"].stats().tensors_offloaded > 0

@@ -26,7 +26,9 @@ def error():
         if "cuda" not in torch_offload._C.compiled_device_policies():
             return "OFFLOAD_TEST_DEVICE=cuda: this torch_offload has no device::Cuda (a CUDA torch build is needed)"
         if not torch.cuda.is_available():
-            return "OFFLOAD_TEST_DEVICE=cuda: no CUDA device is visible (run the suite on sim: unset OFFLOAD_TEST_DEVICE)"
+            return (
+                "OFFLOAD_TEST_DEVICE=cuda: no CUDA device is visible (run the suite on sim: unset OFFLOAD_TEST_DEVICE)"
+            )
     return None
 
 

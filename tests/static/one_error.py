@@ -8,6 +8,7 @@ usage: one_error.py SOURCE_ROOT GENERATED_INCLUDE LIBTORCH CUDA_INCLUDE COMPILER
 Compiles tests/static/one_error.cpp with -fsyntax-only once per CASE and
 once per CASE with -DTWIN. Prints "N passed, N failed" (one per case).
 """
+
 import concurrent.futures
 import os
 import re
@@ -17,10 +18,18 @@ import sys
 root, generated, libtorch, cuda_include = sys.argv[1:5]
 compiler = sys.argv[5:]
 roots = ("include", "policies", os.path.join("src", "sim", "include"))
-flags = ["-std=c++20", "-fsyntax-only", "-fdiagnostics-color=never"] + [
-    a for b in roots for a in ("-I", os.path.join(root, b))] + [
-    "-I", generated, "-isystem", os.path.join(libtorch, "include"),
-    "-isystem", os.path.join(libtorch, "include", "torch", "csrc", "api", "include")]
+flags = (
+    ["-std=c++20", "-fsyntax-only", "-fdiagnostics-color=never"]
+    + [a for b in roots for a in ("-I", os.path.join(root, b))]
+    + [
+        "-I",
+        generated,
+        "-isystem",
+        os.path.join(libtorch, "include"),
+        "-isystem",
+        os.path.join(libtorch, "include", "torch", "csrc", "api", "include"),
+    ]
+)
 if cuda_include:
     flags += ["-isystem", cuda_include]
 source = os.path.join(root, "tests", "static", "one_error.cpp")
@@ -33,8 +42,11 @@ CASES = {
     4: ("the Sync policy needs streams and events (needs_events) and the Device policy has none", "sync_policy_for"),
     5: ("`release` to be declared noexcept", "Streamed"),
     6: ("offload::storage_policy: it needs `static constexpr bool prefers_pinned`", "sync_policy_for"),
-    7: ("has a step callback (end_forward, end_backward, on_unpack, suspend, resume, add_stats or release) but does "
-        "not declare `static constexpr bool observes_steps = true`", "Streamed"),
+    7: (
+        "has a step callback (end_forward, end_backward, on_unpack, suspend, resume, add_stats or release) but does "
+        "not declare `static constexpr bool observes_steps = true`",
+        "Streamed",
+    ),
 }
 
 
@@ -47,15 +59,15 @@ def compile_case(case, twin):
 def check(case):
     want, unwanted = CASES[case]
     rc, err = compile_case(case, twin=False)
-    errors = [l for l in err.splitlines() if re.search(r"\berror:", l)]
+    errors = [line for line in err.splitlines() if re.search(r"\berror:", line)]
     problems = []
     if rc == 0:
         problems.append("compiled, but must not")
     if len(errors) != 1:
         problems.append(f"{len(errors)} errors, want exactly 1")
-    if not any(want in l for l in errors):
+    if not any(want in e for e in errors):
         problems.append(f"no error says {want!r}")
-    if any(unwanted in l for l in errors):
+    if any(unwanted in e for e in errors):
         problems.append(f"an error mentions {unwanted!r}")
     twin_rc, twin_err = compile_case(case, twin=True)
     if twin_rc != 0:

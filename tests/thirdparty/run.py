@@ -23,5 +23,6 @@ if check.returncode != 0:
     sys.exit(1)
 env = dict(os.environ, PYTHONPATH=os.path.join(build, "python"), PYTHONDONTWRITEBYTECODE="1")
 python = os.path.join(venv, "bin", "python3")
-os.execve(python, [python, "-m", "pytest", "-q", "-p", "no:cacheprovider", os.path.join(root, "tests", "thirdparty")],
-          env)
+os.execve(
+    python, [python, "-m", "pytest", "-q", "-p", "no:cacheprovider", os.path.join(root, "tests", "thirdparty")], env
+)

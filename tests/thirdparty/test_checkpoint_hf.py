@@ -10,8 +10,8 @@ one tensor on the device per layer call; a lower peak after forward."""
 import contextlib
 
 import pytest
-import torch_offload
 
+import torch_offload
 from test_torch_offload import assert_bitwise
 from test_transformers import batch, build
 from training import DEV, train

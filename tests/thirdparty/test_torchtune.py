@@ -14,7 +14,6 @@ from torchtune.models.llama3_2 import llama3_2
 from torchtune.modules import TiedLinear
 
 import torch_offload.torchtune
-
 from test_torch_offload import assert_bitwise
 from training import DEV, offloaded, train
 
@@ -23,8 +22,16 @@ VOCAB, SEQ, BATCH = 128, 64, 2
 
 def build(tied):
     torch.manual_seed(0)
-    model = llama3_2(vocab_size=VOCAB, num_layers=2, num_heads=4, num_kv_heads=2, embed_dim=64, max_seq_len=SEQ,
-                     intermediate_dim=128, tie_word_embeddings=tied)
+    model = llama3_2(
+        vocab_size=VOCAB,
+        num_layers=2,
+        num_heads=4,
+        num_kv_heads=2,
+        embed_dim=64,
+        max_seq_len=SEQ,
+        intermediate_dim=128,
+        tie_word_embeddings=tied,
+    )
     return model.to(DEV).train()
 
 

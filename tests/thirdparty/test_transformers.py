@@ -17,29 +17,48 @@ import transformers
 import torch_offload
 import torch_offload.torchtune
 import torch_offload.trl
-
 from test_torch_offload import assert_bitwise
 from training import DEV, offloaded, train
 
 VOCAB, SEQ, BATCH = 128, 64, 2
-TINY = dict(vocab_size=VOCAB, hidden_size=64, intermediate_size=128, num_hidden_layers=2, num_attention_heads=4,
-            num_key_value_heads=2, max_position_embeddings=SEQ, bos_token_id=0, eos_token_id=1, pad_token_id=2)
+TINY = dict(
+    vocab_size=VOCAB,
+    hidden_size=64,
+    intermediate_size=128,
+    num_hidden_layers=2,
+    num_attention_heads=4,
+    num_key_value_heads=2,
+    max_position_embeddings=SEQ,
+    bos_token_id=0,
+    eos_token_id=1,
+    pad_token_id=2,
+)
 CONFIGS = {
     "llama": lambda: transformers.LlamaConfig(**TINY),
-    "gpt2": lambda: transformers.GPT2Config(vocab_size=VOCAB, n_embd=64, n_layer=2, n_head=4, n_positions=SEQ,
-                                            bos_token_id=0, eos_token_id=1),
+    "gpt2": lambda: transformers.GPT2Config(
+        vocab_size=VOCAB, n_embd=64, n_layer=2, n_head=4, n_positions=SEQ, bos_token_id=0, eos_token_id=1
+    ),
     "qwen2": lambda: transformers.Qwen2Config(**TINY),
-    "bert": lambda: transformers.BertConfig(vocab_size=VOCAB, hidden_size=64, num_hidden_layers=2,
-                                            num_attention_heads=4, intermediate_size=128,
-                                            max_position_embeddings=SEQ, pad_token_id=2),
+    "bert": lambda: transformers.BertConfig(
+        vocab_size=VOCAB,
+        hidden_size=64,
+        num_hidden_layers=2,
+        num_attention_heads=4,
+        intermediate_size=128,
+        max_position_embeddings=SEQ,
+        pad_token_id=2,
+    ),
 }
 
 
 def build(name):
     torch.manual_seed(0)
     config = CONFIGS[name]()
-    model = transformers.BertForMaskedLM(config) if name == "bert" else \
-        transformers.AutoModelForCausalLM.from_config(config)
+    model = (
+        transformers.BertForMaskedLM(config)
+        if name == "bert"
+        else transformers.AutoModelForCausalLM.from_config(config)
+    )
     return model.to(DEV).train()  # dropout on: its masks are saved tensors too
 
 

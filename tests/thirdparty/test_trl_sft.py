@@ -25,7 +25,6 @@ import trl
 import trl.trainer.sft_trainer
 
 import torch_offload.trl
-
 from test_torch_offload import assert_bitwise
 from training import DEV, device_bytes
 
@@ -38,14 +37,16 @@ def tokenizer():
     vocab = {"<pad>": 0, "<eos>": 1, "<unk>": 2} | {w: i + 3 for i, w in enumerate(WORDS)}
     tok = tokenizers.Tokenizer(tokenizers.models.WordLevel(vocab, unk_token="<unk>"))
     tok.pre_tokenizer = tokenizers.pre_tokenizers.Whitespace()
-    return transformers.PreTrainedTokenizerFast(tokenizer_object=tok, pad_token="<pad>", eos_token="<eos>",
-                                                unk_token="<unk>")
+    return transformers.PreTrainedTokenizerFast(
+        tokenizer_object=tok, pad_token="<pad>", eos_token="<eos>", unk_token="<unk>"
+    )
 
 
 def dataset():
     g = torch.Generator().manual_seed(1)
-    texts = [" ".join(WORDS[i] for i in torch.randint(0, len(WORDS), (SEQ - 8,), generator=g).tolist())
-             for _ in range(6)]
+    texts = [
+        " ".join(WORDS[i] for i in torch.randint(0, len(WORDS), (SEQ - 8,), generator=g).tolist()) for _ in range(6)
+    ]
     return datasets.Dataset.from_dict({"text": texts})
 
 
@@ -54,8 +55,9 @@ def on_sim(monkeypatch):
     accelerate.state.PartialState._reset_state()  # the device is chosen when the shared state is first made
     accelerate.state.AcceleratorState._reset_state()
     monkeypatch.setenv("ACCELERATE_TORCH_DEVICE", DEV)
-    monkeypatch.setattr(trl.trainer.sft_trainer, "get_act_offloading_ctx_manager",
-                        torch_offload.trl.get_act_offloading_ctx_manager)
+    monkeypatch.setattr(
+        trl.trainer.sft_trainer, "get_act_offloading_ctx_manager", torch_offload.trl.get_act_offloading_ctx_manager
+    )
     yield
     accelerate.state.PartialState._reset_state()
     accelerate.state.AcceleratorState._reset_state()
@@ -63,15 +65,36 @@ def on_sim(monkeypatch):
 
 def sft(tmp_path, offload, checkpointing):
     torch.manual_seed(0)
-    config = transformers.LlamaConfig(vocab_size=VOCAB, hidden_size=64, intermediate_size=128, num_hidden_layers=2,
-                                      num_attention_heads=4, num_key_value_heads=2, max_position_embeddings=SEQ,
-                                      bos_token_id=None, eos_token_id=1, pad_token_id=0)
+    config = transformers.LlamaConfig(
+        vocab_size=VOCAB,
+        hidden_size=64,
+        intermediate_size=128,
+        num_hidden_layers=2,
+        num_attention_heads=4,
+        num_key_value_heads=2,
+        max_position_embeddings=SEQ,
+        bos_token_id=None,
+        eos_token_id=1,
+        pad_token_id=0,
+    )
     model = transformers.AutoModelForCausalLM.from_config(config)
-    args = trl.SFTConfig(output_dir=str(tmp_path / ("offload" if offload else "plain")), max_steps=3,
-                         per_device_train_batch_size=2, learning_rate=1e-2, logging_steps=1, save_strategy="no",
-                         report_to=[], activation_offloading=offload, dataloader_pin_memory=False, seed=0,
-                         data_seed=0, max_length=SEQ, disable_tqdm=True, bf16=False,
-                         activation_checkpointing=checkpointing)
+    args = trl.SFTConfig(
+        output_dir=str(tmp_path / ("offload" if offload else "plain")),
+        max_steps=3,
+        per_device_train_batch_size=2,
+        learning_rate=1e-2,
+        logging_steps=1,
+        save_strategy="no",
+        report_to=[],
+        activation_offloading=offload,
+        dataloader_pin_memory=False,
+        seed=0,
+        data_seed=0,
+        max_length=SEQ,
+        disable_tqdm=True,
+        bf16=False,
+        activation_checkpointing=checkpointing,
+    )
     trainer = trl.SFTTrainer(model=model, args=args, train_dataset=dataset(), processing_class=tokenizer())
     losses, held = [], []
 

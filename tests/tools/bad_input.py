@@ -8,6 +8,7 @@ nothing on stdout and exactly the documented line on stderr.
 Options rows: requires the documented message verbatim in the Options
 table of tests/test_core.cpp, which checks it against Options::validate().
 """
+
 import os
 import re
 import shlex
@@ -47,8 +48,10 @@ with tempfile.TemporaryDirectory() as tmp:
             checked += 1
             err = run.stderr.strip().splitlines()
             if run.returncode != 2 or run.stdout.strip() or err != [expected]:
-                failures.append(f"demo {args!r}: exit {run.returncode}, stderr {run.stderr.strip()!r}, "
-                                f"expected exit 2 and {expected!r}")
+                failures.append(
+                    f"demo {args!r}: exit {run.returncode}, stderr {run.stderr.strip()!r}, "
+                    f"expected exit 2 and {expected!r}"
+                )
 for f in failures:
     print("FAIL:", f)
 print(f"{checked - len(failures)} passed, {len(failures)} failed")

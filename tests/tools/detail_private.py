@@ -11,6 +11,7 @@ outside those folders (and outside build folders). First proves it can see
 a use (a line naming offload::detail must be reported). Prints
 "N passed, N failed" (one per file scanned, plus the self-check).
 """
+
 import os
 import re
 import sys
@@ -27,8 +28,10 @@ def uses(text):
 
 
 passed = failed = 0
-if uses("auto s = offload::detail::transfer_of(e);\n#include <offload/detail/core.hpp>") == [] or \
-        uses("auto s = offload::interface_of(m);") != []:
+if (
+    uses("auto s = offload::detail::transfer_of(e);\n#include <offload/detail/core.hpp>") == []
+    or uses("auto s = offload::interface_of(m);") != []
+):
     print("FAIL self-check: the pattern does not tell a use from a public name")
     failed += 1
 else:

@@ -21,6 +21,7 @@ still instantiates templates and evaluates static_asserts). Some blocks are
 also compiled and run by other tests (<!-- snippet:... --> markers).
 Prints "N passed, N failed" (one per file).
 """
+
 import concurrent.futures
 import glob
 import os
@@ -32,9 +33,18 @@ import tempfile
 root, generated, libtorch, cuda_include = sys.argv[1:5]
 compiler = sys.argv[5:]
 roots = ("include", "policies", os.path.join("src", "sim", "include"))
-flags = ["-std=c++20", "-fsyntax-only", "-Wall"] + [a for b in roots for a in ("-I", os.path.join(root, b))] + [
-    "-I", generated, "-isystem", os.path.join(libtorch, "include"),
-    "-isystem", os.path.join(libtorch, "include", "torch", "csrc", "api", "include")]
+flags = (
+    ["-std=c++20", "-fsyntax-only", "-Wall"]
+    + [a for b in roots for a in ("-I", os.path.join(root, b))]
+    + [
+        "-I",
+        generated,
+        "-isystem",
+        os.path.join(libtorch, "include"),
+        "-isystem",
+        os.path.join(libtorch, "include", "torch", "csrc", "api", "include"),
+    ]
+)
 if cuda_include:
     flags += ["-isystem", cuda_include]
 
@@ -56,9 +66,11 @@ struct Optimizer {
 };
 }  // namespace doc_context
 """
-PARAMS = ("[[maybe_unused]] doc_context::Model* model, [[maybe_unused]] doc_context::Optimizer& optimizer, "
-          "[[maybe_unused]] const at::Tensor& inputs, [[maybe_unused]] const at::Tensor& targets, "
-          "[[maybe_unused]] int steps, [[maybe_unused]] const offload::Options& options")
+PARAMS = (
+    "[[maybe_unused]] doc_context::Model* model, [[maybe_unused]] doc_context::Optimizer& optimizer, "
+    "[[maybe_unused]] const at::Tensor& inputs, [[maybe_unused]] const at::Tensor& targets, "
+    "[[maybe_unused]] int steps, [[maybe_unused]] const offload::Options& options"
+)
 MARKER = re.compile(r"<!-- compiled: (declarations|statements) -->")
 
 
@@ -73,7 +85,7 @@ def blocks(path):
                 m = MARKER.search(lines[k])
                 if m:
                     kind = m.group(1)
-            yield i + 1, kind, lines[i + 1:end]
+            yield i + 1, kind, lines[i + 1 : end]
             i = end
         i += 1
 
@@ -84,9 +96,9 @@ def translation_unit(path):
         if kind is None:
             unmarked.append(line)
             continue
-        includes += [l for l in code if l.startswith("#include")]
-        code = [l for l in code if not l.startswith("#include")]
-        body.append(f"#line {line + 1} \"{os.path.relpath(path, root)}\"")
+        includes += [c for c in code if c.startswith("#include")]
+        code = [c for c in code if not c.startswith("#include")]
+        body.append(f'#line {line + 1} "{os.path.relpath(path, root)}"')
         if kind == "declarations":
             body += code
         else:
@@ -114,8 +126,11 @@ def check(path):
         os.unlink(tu.name)
 
 
-docs = [os.path.join(root, "README.md")] + sorted(glob.glob(os.path.join(root, "docs", "*.md"))) + sorted(
-    glob.glob(os.path.join(root, "docs", "policies", "*.md")))
+docs = (
+    [os.path.join(root, "README.md")]
+    + sorted(glob.glob(os.path.join(root, "docs", "*.md")))
+    + sorted(glob.glob(os.path.join(root, "docs", "policies", "*.md")))
+)
 docs = [d for d in docs if any(True for _ in blocks(d))]
 failed = 0
 with concurrent.futures.ThreadPoolExecutor(max_workers=2) as pool:

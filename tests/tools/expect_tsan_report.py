@@ -12,6 +12,7 @@ TSan run means something only if this one is not clean.
 Prints "1 passed, 0 failed" or "0 passed, 1 failed" (counted by
 scripts/count-tests.py) and, on failure, the tail of the output.
 """
+
 import subprocess
 import sys
 
@@ -20,7 +21,7 @@ OURS = ("src/sim/", "include/offload/", "policies/offload/", "src/engine.cpp", "
 
 run = subprocess.run(sys.argv[1:], stdout=subprocess.PIPE, stderr=subprocess.STDOUT, text=True)
 out = run.stdout
-report = out[out.find(RACE):] if RACE in out else ""
+report = out[out.find(RACE) :] if RACE in out else ""
 summary = next((line for line in report.splitlines() if line.startswith("SUMMARY:")), "")
 # The two racing accesses' stacks only: not the heap block's allocation
 # stack, the mutexes or the threads' creation stacks that follow them.

@@ -8,6 +8,7 @@ under include/offload/, policies/offload/ and the sim library's
 src/sim/include/offload/; device/cuda.hpp needs no CUDA header by design.
 Prints "N passed, N failed".
 """
+
 import concurrent.futures
 import os
 import subprocess
@@ -24,9 +25,18 @@ for base in roots:
         for f in sorted(files):
             if f.endswith(".hpp"):
                 headers.append(os.path.relpath(os.path.join(dirpath, f), top))
-flags = ["-std=c++20", "-fsyntax-only"] + [a for base in roots for a in ("-I", os.path.join(root, base))] + [
-         "-I", generated, "-isystem", os.path.join(libtorch, "include"),
-         "-isystem", os.path.join(libtorch, "include", "torch", "csrc", "api", "include")]
+flags = (
+    ["-std=c++20", "-fsyntax-only"]
+    + [a for base in roots for a in ("-I", os.path.join(root, base))]
+    + [
+        "-I",
+        generated,
+        "-isystem",
+        os.path.join(libtorch, "include"),
+        "-isystem",
+        os.path.join(libtorch, "include", "torch", "csrc", "api", "include"),
+    ]
+)
 if cuda_include:
     flags += ["-isystem", cuda_include]
 
