@@ -69,8 +69,8 @@ struct PoolOptions {
     TORCH_CHECK_VALUE(min_slab_bytes >= kMinSlab && min_slab_bytes <= kMaxSlab,
                       "offload::storage::PoolOptions: min_slab_bytes must be in [", kMinSlab, ", ", kMaxSlab, "], got ",
                       min_slab_bytes);
-    TORCH_CHECK_VALUE(growth > 0.0 && growth <= 1.0,
-                      "offload::storage::PoolOptions: growth must be in (0, 1], got ", growth);
+    TORCH_CHECK_VALUE(growth > 0.0 && growth <= 1.0, "offload::storage::PoolOptions: growth must be in (0, 1], got ",
+                      growth);
     TORCH_CHECK_VALUE(limit_bytes == 0 || (limit_bytes >= min_slab_bytes && limit_bytes <= kMaxLimit),
                       "offload::storage::PoolOptions: limit_bytes must be 0 (no limit) or in [min_slab_bytes = ",
                       min_slab_bytes, ", ", kMaxLimit, "], got ", limit_bytes);
@@ -180,16 +180,18 @@ class HostPool : public std::enable_shared_from_this<HostPool> {
 
   // A new slab that fits `size`: false when the limit forbids or pinning fails.
   bool grow(std::int64_t size) {
-    const auto wanted = std::max({size, options_.min_slab_bytes,
-                                  static_cast<std::int64_t>(options_.growth * static_cast<double>(stats_.reserved_bytes))});
+    const auto wanted =
+        std::max({size, options_.min_slab_bytes,
+                  static_cast<std::int64_t>(options_.growth * static_cast<double>(stats_.reserved_bytes))});
     const auto slab_bytes = static_cast<std::int64_t>(std::bit_ceil(static_cast<std::uint64_t>(wanted)));
     if (options_.limit_bytes != 0 && stats_.reserved_bytes + slab_bytes > options_.limit_bytes) return false;
     auto slab = std::make_unique<Slab>();
     try {
-      slab->memory = at::globalContext().getPinnedMemoryAllocator(type_)->allocate(static_cast<std::size_t>(slab_bytes));
+      slab->memory =
+          at::globalContext().getPinnedMemoryAllocator(type_)->allocate(static_cast<std::size_t>(slab_bytes));
     } catch (const c10::Error& e) {
-      TORCH_WARN_ONCE("offload::storage::PinnedPool: pinned host memory is not available (",
-                      e.what_without_backtrace(), "); using pageable memory (Stats::pinned_fallbacks counts it)");
+      TORCH_WARN_ONCE("offload::storage::PinnedPool: pinned host memory is not available (", e.what_without_backtrace(),
+                      "); using pageable memory (Stats::pinned_fallbacks counts it)");
       return false;
     }
     slab->base = static_cast<char*>(slab->memory.get());
