@@ -324,7 +324,10 @@ void Frame::recompute(std::int64_t pass, Recomputed& out) {
   inputs.reserve(inputs_.size());
   for (const auto& saved : inputs_) inputs.push_back(saved.unpack());
 
-  // The forward's generator and autocast states, the current ones restored after.
+  // The forward's generator, autocast and block states, the current ones
+  // restored after (the copies that can fail are made before anything is
+  // switched).
+  const auto state_now = copies(state_);
   std::vector<at::Tensor> now;
   now.reserve(rng_.size());
   for (auto& r : rng_) {
@@ -341,10 +344,7 @@ void Frame::recompute(std::int64_t pass, Recomputed& out) {
   }
   const bool cache_now = at::autocast::is_autocast_cache_enabled();
   at::autocast::set_autocast_cache_enabled(autocast_cache_);
-  const auto state_now = copies(state_);
-  write_state(state_at_forward_);
   const auto restore = [&] {
-    write_state(state_now);
     for (std::size_t i = 0; i < rng_.size(); ++i) {
       const std::lock_guard lock(rng_[i].generator.mutex());
       rng_[i].generator.set_state(now[i]);
@@ -354,10 +354,12 @@ void Frame::recompute(std::int64_t pass, Recomputed& out) {
       at::autocast::set_autocast_dtype(a.type, a.dtype);
     }
     at::autocast::set_autocast_cache_enabled(cache_now);
+    write_state(state_now);  // last: the generators and autocast are back even if it throws
   };
 
   recomputing_ = true;
   try {
+    write_state(state_at_forward_);
     const torch::autograd::AutoGradMode grad(true);
     const Scope collecting(any_manager_of(std::make_shared<CollectSource>(shared_from_this(), pass)));
     try {
@@ -366,7 +368,10 @@ void Frame::recompute(std::int64_t pass, Recomputed& out) {
     }
   } catch (...) {
     recomputing_ = false;
-    restore();
+    try {
+      restore();
+    } catch (...) {  // the block's own error is the one to report
+    }
     throw;
   }
   recomputing_ = false;

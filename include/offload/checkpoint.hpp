@@ -94,14 +94,17 @@ at::Tensor checkpoint(std::function<at::Tensor(const at::Tensor&)> fn, const at:
 
 /// A module's forward on one input, checkpointed: `module` is a torch::nn
 /// module holder (or any copyable handle with `->forward(tensor)`), copied
-/// into the block. A module with buffers (`module->buffers()`) has them
-/// added to CheckpointOptions::state, so recomputing a BatchNorm leaves its
-/// running statistics as the forward left them.
+/// into the block. A module with buffers (`module->buffers()`) has those
+/// that do not require grad added to CheckpointOptions::state, so
+/// recomputing a BatchNorm leaves its running statistics as the forward
+/// left them.
 template <class Module>
 at::Tensor checkpoint_forward(Module module, const at::Tensor& input, const CheckpointOptions& options = {}) {
   auto with_state = options;
   if constexpr (requires { module->buffers(); }) {
-    for (const auto& buffer : module->buffers()) with_state.state.push_back(buffer);
+    for (const auto& buffer : module->buffers()) {
+      if (buffer.defined() && !buffer.requires_grad()) with_state.state.push_back(buffer);
+    }
   }
   return checkpoint([module = std::move(module)](const at::Tensor& x) mutable { return module->forward(x); }, input,
                     with_state);
