@@ -30,7 +30,7 @@ with tempfile.TemporaryDirectory() as tmp:
         f.write("x")
     for line in text.splitlines():
         if line.startswith("## "):
-            section = "options" if "Options" in line else "demo" if "Demo" in line else None
+            section = "options" if "`offload::Options`" in line else "demo" if "Demo" in line else None
             continue
         cells = re.findall(r"`([^`]*)`", line) if line.startswith("| `") else []
         if not cells:
