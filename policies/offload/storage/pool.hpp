@@ -56,8 +56,9 @@ struct PoolOptions {
   /// fraction more than it needs.
   double growth = 1.0 / 32;
   /// Most bytes the pool may pin, 0 = no limit, else [min_slab_bytes,
-  /// 2^50]. A request the pool cannot fit within it gets pageable memory
-  /// (HostBuffer::pinned false, counted in Stats::pinned_fallbacks).
+  /// 2^50]. Near it a slab is only as large as the request; a request the
+  /// pool cannot fit within it gets pageable memory (HostBuffer::pinned
+  /// false, counted in Stats::pinned_fallbacks).
   std::int64_t limit_bytes = 0;
 
   /// Throws c10::ValueError naming the field, the value and the accepted
@@ -180,11 +181,20 @@ class HostPool : public std::enable_shared_from_this<HostPool> {
 
   // A new slab that fits `size`: false when the limit forbids or pinning fails.
   bool grow(std::int64_t size) {
-    const auto wanted =
-        std::max({size, options_.min_slab_bytes,
-                  static_cast<std::int64_t>(options_.growth * static_cast<double>(stats_.reserved_bytes))});
-    const auto slab_bytes = static_cast<std::int64_t>(std::bit_ceil(static_cast<std::uint64_t>(wanted)));
-    if (options_.limit_bytes != 0 && stats_.reserved_bytes + slab_bytes > options_.limit_bytes) return false;
+    constexpr std::int64_t kMaxSlab = std::int64_t{1} << 50;  // also keeps bit_ceil below 2^63
+    if (size > kMaxSlab) return false;
+    const auto wanted = std::min(
+        kMaxSlab, std::max({size, options_.min_slab_bytes,
+                            static_cast<std::int64_t>(options_.growth * static_cast<double>(stats_.reserved_bytes))}));
+    auto slab_bytes = static_cast<std::int64_t>(std::bit_ceil(static_cast<std::uint64_t>(wanted)));
+    if (options_.limit_bytes != 0) {
+      // Under a limit, a smaller slab (the request's own size) when a
+      // power of two no longer fits.
+      const auto left = options_.limit_bytes - stats_.reserved_bytes;
+      if (size > left) return false;
+      if (slab_bytes > left) slab_bytes = size;
+    }
+    slabs_.reserve(slabs_.size() + 1);  // the push_back below cannot throw after add_free
     auto slab = std::make_unique<Slab>();
     try {
       slab->memory =
@@ -245,8 +255,8 @@ struct PoolRegistry {
   std::mutex mutex;
   std::map<std::pair<int, int>, std::weak_ptr<HostPool>> pools;
   static PoolRegistry& instance() {
-    static PoolRegistry registry;
-    return registry;
+    static auto* registry = new PoolRegistry();  // leaked on purpose: usable until the process ends
+    return *registry;
   }
   static std::pair<int, int> key(c10::Device device) {
     return {static_cast<int>(device.type()), static_cast<int>(device.index())};
