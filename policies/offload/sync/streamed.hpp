@@ -242,18 +242,27 @@ struct Streamed {
    private:
     // Drops what is held for `t` once no copy in flight uses its buffers.
     void forget(const Transfer& t) noexcept {
+      auto& mine = t.state();
+      // First, and each on its own: the host buffer may be read or written
+      // by a copy still in flight, and a storage policy may hand it out
+      // again as soon as the entry goes (PinnedPool does), whatever fails
+      // below. A failing device here must not turn a destructor into
+      // terminate(); the buffers are released regardless, as autograd drops
+      // the graph.
+      try {
+        if (mine.d2h) mine.d2h->synchronize();
+      } catch (...) {
+      }
+      try {
+        if (mine.h2d) mine.h2d->synchronize();
+      } catch (...) {
+      }
       try {
         order_.erase(t.seq());
         uncount(t);
-        auto& mine = t.state();
         if (mine.stash.defined()) drop_stash(t);
         if (mine.prefetched.defined()) drop_prefetch(t);
-        // The host buffer may be read or written by a copy still in flight.
-        if (mine.d2h) mine.d2h->synchronize();
-        if (mine.h2d) mine.h2d->synchronize();
       } catch (...) {
-        // A failing device here must not turn a destructor into terminate();
-        // the buffers are released regardless, as autograd drops the graph.
       }
     }
 
