@@ -281,8 +281,13 @@ void ready_hook_types(py::module_& m) {
 
 // ---------------------------------------------------------------- choosing
 
-constexpr const char* kStorages = "'pinned_host', 'pageable_host', 'pinned_pool'";
-constexpr const char* kSyncs = "'blocking', 'streamed'";
+// "'a', 'b', 'c'": the names of a policy list, for error messages.
+template <class Policies>
+std::string quoted_names(Policies policies) {
+  std::string out;
+  for (const auto& name : offload::policy_names(policies)) out += (out.empty() ? "'" : ", '") + name + "'";
+  return out;
+}
 
 std::string accepted_devices() {
   std::string out = "'auto'";
@@ -307,12 +312,11 @@ offload::AnyManager build_for(const std::string& device, const offload::Options&
                                                                                   fallback);
   }
   // "generic" is the policy for a PrivateUse1 backend of another name, not a device name.
-  auto outcome = offload::NamedDevice::unknown;
-  auto chosen = device == "generic" ? std::nullopt
-                                    : offload::make_manager_named<Storage, Sync, offload::sync::Blocking>(
-                                          device, options, offload::builtin_devices, outcome);
-  if (chosen) return *std::move(chosen);
-  TORCH_CHECK_VALUE(outcome != offload::NamedDevice::unknown, "torch_offload.Manager: device must be one of ",
+  auto named = device == "generic" ? offload::NamedManager{}
+                                   : offload::make_manager_named<Storage, Sync, offload::sync::Blocking>(
+                                         device, options, offload::builtin_devices);
+  if (named.manager) return *std::move(named.manager);
+  TORCH_CHECK_VALUE(named.outcome != offload::NamedDevice::unknown, "torch_offload.Manager: device must be one of ",
                     accepted_devices(), ", got '", device, "'");
   std::string why = "device '" + device + "' is not available in this process" +
                     (device == "sim" ? " (call torch_offload.sim.install() first)" : "");
@@ -324,29 +328,25 @@ offload::AnyManager make(const std::string& device, const std::string& storage, 
                          const offload::Options& options, const std::string& fallback) {
   // Every argument is checked before anything is detected or built.
   options.validate();
-  TORCH_CHECK_VALUE(storage == "pinned_host" || storage == "pageable_host" || storage == "pinned_pool",
-                    "torch_offload.Manager: storage must be one of ", kStorages, ", got '", storage, "'");
-  TORCH_CHECK_VALUE(sync == "blocking" || sync == "streamed", "torch_offload.Manager: sync must be one of ", kSyncs,
-                    ", got '", sync, "'");
+  const auto named = [](auto policies, const std::string& name) {
+    return offload::visit_policy_named(policies, name, [](auto) {});
+  };
+  TORCH_CHECK_VALUE(named(offload::builtin_storages, storage), "torch_offload.Manager: storage must be one of ",
+                    quoted_names(offload::builtin_storages), ", got '", storage, "'");
+  TORCH_CHECK_VALUE(named(offload::builtin_syncs, sync), "torch_offload.Manager: sync must be one of ",
+                    quoted_names(offload::builtin_syncs), ", got '", sync, "'");
   TORCH_CHECK_VALUE(fallback == "error" || fallback == "pass_through",
                     "torch_offload.Manager: fallback must be one of 'error', 'pass_through', got '", fallback, "'");
   const auto fb = fallback == "error" ? offload::Fallback::error : offload::Fallback::pass_through;
-  const bool streamed = sync == "streamed";
-  using offload::storage::PageableHost;
-  using offload::storage::PinnedHost;
-  using offload::storage::PinnedPool;
-  using offload::sync::Blocking;
-  using offload::sync::Streamed;
-  if (storage == "pinned_host") {
-    return streamed ? build_for<PinnedHost, Streamed>(device, options, fb)
-                    : build_for<PinnedHost, Blocking>(device, options, fb);
-  }
-  if (storage == "pinned_pool") {
-    return streamed ? build_for<PinnedPool, Streamed>(device, options, fb)
-                    : build_for<PinnedPool, Blocking>(device, options, fb);
-  }
-  return streamed ? build_for<PageableHost, Streamed>(device, options, fb)
-                  : build_for<PageableHost, Blocking>(device, options, fb);
+  std::optional<offload::AnyManager> out;
+  offload::visit_policy_named(offload::builtin_storages, storage, [&](auto storage_type) {
+    offload::visit_policy_named(offload::builtin_syncs, sync, [&](auto sync_type) {
+      using Storage = typename decltype(storage_type)::type;
+      using Sync = typename decltype(sync_type)::type;
+      out.emplace(build_for<Storage, Sync>(device, options, fb));
+    });
+  });
+  return *std::move(out);
 }
 
 // ---------------------------------------------------------------- stats

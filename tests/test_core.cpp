@@ -227,9 +227,7 @@ std::string range_message(std::string_view field, offload::Range range, std::int
 TEST_CASE("Options: offload::ranges are what validate() accepts, at both ends") {
   // Every integer field, through the one list validate() and the Python
   // binding read.
-  const auto& fields = offload::option_fields;
-  CHECK(fields.size() == 6);
-  for (const auto& f : fields) {
+  for (const auto& f : offload::option_fields) {
     CAPTURE(f.name);
     for (auto ok : {f.range.lo, f.range.hi}) {
       offload::Options options;
@@ -332,4 +330,17 @@ TEST_CASE("Scope: one warning per manager for scopes closed out of order") {
     offload::Scope second(a);
   }
   CHECK(warnings.messages.size() == 1);
+}
+
+TEST_CASE("builtin_storages, builtin_syncs: the one list of the names programs pick policies by") {
+  CHECK(offload::policy_names(offload::builtin_storages) ==
+        std::vector<std::string>{"pinned_host", "pageable_host", "pinned_pool"});
+  CHECK(offload::policy_names(offload::builtin_syncs) == std::vector<std::string>{"blocking", "streamed"});
+  std::string seen;
+  CHECK(offload::visit_policy_named(offload::builtin_storages, "pinned_pool",
+                                    [&](auto t) { seen = decltype(t)::type::name; }));
+  CHECK(seen == "pinned_pool");
+  int calls = 0;
+  CHECK_FALSE(offload::visit_policy_named(offload::builtin_syncs, "async", [&](auto) { ++calls; }));
+  CHECK(calls == 0);
 }

@@ -330,11 +330,18 @@ AnyManager make_manager_unhooked(const Options& options, Devices devices, Fallba
                              "offload::Fallback::pass_through to run without offloading");
 }
 
-/// Why make_manager_named() made no manager.
+/// Whether make_manager_named() made a manager, and if not why.
 enum class NamedDevice {
   found,        ///< a manager was made
   unknown,      ///< no policy of the list has that name, nor the registered PrivateUse1 backend
   unavailable,  ///< the policy of that name is not available() in this process
+};
+
+/// What make_manager_named() returns: the manager (outcome
+/// NamedDevice::found) or why there is none (`manager` empty).
+struct NamedManager {
+  std::optional<AnyManager> manager;
+  NamedDevice outcome = NamedDevice::unknown;
 };
 
 /// The manager for the device named `device`, without install_hooks() (see
@@ -343,15 +350,15 @@ enum class NamedDevice {
 /// (device::Sim for "sim" once offload::sim::install() ran, the generic
 /// policy for an unnamed backend); otherwise the policy of `devices` whose
 /// name it is (e.g. "cuda"), built for its device type. Sync falls back to
-/// FallbackSync as make_manager's does. Returns std::nullopt and says why in
-/// `outcome` when there is no such policy or it is not available here.
+/// FallbackSync as make_manager's does. The result holds no manager and
+/// says why when there is no such policy or it is not available here.
 /// Validates `options` first. Thread-safe.
 template <class Storage, class Sync, class FallbackSync, class Devices>
-std::optional<AnyManager> make_manager_named(std::string_view device, const Options& options, Devices devices,
-                                             NamedDevice& outcome) {
+NamedManager make_manager_named(std::string_view device, const Options& options, Devices devices) {
   options.validate();
-  std::optional<AnyManager> chosen;
-  outcome = NamedDevice::unknown;
+  NamedManager out;
+  auto& chosen = out.manager;
+  auto& outcome = out.outcome;
   const bool backend =
       c10::is_privateuse1_backend_registered() && c10::get_privateuse1_backend(/*lower_case=*/true) == device;
   boost::hana::for_each(devices, [&](auto t) {
@@ -367,7 +374,7 @@ std::optional<AnyManager> make_manager_named(std::string_view device, const Opti
     chosen.emplace(detail::build<P, Storage, Sync, FallbackSync>(
         options, DetectedAccelerator{P::device_type, std::string(device), {}}));
   });
-  return chosen;
+  return out;
 }
 
 /// Detects the accelerator (detect_accelerator()) and returns a manager
