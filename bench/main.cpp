@@ -101,6 +101,9 @@ int main(int argc, char** argv) {
   add("target",
       "a device-memory target on sim: the demo GPT, a CNN, the LSTM at 0.5 / 0.7 / 0.9 of the peak vs everything "
       "and none, Blocking and Streamed");
+  add("host",
+      "host bytes reserved vs in use, fresh pinned allocations and step time: PinnedHost vs PinnedPool on sim in "
+      "CUDA-like mode, Blocking and Streamed");
   auto* gpu = add("gpu", "NVIDIA GPU: step time none vs Streamed, D2H/H2D GB/s vs a pinned copy_");
   add_ints(*gpu, args, shape_flags);
   add_ints(*gpu, args, option_flags);
@@ -118,7 +121,7 @@ int main(int argc, char** argv) {
     return 2;
   }
   if (args.name.empty()) {
-    std::cerr << "offload-bench: name a benchmark: hook, memory, checkpoint, copy, sim, overlap, target or gpu "
+    std::cerr << "offload-bench: name a benchmark: hook, memory, checkpoint, copy, sim, overlap, target, host or gpu "
                  "(see --help)\n";
     return 2;
   }
@@ -135,6 +138,7 @@ int main(int argc, char** argv) {
     if (args.name == "memory") return bench::run_memory(args);
     if (args.name == "checkpoint") return bench::run_checkpoint(args);
     if (args.name == "target") return bench::run_target(args);
+    if (args.name == "host") return bench::run_host(args);
     return bench::run_overlap(args);
   } catch (const std::exception& e) {
     std::cerr << "offload-bench " << args.name << ": " << e.what() << "\n";

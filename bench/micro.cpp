@@ -342,8 +342,8 @@ int run_copy(const Args& args) {
     for (std::int64_t n = 64 << 10; n <= top; n *= 4) {
       auto dev = at::empty({n}, sim_options);
       dev.fill_(1);
-      auto pinned = offload::storage::PinnedHost{}.allocate(n, kSim.type(), options);
-      auto pageable = offload::storage::PageableHost{}.allocate(n, kSim.type(), options);
+      auto pinned = offload::storage::PinnedHost{}.allocate({n, kSim, options.pin_memory});
+      auto pageable = offload::storage::PageableHost{}.allocate({n, kSim, options.pin_memory});
       auto plain = at::empty({n}, host_options);
       pinned.bytes.fill_(2);
       pageable.bytes.fill_(3);
@@ -367,7 +367,7 @@ int run_copy(const Args& args) {
       };
       auto alloc_copy = [&, d2h](auto storage) {
         if (d2h) {
-          auto host = storage.allocate(n, kSim.type(), options);
+          auto host = storage.allocate({n, kSim, options.pin_memory});
           host.bytes.copy_(dev);
         } else {
           auto fresh = at::empty({n}, sim_options);

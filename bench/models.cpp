@@ -837,7 +837,7 @@ int run_gpu(const Args& args) {
   for (std::int64_t n = 1 << 20; n <= (std::int64_t{1} << 30); n *= 4) {
     auto dev = torch::empty({n}, torch::TensorOptions().dtype(torch::kByte).device(cuda)).fill_(1);
     auto plain = torch::empty({n}, torch::TensorOptions().dtype(torch::kByte).pinned_memory(true)).fill_(2);
-    auto policy = offload::storage::PinnedHost{}.allocate(n, c10::DeviceType::CUDA, options);
+    auto policy = offload::storage::PinnedHost{}.allocate({n, cuda, options.pin_memory});
     policy.bytes.fill_(3);
     auto measure = [&](const std::function<void()>& f) {
       std::vector<double> t;

@@ -2,7 +2,8 @@
 """torch_offload against the Python tools that offload activations, on the
 same model in the same run: no offloading; torch.autograd.graph.save_on_cpu
 (pin_memory=True); TRL's OffloadActivations (use_streams True and False);
-torchtune's OffloadActivations; ours Blocking and Streamed.
+torchtune's OffloadActivations; ours Blocking and Streamed (and Streamed
+with storage="pinned_pool").
 
     python3 bench/peers.py --device sim|cuda --out DIR [--quick] [--models NAME,...] [--hooks-only]
 
@@ -15,7 +16,12 @@ of no offloading, and host time per saved tensor for pack + unpack (one
 extra instrumented step: the tool's pack and unpack hooks timed). The tools
 step in turn (round robin), so a change in machine load hits all alike; a
 tool's peak is its model and AdamW state plus the most its step added above
-what was allocated when the step began. Then the hook cost per saved tensor
+what was allocated when the step began; its pinned host peak (sim only) is
+the most page-locked host bytes its step held above what was held when the
+step began, counted in the blocks sim's pinned allocator hands out, which
+round each request up to a power of two as CUDA's caching host allocator
+does (sim is installed with host_power_of_two=True): a tool that pins per
+tensor pays that rounding. Then the hook cost per saved tensor
 of the Python route against identity hooks (a CPU tensor passed through,
 and a sim tensor offloaded over a free link), and the
 correctness matrix (tests/python/cases.py x tool: exact / differs / raises).
@@ -99,6 +105,7 @@ def make_tools(device):
 
     tools["ours blocking"] = ours("blocking")
     tools["ours streamed"] = ours("streamed")
+    tools["ours streamed pool"] = ours("streamed", storage="pinned_pool")
     tools["ours streamed, prefetch_depth 1"] = ours("streamed", prefetch_depth=1)  # a smaller backward window
     return tools, missing
 
@@ -209,6 +216,7 @@ class Run:
         self.device = next(self.model.parameters()).device
         self.ctx = factory(self.model)
         self.losses, self.times, self.forward_times, self.peak, self.counter = [], [], [], 0, None
+        self.host_peak = 0 if device == "sim" else None
         self.plain = isinstance(self.ctx, contextlib.nullcontext)
 
     def step(self, dm, timed, instrumented):
@@ -218,6 +226,9 @@ class Run:
         dm.synchronize()
         dm.reset_peak_memory_stats()
         at_start = dm.memory_allocated()
+        if self.host_peak is not None:
+            torch_offload.sim.reset_host_peak()
+            host_at_start = torch_offload.sim.host_memory()["current_bytes"]
         t0 = time.perf_counter()
         self.opt.zero_grad(set_to_none=True)
         with self.ctx:
@@ -237,6 +248,9 @@ class Run:
             if self.plain:
                 self.forward_times.append(forward)
             self.peak = max(self.peak, self.resident_bytes() + dm.max_memory_allocated() - at_start)
+            if self.host_peak is not None:
+                host = torch_offload.sim.host_memory()["peak_bytes"] - host_at_start
+                self.host_peak = max(self.host_peak, host)
 
     def resident_bytes(self):
         tensors = list(self.model.parameters()) + [
@@ -274,6 +288,7 @@ def train_all(device, dm, tools, kind, layers, steps, shape):
     for name, run in runs.items():
         rows[name] = {
             "peak_bytes": run.peak,
+            "host_pinned_peak_bytes": run.host_peak,
             "median_step_s": statistics.median(run.times),
             "losses": run.losses,
             "host_ns_per_saved_tensor": run.host_ns_per_saved_tensor(),
@@ -385,7 +400,7 @@ def main():
     if device == "sim":
         import torch_offload.sim
 
-        torch_offload.sim.install()
+        torch_offload.sim.install(host_power_of_two=True)  # pinned blocks as CUDA's caching host allocator
         bandwidths = [25.0, 1.0]  # GB/s; sim's default latency (10 us) throughout
     else:
         if not torch.cuda.is_available():
@@ -441,10 +456,10 @@ def main():
     print()
     print("R = (bytes ours blocking moves per step, both ways / link bandwidth) / forward time of none.\n")
     print(
-        "| model | layers | link GB/s | R | tool | peak device | peak / none | step ms | step / none | losses = none "
-        "| host us per saved tensor |"
+        "| model | layers | link GB/s | R | tool | peak device | peak / none | peak pinned host | step ms "
+        "| step / none | losses = none | host us per saved tensor |"
     )
-    print("|---|---|---|---|---|---|---|---|---|---|---|")
+    print("|---|---|---|---|---|---|---|---|---|---|---|---|")
     for kind, layers in ((kind, layers) for kind, counts in models for layers in counts):
         for gbps in bandwidths:
             if gbps is not None:
@@ -468,15 +483,17 @@ def main():
             where = f"| {kind} | {layers} | {gbps if gbps is not None else '-'} | {r_text} | "
             for name, row in cell["tools"].items():
                 if "error" in row:
-                    print(f"{where}{name} | raises: {row['error']} | | | | | |")
+                    print(f"{where}{name} | raises: {row['error']} | | | | | | |")
                     continue
                 host = row["host_ns_per_saved_tensor"]
                 row["peak_ratio"] = row["peak_bytes"] / base["peak_bytes"]
                 row["time_ratio"] = row["median_step_s"] / base["median_step_s"]
                 row["losses_equal"] = row["losses"] == base["losses"]
                 host_text = f"{host / 1000:.1f}" if host is not None else "-"
+                pinned = row["host_pinned_peak_bytes"]
+                pinned_text = f"{pinned / 2**20:.2f} MiB" if pinned is not None else "-"
                 print(
-                    f"{where}{name} | {row['peak_bytes'] / 2**20:.2f} MiB | {row['peak_ratio']:.3f} | "
+                    f"{where}{name} | {row['peak_bytes'] / 2**20:.2f} MiB | {row['peak_ratio']:.3f} | {pinned_text} | "
                     f"{row['median_step_s'] * 1000:.0f} | {row['time_ratio']:.2f} | "
                     f"{'yes' if row['losses_equal'] else 'no'} | {host_text} |"
                 )
