@@ -93,6 +93,63 @@ TEST_CASE("host budget: tensors over the budget stay on the device and training 
   CHECK(stats.host_bytes_peak <= 12 * 1024);
 }
 
+namespace {
+// One saved storage of 5000 floats (20,000 bytes: exp's output) per
+// backward, offloaded by `manager` from sim's device 0; the gradient must
+// be the one without offloading.
+template <class M>
+void offload_one_exp(M& manager) {
+  const auto w = at::randn({5000}, at::TensorOptions().device(sim0)).requires_grad_();
+  const auto grads = harness::grads_plain_and_wrapped(
+      w, [](const at::Tensor& t) { return (t * 2).exp().sum(); }, harness::with_scope(manager));
+  CHECK(at::equal(grads.wrapped.cpu(), grads.plain.cpu()));
+}
+}  // namespace
+
+TEST_CASE("host budget: reserved bytes are counted and limited (a power-of-two pinned allocator, the pool)") {
+  const fixture::Substrate substrate(kDelayUs);
+  offload::sim::set_host_power_of_two(true);  // as CUDA's caching host allocator
+  constexpr std::int64_t stored = 5000 * 4;
+  SUBCASE("PinnedHost: each buffer counts its power-of-two block") {
+    Blocking manager(offload::Options{.min_offload_bytes = 0});
+    offload_one_exp(manager);
+    const auto stats = manager.stats();
+    CHECK(stats.storages_offloaded == 1);
+    CHECK(stats.host_bytes_peak == stored);
+    CHECK(stats.host_bytes_reserved_peak == 32768);
+    CHECK(stats.host_bytes_reserved == 0);  // given back with the graph
+    CHECK(stats.host_bytes_in_use == 0);
+  }
+  SUBCASE("PinnedHost: a budget between the bytes stored and the block keeps the tensor on the device") {
+    Blocking manager(offload::Options{.min_offload_bytes = 0, .host_budget_bytes = 24000});
+    offload_one_exp(manager);
+    const auto stats = manager.stats();
+    CHECK(stats.passed_budget == 1);
+    CHECK(stats.storages_offloaded == 0);
+    CHECK(stats.host_bytes_reserved_peak == 0);
+  }
+  SUBCASE("PinnedPool: the same budget holds the 64-byte piece") {
+    offload::Manager<offload::device::Sim, offload::storage::PinnedPool, offload::sync::Blocking> manager(
+        offload::Options{.min_offload_bytes = 0, .host_budget_bytes = 24000});
+    offload_one_exp(manager);
+    const auto stats = manager.stats();
+    CHECK(stats.passed_budget == 0);
+    CHECK(stats.storages_offloaded == 1);
+    CHECK(stats.host_bytes_reserved_peak == 20032);
+    CHECK(stats.host_bytes_reserved == 0);
+  }
+  SUBCASE("PageableHost: reserved is what is stored") {
+    offload::Manager<offload::device::Sim, offload::storage::PageableHost, offload::sync::Blocking> manager(
+        offload::Options{.min_offload_bytes = 0});
+    offload_one_exp(manager);
+    CHECK(manager.stats().host_bytes_reserved_peak == stored);
+  }
+  CHECK(offload::storage::pinned_block_bytes(c10::DeviceType::CUDA, 20000) == 32768);
+  CHECK(offload::storage::pinned_block_bytes(c10::DeviceType::PrivateUse1, 20000) == 32768);
+  offload::sim::set_host_power_of_two(false);
+  CHECK(offload::storage::pinned_block_bytes(c10::DeviceType::PrivateUse1, 20000) == 20480);
+}
+
 TEST_CASE("pinned fallback: a failed pinned allocation uses pageable memory, counted") {
   // The CPU has no pinned-memory allocator of its own: PinnedHost's request
   // fails and falls back, which is the path a failed cudaHostAlloc takes.
@@ -364,7 +421,7 @@ namespace {
 struct FailingHost {
   static constexpr std::string_view name = "failing_host";
   static constexpr bool prefers_pinned = false;
-  offload::HostBuffer allocate(std::int64_t, c10::DeviceType, const offload::Options&) {
+  offload::HostBuffer allocate(const offload::HostRequest&) {
     TORCH_CHECK(false, "FailingHost: out of host memory (test)");
   }
 };

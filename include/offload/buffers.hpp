@@ -1,21 +1,45 @@
 // SPDX-License-Identifier: MIT
 #pragma once
 /// @file
-/// The buffers policies exchange with the manager: a host buffer (what a
-/// storage policy allocates) and the device bytes a sync policy's reload
-/// gives back.
+/// The buffers policies exchange with the manager: a host request and the
+/// host buffer a storage policy allocates for it, and the device bytes a
+/// sync policy's reload gives back.
 /// A sync policy sees one offloaded storage through offload::Transfer
 /// (<offload/transfer.hpp>).
 
+#include <algorithm>
+#include <cstdint>
+
 #include <ATen/core/Tensor.h>
+#include <c10/core/Device.h>
 
 namespace offload {
 
+/// What the manager asks a storage policy for: host memory for one
+/// offloaded piece of a saved tensor's storage. The manager asks under a
+/// guard of `device`, so `device` is also the current device of its type.
+struct HostRequest {
+  std::int64_t nbytes = 0;                   ///< bytes wanted, >= 0
+  c10::Device device{c10::DeviceType::CPU};  ///< the device the saved tensor is on (type and index)
+  bool pin = true;                           ///< page-locked memory wanted (Options::pin_memory)
+};
+
 /// Host memory for one offloaded piece: a 1-D CPU tensor of dtype uint8
-/// with exactly `nbytes` elements, and whether it is page-locked.
+/// with exactly `nbytes` elements, whether it is page-locked, and the host
+/// bytes its allocator set aside for it.
 struct HostBuffer {
   at::Tensor bytes;     ///< CPU, uint8, shape [nbytes], contiguous
   bool pinned = false;  ///< page-locked (eligible for asynchronous copies)
+  /// Host bytes the allocator set aside for this buffer (its block: a
+  /// caching allocator's rounding included), what Stats::host_bytes_reserved
+  /// counts; 0 when the policy does not know (counted as the buffer's size).
+  std::int64_t reserved = 0;
+
+  /// The bytes counted in Stats::host_bytes_reserved: `reserved`, and never
+  /// less than the buffer's size.
+  std::int64_t reserved_nbytes() const noexcept {
+    return std::max<std::int64_t>(reserved, bytes.defined() ? bytes.numel() : 0);
+  }
 };
 
 /// What a sync policy's reload() gives back: the device bytes (1-D uint8,

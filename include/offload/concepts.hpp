@@ -96,8 +96,12 @@ concept runtime_has_events = requires {
 template <class P>
 concept prefers_pinned = requires { typename constant_bool<P::prefers_pinned>; };
 template <class P>
-concept allocate = requires(P& p, std::int64_t nbytes, c10::DeviceType type, const Options& options) {
-  { p.allocate(nbytes, type, options) } -> std::same_as<HostBuffer>;
+concept allocate = requires(P& p, const HostRequest& request) {
+  { p.allocate(request) } -> std::same_as<HostBuffer>;
+};
+template <class P>
+concept reserved_for = requires(const P& p, const HostRequest& request) {
+  { p.reserved_for(request) } -> std::same_as<std::int64_t>;
 };
 
 // ---- sync_policy_for: the tag
@@ -187,11 +191,20 @@ template <class P>
 concept memory_stats_device_policy =
     device_policy<P> && requirement::memory_allocated<P> && requirement::empty_cache<P>;
 
-/// A storage policy allocates the host buffers offloaded tensors live in.
+/// A storage policy allocates the host buffers offloaded tensors live in:
+/// `HostBuffer allocate(const HostRequest&)`, told the bytes, the device
+/// and whether pinned memory is wanted, nothing more of the Options.
 /// Manager(options, storage) takes an instance; Manager(options) and
 /// make_manager default-construct one.
 template <class P>
 concept storage_policy = requirement::name<P> && requirement::prefers_pinned<P> && requirement::allocate<P>;
+
+/// A storage policy that says, before allocating, how many host bytes a
+/// request will set aside (`std::int64_t reserved_for(const HostRequest&)
+/// const`): Options::host_budget_bytes is checked against it. Without it
+/// the manager assumes the request's size.
+template <class P>
+concept reserving_storage_policy = storage_policy<P> && requirement::reserved_for<P>;
 
 /// The per-manager state of a sync policy, instantiated for one device
 /// policy: constructed from the manager's Options, it copies one storage

@@ -78,8 +78,11 @@ struct Options {
   /// Default true.
   bool pin_memory = true;
 
-  /// Upper bound on host bytes held by this manager; a tensor that would
-  /// exceed it stays on the device. 0 = unlimited.
+  /// Upper bound on the host bytes reserved for what this manager holds
+  /// (Stats::host_bytes_reserved: each buffer counted at the block its
+  /// allocator sets aside, e.g. a power of two for CUDA's pinned
+  /// allocator); a tensor that would exceed it stays on the device.
+  /// 0 = unlimited.
   /// Accepted: ranges::host_budget_bytes, [0, 2^50]. Default 0.
   std::int64_t host_budget_bytes = 0;
 

@@ -13,7 +13,8 @@
 namespace offload {
 
 /// A snapshot of one manager's counters since it was made (or since
-/// reset_stats()). All byte counts are bytes of the underlying storages.
+/// reset_stats()). Byte counts are bytes of the underlying storages, but
+/// host_bytes_reserved*: bytes the host allocator set aside for them.
 /// What each field counts: offload::stat_fields (same order).
 ///
 /// Thread-safety: a snapshot is a plain value; taking one is thread-safe.
@@ -36,6 +37,8 @@ struct Stats {
   std::int64_t reloads_shared = 0;
   std::int64_t host_bytes_in_use = 0;
   std::int64_t host_bytes_peak = 0;
+  std::int64_t host_bytes_reserved = 0;
+  std::int64_t host_bytes_reserved_peak = 0;
   std::int64_t blocking_fallbacks = 0;
   std::int64_t pinned_fallbacks = 0;
   std::int64_t stash_reuses = 0;
@@ -91,6 +94,11 @@ inline constexpr std::array stat_fields{
     StatField{"reloads_shared", &Stats::reloads_shared, "unpacks served by a storage already brought back"},
     StatField{"host_bytes_in_use", &Stats::host_bytes_in_use, "host bytes this manager holds now"},
     StatField{"host_bytes_peak", &Stats::host_bytes_peak, "most host bytes held at once"},
+    StatField{"host_bytes_reserved", &Stats::host_bytes_reserved,
+              "host bytes set aside for what this manager holds now: the allocator's block of each buffer (a power "
+              "of two with CUDA's pinned allocator, the 64-byte carved size with PinnedPool); what "
+              "Options::host_budget_bytes limits"},
+    StatField{"host_bytes_reserved_peak", &Stats::host_bytes_reserved_peak, "most host bytes reserved at once"},
     StatField{"blocking_fallbacks", &Stats::blocking_fallbacks,
               "copies made blocking because the runtime lacked streams/events"},
     StatField{"pinned_fallbacks", &Stats::pinned_fallbacks, "pinned allocations that failed and used pageable memory"},

@@ -231,7 +231,8 @@ class Manager(_HookRegion):
         prefetch_bytes: streamed: a fixed prefetch window in bytes instead,
             0 = follow prefetch_depth, [0, 2**50].
         pin_memory: whether pinned_host and pinned_pool may page-lock (a bool).
-        host_budget_bytes: most host bytes held, 0 = unlimited, [0, 2**50].
+        host_budget_bytes: most host bytes reserved (stats "host_bytes_reserved":
+            each buffer at its allocator's block), 0 = unlimited, [0, 2**50].
         device_target_bytes: a device-memory target: the allocated device
             memory (``memory_allocated``) each ``with`` (one step) should
             stay under; the manager offloads only what the previous step

@@ -153,6 +153,10 @@ void delete_host(void* ctx) {
 
 c10::Allocator& host_allocator() { return instance(); }
 
+std::int64_t host_block_bytes(std::int64_t n) {
+  return n <= 0 ? 0 : static_cast<std::int64_t>(host_block_size_for(static_cast<std::size_t>(n)));
+}
+
 bool is_pinned(const void* p) { return instance().is_pinned(p); }
 
 void empty_host_cache() { instance().empty_cache(); }

@@ -11,6 +11,8 @@
 #include <c10/core/impl/DeviceGuardImplInterface.h>
 #include <c10/util/Exception.h>
 
+#include <offload/storage/host.hpp>
+
 #include <cstdlib>
 #include <memory>
 #include <mutex>
@@ -58,6 +60,7 @@ void install(const Config& config) {
   const c10::impl::DeviceGuardImplRegistrar registrar(c10::DeviceType::PrivateUse1, &detail::guard_impl());
   c10::SetAllocator(c10::DeviceType::PrivateUse1, &detail::device_allocator());
   at::RegisterPrivateUse1HooksInterface(&detail::hooks());
+  storage::set_pinned_block_rule(c10::DeviceType::PrivateUse1, &detail::host_block_bytes);
   detail::g_runtime.store(rt, std::memory_order_release);
   detail::register_kernels();
   // Registered here, so it runs before the statics constructed earlier are

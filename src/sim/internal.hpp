@@ -169,6 +169,10 @@ std::int64_t device_capacity();
 
 /// The counting pinned host allocator (host_allocator.cpp).
 c10::Allocator& host_allocator();
+// The bytes the pinned host allocator sets aside for a request of `n`
+// (Config::host_power_of_two); registered with
+// offload::storage::set_pinned_block_rule at install.
+std::int64_t host_block_bytes(std::int64_t n);
 
 /// Whether `p` lies in a live pinned host block.
 bool is_pinned(const void* p);

@@ -34,7 +34,7 @@ static_assert(offload::storage_policy<CountingHost<offload::storage::PageableHos
 static_assert(!CountingHost<offload::storage::PageableHost>::prefers_pinned);
 struct NoName {
   static constexpr bool prefers_pinned = false;
-  offload::HostBuffer allocate(std::int64_t, c10::DeviceType, const offload::Options&);
+  offload::HostBuffer allocate(const offload::HostRequest&);
 };
 static_assert(!offload::storage_policy<NoName>);
 

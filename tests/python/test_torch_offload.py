@@ -73,6 +73,35 @@ def test_bitwise_parity(case, sync):
     assert EXPECT.get(case, lambda s: True)(stats), stats
 
 
+@sim_only("counts blocks of sim's pinned host allocator in its CUDA-like mode")
+@pytest.mark.parametrize("sync", SYNCS)
+def test_pinned_pool_reserves_what_it_holds_and_pinned_host_counts_its_blocks(sync):
+    """storage="pinned_pool": bitwise, something offloaded, reserved within
+    1.05x of the bytes held (64-byte pieces); pinned_host with sim's blocks
+    rounded to powers of two, as CUDA's caching host allocator: reserved
+    counts the blocks; both give every host byte back with the graph."""
+    run = cases.CASES["gpt_3_adamw_steps"]
+    ref = run(contextlib.nullcontext, DEV)
+    before = torch_offload.sim.config()["host_power_of_two"]
+    torch_offload.sim.set_host_power_of_two(True)
+    try:
+        for storage in ("pinned_pool", "pinned_host"):
+            manager = torch_offload.Manager(DEV, sync=sync, storage=storage)
+            got = run(lambda manager=manager: manager, DEV)
+            assert_bitwise(ref, got)
+            stats = manager.stats()
+            assert stats.tensors_offloaded >= 30, stats
+            assert stats.host_bytes_in_use == 0 and stats.host_bytes_reserved == 0, stats
+            ratio = stats.host_bytes_reserved_peak / stats.host_bytes_peak
+            if storage == "pinned_pool":
+                assert 1.0 <= ratio <= 1.05, stats
+                assert torch_offload.pool_stats(DEV)["in_use_bytes"] == 0
+            else:
+                assert ratio > 1.0, stats  # some of the GPT's saved storages are not powers of two
+    finally:
+        torch_offload.sim.set_host_power_of_two(before)
+
+
 def _stack_steps(region, steps=4):
     """Per step: (loss, weight grads, device 0's peak) of a Linear-tanh stack,
     forward inside ``region()``, backward after it."""

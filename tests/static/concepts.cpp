@@ -93,12 +93,12 @@ static_assert(!memory_stats_device_policy<DeviceTwin>);
 struct StorageTwin {
   static constexpr std::string_view name = "twin";
   static constexpr bool prefers_pinned = false;
-  HostBuffer allocate(std::int64_t, c10::DeviceType, const Options&);
+  HostBuffer allocate(const HostRequest&);
 };
 struct StorageReturnsTensor {
   static constexpr std::string_view name = "near-miss";
   static constexpr bool prefers_pinned = false;
-  at::Tensor allocate(std::int64_t, c10::DeviceType, const Options&);
+  at::Tensor allocate(const HostRequest&);
 };
 struct StorageNoDefault : StorageTwin {
   explicit StorageNoDefault(int);

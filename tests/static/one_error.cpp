@@ -25,7 +25,7 @@ struct Storage {
 #if CASE != 2 || defined(TWIN)
   static constexpr bool prefers_pinned = false;
 #endif
-  offload::HostBuffer allocate(std::int64_t, c10::DeviceType, const offload::Options&);
+  offload::HostBuffer allocate(const offload::HostRequest&);
 };
 
 struct Sync {
@@ -74,7 +74,7 @@ struct BadStorage {
 #ifdef TWIN
   static constexpr bool prefers_pinned = false;
 #endif
-  offload::HostBuffer allocate(std::int64_t, c10::DeviceType, const offload::Options&);
+  offload::HostBuffer allocate(const offload::HostRequest&);
 };
 offload::AnyManager make() { return offload::make_manager<BadStorage, offload::sync::Streamed>(); }
 #else

@@ -98,8 +98,7 @@ constexpr bool check_storage_policy() {
   } else if constexpr (!r::allocate<S>) {
     static_assert(always_false<S>,
                   "offload: the Storage policy does not satisfy offload::storage_policy: it needs "
-                  "`offload::HostBuffer allocate(std::int64_t nbytes, c10::DeviceType, const "
-                  "offload::Options&)` (docs/policies/storage_policy.md)");
+                  "`offload::HostBuffer allocate(const offload::HostRequest&)` (docs/policies/storage_policy.md)");
     return false;
   } else {
     static_assert(storage_policy<S>, "offload: detail::check_storage_policy is out of step with storage_policy");

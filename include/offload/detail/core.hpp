@@ -221,11 +221,14 @@ class Core final : public ManagerInterface, public std::enable_shared_from_this<
   void reset_stats() override {
     const std::lock_guard lock(mutex_);
     const auto in_use = stats_.host_bytes_in_use;
+    const auto reserved = stats_.host_bytes_reserved;
     stats_ = Stats{};
     pass_.reset();
     planner_.reset_stats();
     stats_.host_bytes_in_use = in_use;
     stats_.host_bytes_peak = in_use;
+    stats_.host_bytes_reserved = reserved;
+    stats_.host_bytes_reserved_peak = reserved;
   }
   void exclude(at::TensorList tensors) override {
     const std::unique_lock lock(excluded_mutex_);
@@ -333,8 +336,26 @@ class Core final : public ManagerInterface, public std::enable_shared_from_this<
     ++entry->views;
     return true;
   }
+  HostRequest host_request(std::int64_t nbytes, c10::Device device) const {
+    return HostRequest{nbytes, device, options_.pin_memory};
+  }
+  // Whether `more` reserved host bytes would take this manager past
+  // Options::host_budget_bytes.
   bool over_host_budget(std::int64_t more) const {
-    return options_.host_budget_bytes != 0 && stats_.host_bytes_in_use + more > options_.host_budget_bytes;
+    return options_.host_budget_bytes != 0 && stats_.host_bytes_reserved + more > options_.host_budget_bytes;
+  }
+  // What a host buffer for `request` will set aside: the storage policy's
+  // reserved_for(), or without one the request's size.
+  std::int64_t reserved_for(const HostRequest& request) const {
+    if constexpr (reserving_storage_policy<Storage>) {
+      return storage_.reserved_for(request);
+    } else {
+      return request.nbytes;
+    }
+  }
+  void count_reserved(const HostBuffer& host) {
+    stats_.host_bytes_reserved += host.reserved_nbytes();
+    stats_.host_bytes_reserved_peak = std::max(stats_.host_bytes_reserved_peak, stats_.host_bytes_reserved);
   }
   // A new entry for the storage of `t`: `piece` of it copied (or being
   // copied, as the sync policy decides) into a host buffer from the
@@ -342,7 +363,8 @@ class Core final : public ManagerInterface, public std::enable_shared_from_this<
   std::shared_ptr<Entry> copy_to_host(const at::Tensor& t, const Piece& piece, std::int64_t version,
                                       const PlanTicket& ticket) {
     const auto piece_bytes = piece.nbytes();
-    if (over_host_budget(piece_bytes)) return nullptr;
+    const auto request = host_request(piece_bytes, t.device());
+    if (over_host_budget(reserved_for(request))) return nullptr;
     const auto& storage = t.storage();
     auto entry = make_entry();
     entry->device = t.device();
@@ -356,7 +378,8 @@ class Core final : public ManagerInterface, public std::enable_shared_from_this<
     // release gives the bytes back and the counter stays balanced.
     stats_.host_bytes_in_use += piece_bytes;
     const c10::DeviceGuard guard(t.device());
-    entry->host = storage_.allocate(piece_bytes, Device::device_type, options_);
+    entry->host = storage_.allocate(request);
+    count_reserved(entry->host);  // given back by the entry's release from now on
     sync_.offload(transfer_of(*entry), view_of(storage, t.device(), at::kByte, 0, {entry->device_nbytes}, {1}));
     if (Storage::prefers_pinned && options_.pin_memory && !entry->host.pinned) ++stats_.pinned_fallbacks;
     ++stats_.storages_offloaded;
@@ -523,8 +546,12 @@ class Core final : public ManagerInterface, public std::enable_shared_from_this<
     const auto parts = entry->missing(piece);
     if (parts.empty()) return true;  // covered by several pieces together
     std::int64_t bytes = 0;
-    for (const auto& part : parts) bytes += part.nbytes();
-    if (over_host_budget(bytes)) return false;
+    std::int64_t reserved = 0;
+    for (const auto& part : parts) {
+      bytes += part.nbytes();
+      reserved += reserved_for(host_request(part.nbytes(), device));
+    }
+    if (over_host_budget(reserved)) return false;
     if constexpr (steps) sync_.suspend(transfer_of(*entry));
     entry->reloaded.reset();
     entry->keep = at::Tensor();
@@ -533,8 +560,9 @@ class Core final : public ManagerInterface, public std::enable_shared_from_this<
     for (const auto& part : parts) end = std::max(end, piece_end(part));
     const auto device_bytes = view_of(storage, device, at::kByte, 0, {end}, {1});
     for (const auto& part : parts) {
-      entry->extra.push_back({part, storage_.allocate(part.nbytes(), Device::device_type, options_)});
+      entry->extra.push_back({part, storage_.allocate(host_request(part.nbytes(), device))});
       stats_.host_bytes_in_use += part.nbytes();  // given back by the entry's release from now on
+      count_reserved(entry->extra.back().host);
     }
     entry->device_nbytes = end;
     if constexpr (steps) {
@@ -560,6 +588,7 @@ class Core final : public ManagerInterface, public std::enable_shared_from_this<
     const std::lock_guard lock(mutex_);
     if constexpr (steps) sync_.release(transfer_of(e));
     stats_.host_bytes_in_use -= e.host_nbytes();
+    stats_.host_bytes_reserved -= e.host_reserved();
   }
   void prune_aliases() {
     if (aliases_.size() < prune_at_) return;

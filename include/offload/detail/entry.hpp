@@ -79,6 +79,12 @@ struct Entry : std::enable_shared_from_this<Entry<SyncState>> {
     for (const auto& x : extra) n += x.piece.nbytes();
     return n;
   }
+  /// Host bytes set aside for the entry's buffers (Stats::host_bytes_reserved).
+  std::int64_t host_reserved() const noexcept {
+    std::int64_t n = host.reserved_nbytes();
+    for (const auto& x : extra) n += x.host.reserved_nbytes();
+    return n;
+  }
   /// Whether the pieces already hold every byte of `wanted`.
   bool covers(const Piece& wanted) const {
     const auto lo = wanted.offset;

@@ -36,7 +36,6 @@
 #include <c10/util/Exception.h>
 
 #include <offload/buffers.hpp>
-#include <offload/options.hpp>
 #include <offload/storage/host.hpp>
 
 namespace offload::storage {
@@ -105,7 +104,7 @@ class HostPool : public std::enable_shared_from_this<HostPool> {
   /// A pinned buffer of `nbytes` bytes carved from a slab, or pageable
   /// memory (pinned false) when the limit or pinning forbids.
   HostBuffer allocate(std::int64_t nbytes) {
-    if (nbytes == 0) return PageableHost{}.allocate(0, type_, Options{});
+    if (nbytes == 0) return PageableHost{}.allocate(HostRequest{0, c10::Device(type_), false});
     const std::int64_t size = (nbytes + kAlign - 1) / kAlign * kAlign;
     std::unique_lock lock(mutex_);
     auto found = by_size_.lower_bound(size);
@@ -113,7 +112,7 @@ class HostPool : public std::enable_shared_from_this<HostPool> {
       if (!grow(size)) {
         ++stats_.pageable_fallbacks;
         lock.unlock();
-        return PageableHost{}.allocate(nbytes, type_, Options{});
+        return PageableHost{}.allocate(HostRequest{nbytes, c10::Device(type_), false});
       }
       found = by_size_.lower_bound(size);
     }
@@ -131,7 +130,7 @@ class HostPool : public std::enable_shared_from_this<HostPool> {
     auto bytes = at::from_blob(
         slab->base + offset, {nbytes}, [self, slab, offset, size](void*) { self->give_back(slab, offset, size); },
         at::TensorOptions().dtype(at::kByte));
-    return HostBuffer{std::move(bytes), slab->pinned};
+    return HostBuffer{std::move(bytes), slab->pinned, size};
   }
 
   /// Returns every slab with nothing carved out of it to the pinned
@@ -293,7 +292,7 @@ inline std::shared_ptr<HostPool> find_host_pool(c10::Device device) {
 /// steps after the first pin nothing new (see the file comment). The
 /// device is the current one of the saved tensor's device type (the
 /// manager allocates under a guard of the tensor's device). With
-/// Options::pin_memory false: pageable memory, as PageableHost. A slab the
+/// HostRequest::pin false (Options::pin_memory): pageable memory, as PageableHost. A slab the
 /// allocator cannot pin (a locked-memory limit), or one past
 /// PoolOptions::limit_bytes: pageable memory with one warning, counted in
 /// Stats::pinned_fallbacks; never an error.
@@ -310,13 +309,21 @@ class PinnedPool {
   /// Validates `pool` (c10::ValueError naming the field) before anything.
   explicit PinnedPool(const PoolOptions& pool) : pool_((pool.validate(), pool)) {}
 
-  /// A host buffer of `nbytes` bytes for a storage of the current `device`
-  /// device (pinned unless Options::pin_memory is false or the pool cannot
-  /// pin). Thread-safe.
-  HostBuffer allocate(std::int64_t nbytes, c10::DeviceType device, const Options& options) {
-    if (!options.pin_memory) return PageableHost{}.allocate(nbytes, device, options);
-    const auto index = c10::impl::getDeviceGuardImpl(device)->getDevice().index();
-    return pool_of(c10::Device(device, index))->allocate(nbytes);
+  /// A host buffer of `request.nbytes` bytes for a storage of
+  /// `request.device` (its pool; a device without index: the current one of
+  /// its type), pinned unless `request.pin` is false or the pool cannot pin;
+  /// `reserved` is its carved size (64-byte multiple). Thread-safe.
+  HostBuffer allocate(const HostRequest& request) {
+    if (!request.pin) return PageableHost{}.allocate(request);
+    auto device = request.device;
+    if (!device.has_index()) device = c10::impl::getDeviceGuardImpl(device.type())->getDevice();
+    return pool_of(device)->allocate(request.nbytes);
+  }
+  /// The request's size rounded up to 64 bytes: what a buffer of the pool
+  /// sets aside (the slabs' free space is PoolStats'). Thread-safe.
+  std::int64_t reserved_for(const HostRequest& request) const noexcept {
+    if (!request.pin || request.nbytes == 0) return request.nbytes;
+    return (request.nbytes + detail::HostPool::kAlign - 1) / detail::HostPool::kAlign * detail::HostPool::kAlign;
   }
 
   /// What the pool of `device` (type and index) holds now; zeros when it
