@@ -128,6 +128,24 @@ static_assert(!sync_policy_for<SyncTwin, DeviceNoAvailable>);  // the device mus
 static_assert(sync_state_with_steps<sync::Streamed::State<device::Sim>>);
 static_assert(!sync_state_with_steps<sync::Blocking::State<device::Sim>>);
 
+// ---- sync_state_for_target: declared and complete; declared without one
+// member; the members without the declaration (never read: an error)
+template <bool Declared, bool Headroom>
+struct TargetState : MinimalSync::State<DeviceTwin> {
+  using MinimalSync::State<DeviceTwin>::State;
+  static constexpr bool serves_target = Declared;
+  std::int64_t prefetched_bytes() const noexcept;
+  bool holds_device_bytes(const Transfer<EntryState>&) const noexcept;
+  void set_headroom(std::int64_t) noexcept
+    requires Headroom;
+};
+static_assert(sync_state_for_target<TargetState<true, true>>);
+static_assert(!sync_state<TargetState<true, false>>);   // declared, set_headroom missing
+static_assert(!sync_state<TargetState<false, true>>);   // members without the declaration
+static_assert(!sync_state_for_target<MinimalSync::State<DeviceTwin>>);
+static_assert(sync_state_for_target<sync::Streamed::State<device::Sim>>);
+static_assert(!sync_state_for_target<sync::Blocking::State<device::Sim>>);
+
 // ---- composition: a sync policy that needs events with an event-less device
 using SyncNeedsEvents = static_tests::SyncModel<Miss::none, /*NeedsEvents=*/true>;
 static_assert(composable<DeviceTwin, StorageTwin, SyncTwin>);
