@@ -77,7 +77,7 @@ static_assert(!stream_device_policy<StreamNoRecord>);
 static_assert(!stream_device_policy<StreamNotClaimed>);
 static_assert(!stream_device_policy<DeviceTwin>);
 
-// ---- memory_stats_device_policy: a refinement the library never needs
+// ---- memory_stats_device_policy: what a device-memory target and the tests read
 struct MemoryTwin : DeviceTwin {
   static std::int64_t memory_allocated(c10::DeviceIndex);
   static void empty_cache();
