@@ -84,12 +84,15 @@ struct Faulty {
   class State {
     using Base = typename Sync::template State<Device>;
     static constexpr bool base_steps = offload::requirement::declares_steps<Base>;
+    static constexpr bool base_target = offload::requirement::declares_target<Base>;
 
    public:
     using EntryState = typename Base::EntryState;
     using Transfer = offload::Transfer<EntryState>;
     /// Faulty observes steps when Sync does, and forwards them.
     static constexpr bool observes_steps = base_steps;
+    /// Faulty serves a device-memory target when Sync does, and forwards it.
+    static constexpr bool serves_target = base_target;
     /// Whether Sync keeps a forward stash (sync::Streamed does).
     static constexpr bool has_stash = requires(EntryState& s) { s.stash; };
 
@@ -158,6 +161,21 @@ struct Faulty {
       requires base_steps
     {
       base_.release(t);
+    }
+    std::int64_t prefetched_bytes() const noexcept
+      requires base_target
+    {
+      return base_.prefetched_bytes();
+    }
+    bool holds_device_bytes(const Transfer& t) const noexcept
+      requires base_target
+    {
+      return base_.holds_device_bytes(t);
+    }
+    void set_headroom(std::int64_t bytes) noexcept
+      requires base_target
+    {
+      base_.set_headroom(bytes);
     }
 
    private:

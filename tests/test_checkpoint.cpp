@@ -30,6 +30,10 @@
 
 namespace {
 
+// Why every case of this suite runs on sim only (OFFLOAD_TEST_DEVICE=cuda
+// skips and lists them instead of counting a sim run as a CUDA pass).
+constexpr const char* kSuiteOnSim = "checkpoint + offload on sim's managers, with sim's copy latency and poisoning";
+
 using fixture::sim0;
 constexpr int kLayers = 4;
 constexpr int kSteps = 3;
@@ -157,7 +161,7 @@ bool same_bytes(const std::vector<at::Tensor>& a, const std::vector<at::Tensor>&
 
 }  // namespace
 
-TEST_CASE_TEMPLATE("checkpoint: bitwise parity with no checkpoint and no offload, dropout on", Sync,
+TEST_CASE_TEMPLATE("checkpoint: bitwise parity with no checkpoint and no offload, dropout on" * fixture::sim_only{kSuiteOnSim}, Sync,
                    offload::sync::Blocking, offload::sync::Streamed) {
   const SlowPoisonedSim sim;
   const auto plain = run(Stack::Mode::plain);
@@ -182,7 +186,7 @@ TEST_CASE_TEMPLATE("checkpoint: bitwise parity with no checkpoint and no offload
   }
 }
 
-TEST_CASE("checkpoint: without the generator state restored, dropout differs (the parity test can fail)") {
+TEST_CASE("checkpoint: without the generator state restored, dropout differs (the parity test can fail)" * fixture::sim_only{kSuiteOnSim}) {
   const SlowPoisonedSim sim;
   const auto plain = run(Stack::Mode::plain);
   std::string why;
@@ -195,7 +199,7 @@ TEST_CASE("checkpoint: without the generator state restored, dropout differs (th
       why);
 }
 
-TEST_CASE("checkpoint: BatchNorm's running statistics are not updated again by the recomputation") {
+TEST_CASE("checkpoint: BatchNorm's running statistics are not updated again by the recomputation" * fixture::sim_only{kSuiteOnSim}) {
   const SlowPoisonedSim sim;
   const auto plain = train_then_evaluate(NormRun::plain);
   // checkpoint_forward() hands the module's buffers over as state: every
@@ -207,7 +211,7 @@ TEST_CASE("checkpoint: BatchNorm's running statistics are not updated again by t
   CHECK_FALSE(same_bytes(plain, train_then_evaluate(NormRun::checkpoint_without_state)));
 }
 
-TEST_CASE("checkpoint: several outputs, an input without grad, torch::autograd::grad, retain_graph") {
+TEST_CASE("checkpoint: several outputs, an input without grad, torch::autograd::grad, retain_graph" * fixture::sim_only{kSuiteOnSim}) {
   const SlowPoisonedSim sim;
   at::manual_seed(1);
   const auto x = at::randn({16, 32}).to(sim0).requires_grad_();
@@ -243,7 +247,7 @@ TEST_CASE("checkpoint: several outputs, an input without grad, torch::autograd::
   CHECK(manager.stats().tensors_offloaded == 3);
 }
 
-TEST_CASE("checkpoint: a module-like handle's forward, grad mode off, an empty block") {
+TEST_CASE("checkpoint: a module-like handle's forward, grad mode off, an empty block" * fixture::sim_only{kSuiteOnSim}) {
   const SlowPoisonedSim sim;
   struct Doubler {
     at::Tensor forward(const at::Tensor& t) const { return (t * 2).sin(); }
@@ -265,7 +269,7 @@ TEST_CASE("checkpoint: a module-like handle's forward, grad mode off, an empty b
 }
 
 // docs/bad-input.md, "offload::checkpoint": each row's message.
-TEST_CASE("checkpoint: bad input (docs/bad-input.md)") {
+TEST_CASE("checkpoint: bad input (docs/bad-input.md)" * fixture::sim_only{kSuiteOnSim}) {
   const SlowPoisonedSim sim;
   const auto x = at::randn({4, 8}).to(sim0).requires_grad_();
 

@@ -28,6 +28,10 @@
 
 namespace {
 
+// Why every case of this suite runs on sim only (OFFLOAD_TEST_DEVICE=cuda
+// skips and lists them instead of counting a sim run as a CUDA pass).
+constexpr const char* kSuiteOnSim = "sim's managers, copy latency, poisoning and host allocator counts";
+
 using Streamed = offload::Manager<offload::device::Sim, offload::storage::PinnedHost, offload::sync::Streamed>;
 using Blocking = offload::Manager<offload::device::Sim, offload::storage::PinnedHost, offload::sync::Blocking>;
 using fixture::sim0;
@@ -78,7 +82,7 @@ auto plain = [](auto&& forward) { return forward(); };
 
 }  // namespace
 
-TEST_CASE("host budget: tensors over the budget stay on the device and training is unchanged") {
+TEST_CASE("host budget: tensors over the budget stay on the device and training is unchanged" * fixture::sim_only{kSuiteOnSim}) {
   const fixture::Substrate substrate(kDelayUs);
   const auto expected = Mlp(7).train(3, plain);
   // Offloaded per step: tanh's output, 32x128 floats (16 KiB), and the
@@ -106,7 +110,8 @@ void offload_one_exp(M& manager) {
 }
 }  // namespace
 
-TEST_CASE("host budget: reserved bytes are counted and limited (a power-of-two pinned allocator, the pool)") {
+TEST_CASE("host budget: reserved bytes are counted and limited (a power-of-two pinned allocator, the pool)" *
+          fixture::sim_only{kSuiteOnSim}) {
   const fixture::Substrate substrate(kDelayUs);
   offload::sim::set_host_power_of_two(true);  // as CUDA's caching host allocator
   constexpr std::int64_t stored = 5000 * 4;
@@ -150,7 +155,7 @@ TEST_CASE("host budget: reserved bytes are counted and limited (a power-of-two p
   CHECK(offload::storage::pinned_block_bytes(c10::DeviceType::PrivateUse1, 20000) == 20480);
 }
 
-TEST_CASE("pinned fallback: a failed pinned allocation uses pageable memory, counted") {
+TEST_CASE("pinned fallback: a failed pinned allocation uses pageable memory, counted" * fixture::sim_only{kSuiteOnSim}) {
   // The CPU has no pinned-memory allocator of its own: PinnedHost's request
   // fails and falls back, which is the path a failed cudaHostAlloc takes.
   using HostPinned = offload::Manager<harness::HostAsDevice, offload::storage::PinnedHost, offload::sync::Blocking>;
@@ -163,7 +168,7 @@ TEST_CASE("pinned fallback: a failed pinned allocation uses pageable memory, cou
   CHECK(manager.stats().storages_offloaded >= 1);
 }
 
-TEST_CASE("lifecycle: an exception mid-forward leaves nothing held once the graph is dropped") {
+TEST_CASE("lifecycle: an exception mid-forward leaves nothing held once the graph is dropped" * fixture::sim_only{kSuiteOnSim}) {
   const fixture::Substrate substrate(kDelayUs);
   Streamed manager(offload::Options{.min_offload_bytes = 0, .max_fwd_stash = 2});
   Mlp model(3);
@@ -188,7 +193,7 @@ TEST_CASE("lifecycle: an exception mid-forward leaves nothing held once the grap
   CHECK(same(Mlp(3).train(2, plain), model.train(2, harness::with_scope(manager))));
 }
 
-TEST_CASE("lifecycle: a forward dropped without backward releases what stayed on the device, and its graph") {
+TEST_CASE("lifecycle: a forward dropped without backward releases what stayed on the device, and its graph" * fixture::sim_only{kSuiteOnSim}) {
   // tanh, exp and sigmoid save their outputs. A saved output the manager
   // does not offload (here: under min_offload_bytes; over the host budget or
   // kept for a device target alike) is held without its autograd history:
@@ -219,7 +224,7 @@ TEST_CASE("lifecycle: a forward dropped without backward releases what stayed on
   }
 }
 
-TEST_CASE("lifecycle: 1000 steps keep device and host memory flat") {
+TEST_CASE("lifecycle: 1000 steps keep device and host memory flat" * fixture::sim_only{kSuiteOnSim}) {
   const fixture::Substrate substrate(/*latency_us=*/0);
   Streamed manager(offload::Options{.min_offload_bytes = 0, .max_fwd_stash = 2, .prefetch_depth = 2});
   Mlp model(5);
@@ -243,7 +248,7 @@ TEST_CASE("lifecycle: 1000 steps keep device and host memory flat") {
   CHECK(manager.stats().host_bytes_peak > 0);
 }
 
-TEST_CASE("threads: two threads with their own scopes train concurrently, bitwise as alone") {
+TEST_CASE("threads: two threads with their own scopes train concurrently, bitwise as alone" * fixture::sim_only{kSuiteOnSim}) {
   const fixture::Substrate substrate(kDelayUs);
   const auto alone_a = Mlp(11).train(4, plain);
   const auto alone_b = Mlp(12).train(4, plain);
@@ -259,7 +264,7 @@ TEST_CASE("threads: two threads with their own scopes train concurrently, bitwis
   CHECK(shared.stats().storages_offloaded >= 2 * 4 * 2);
 }
 
-TEST_CASE("threads: a scope opened on one thread does not apply to another") {
+TEST_CASE("threads: a scope opened on one thread does not apply to another" * fixture::sim_only{kSuiteOnSim}) {
   const fixture::Substrate substrate(kDelayUs);
   Blocking manager(offload::Options{.min_offload_bytes = 0});
   offload::Scope scope(manager);
@@ -274,7 +279,7 @@ TEST_CASE("threads: a scope opened on one thread does not apply to another") {
   CHECK(manager.stats().tensors_seen > 0);
 }
 
-TEST_CASE("threads: a Scope destroyed on another thread is reported and deactivated, not undefined") {
+TEST_CASE("threads: a Scope destroyed on another thread is reported and deactivated, not undefined" * fixture::sim_only{kSuiteOnSim}) {
   const fixture::Substrate substrate(kDelayUs);
   Blocking manager(offload::Options{.min_offload_bytes = 0});
   auto scope = std::make_unique<offload::Scope>(manager);
@@ -376,7 +381,7 @@ std::pair<std::uint32_t, std::uint32_t> seed_range() {
 
 }  // namespace
 
-TEST_CASE("randomized graphs: gradient parity with Streamed and Blocking on sim, delay and poisoning on") {
+TEST_CASE("randomized graphs: gradient parity with Streamed and Blocking on sim, delay and poisoning on" * fixture::sim_only{kSuiteOnSim}) {
   const fixture::Substrate substrate(/*latency_us=*/50);
   const auto [first, count] = seed_range();
   std::vector<std::uint32_t> failing;
@@ -396,7 +401,7 @@ TEST_CASE("randomized graphs: gradient parity with Streamed and Blocking on sim,
   CHECK(failing.empty());
 }
 
-TEST_CASE("randomized graphs: the check can fail (an injected early free is caught)") {
+TEST_CASE("randomized graphs: the check can fail (an injected early free is caught)" * fixture::sim_only{kSuiteOnSim}) {
   const fixture::Substrate substrate(/*latency_us=*/20000);
   int caught = 0;
   for (std::uint32_t seed = 1; seed <= 3; ++seed) {
@@ -427,7 +432,7 @@ struct FailingHost {
 };
 }  // namespace
 
-TEST_CASE("lifecycle: a storage policy that throws leaves the accounting balanced and nothing held") {
+TEST_CASE("lifecycle: a storage policy that throws leaves the accounting balanced and nothing held" * fixture::sim_only{kSuiteOnSim}) {
   const fixture::Substrate substrate(kDelayUs);
   offload::Manager<offload::device::Sim, FailingHost, offload::sync::Blocking> manager(
       offload::Options{.min_offload_bytes = 0});

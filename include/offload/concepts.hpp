@@ -165,6 +165,26 @@ template <class S>
 concept any_step =
     end_forward<S> || end_backward<S> || on_unpack<S> || suspend<S> || resume<S> || add_stats<S> || release<S>;
 
+// ---- sync_state_for_target: what a device-memory target reads from a state
+template <class S>
+concept declares_target = requires { typename constant_bool<S::serves_target>; } && S::serves_target;
+template <class S>
+concept prefetched_bytes = requires(const S& state) {
+  { state.prefetched_bytes() } noexcept -> std::same_as<std::int64_t>;
+};
+template <class S>
+concept holds_device_bytes = requires(const S& state, const Transfer<typename S::EntryState>& t) {
+  { state.holds_device_bytes(t) } noexcept -> std::same_as<bool>;
+};
+template <class S>
+concept set_headroom = requires(S& state, std::int64_t bytes) {
+  { state.set_headroom(bytes) } noexcept -> std::same_as<void>;
+};
+/// A state that has any member a target reads (so it must declare
+/// serves_target, or the target would never read it).
+template <class S>
+concept any_target = prefetched_bytes<S> || holds_device_bytes<S> || set_headroom<S>;
+
 }  // namespace requirement
 
 /// A device policy names one accelerator type and states what it can do:
@@ -220,7 +240,11 @@ concept sync_state = requirement::from_options<S> && requirement::entry_state<S>
                           ? (requirement::end_forward<S> && requirement::end_backward<S> && requirement::on_unpack<S> &&
                              requirement::suspend<S> && requirement::resume<S> && requirement::add_stats<S> &&
                              requirement::release<S> && requirement::release_noexcept<S>)
-                          : !requirement::any_step<S>);
+                          : !requirement::any_step<S>) &&
+                     (requirement::declares_target<S>
+                          ? (requirement::prefetched_bytes<S> && requirement::holds_device_bytes<S> &&
+                             requirement::set_headroom<S>)
+                          : !requirement::any_target<S>);
 
 /// A sync_state that opted into the step callbacks
 /// (`static constexpr bool observes_steps = true`): every one of them is
@@ -228,6 +252,25 @@ concept sync_state = requirement::from_options<S> && requirement::entry_state<S>
 /// skipped.
 template <class S>
 concept sync_state_with_steps = sync_state<S> && requirement::declares_steps<S>;
+
+/// A sync_state that holds device memory of offloaded storages (a forward
+/// stash, buffers brought back ahead of need) and so tells a
+/// device-memory target (Options::device_target_bytes) about it. It
+/// declares `static constexpr bool serves_target = true` and then has all
+/// three members, each noexcept:
+/// - `std::int64_t prefetched_bytes() const`: device bytes brought back
+///   ahead of need and not used yet (the plan leaves them out of what it
+///   measured in backward);
+/// - `bool holds_device_bytes(const Transfer<EntryState>&) const`: whether
+///   it still holds a reference to that storage's device memory (the plan
+///   then tells the model's own references from the policy's);
+/// - `void set_headroom(std::int64_t bytes)`: device memory free for
+///   prefetching now under the target.
+/// A misspelt member fails to compile instead of being skipped; one
+/// defined without the declaration fails too. Without it a target counts
+/// nothing prefetched or held by the policy.
+template <class S>
+concept sync_state_for_target = sync_state<S> && requirement::declares_target<S>;
 
 /// A sync policy decides when copies run and who waits for what. It is a
 /// tag naming itself, saying whether it needs streams and events, with a

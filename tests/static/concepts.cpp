@@ -77,7 +77,7 @@ static_assert(!stream_device_policy<StreamNoRecord>);
 static_assert(!stream_device_policy<StreamNotClaimed>);
 static_assert(!stream_device_policy<DeviceTwin>);
 
-// ---- memory_stats_device_policy: a refinement the library never needs
+// ---- memory_stats_device_policy: what a device-memory target and the tests read
 struct MemoryTwin : DeviceTwin {
   static std::int64_t memory_allocated(c10::DeviceIndex);
   static void empty_cache();
@@ -127,6 +127,24 @@ static_assert(!sync_policy_for<static_tests::SyncModel<Miss::undeclared>, Device
 static_assert(!sync_policy_for<SyncTwin, DeviceNoAvailable>);  // the device must be a device policy
 static_assert(sync_state_with_steps<sync::Streamed::State<device::Sim>>);
 static_assert(!sync_state_with_steps<sync::Blocking::State<device::Sim>>);
+
+// ---- sync_state_for_target: declared and complete; declared without one
+// member; the members without the declaration (never read: an error)
+template <bool Declared, bool Headroom>
+struct TargetState : MinimalSync::State<DeviceTwin> {
+  using MinimalSync::State<DeviceTwin>::State;
+  static constexpr bool serves_target = Declared;
+  std::int64_t prefetched_bytes() const noexcept;
+  bool holds_device_bytes(const Transfer<EntryState>&) const noexcept;
+  void set_headroom(std::int64_t) noexcept
+    requires Headroom;
+};
+static_assert(sync_state_for_target<TargetState<true, true>>);
+static_assert(!sync_state<TargetState<true, false>>);   // declared, set_headroom missing
+static_assert(!sync_state<TargetState<false, true>>);   // members without the declaration
+static_assert(!sync_state_for_target<MinimalSync::State<DeviceTwin>>);
+static_assert(sync_state_for_target<sync::Streamed::State<device::Sim>>);
+static_assert(!sync_state_for_target<sync::Blocking::State<device::Sim>>);
 
 // ---- composition: a sync policy that needs events with an event-less device
 using SyncNeedsEvents = static_tests::SyncModel<Miss::none, /*NeedsEvents=*/true>;

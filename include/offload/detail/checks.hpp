@@ -183,6 +183,54 @@ constexpr bool check_sync_steps() {
   }
 }
 
+/// True when the state St has the members a device-memory target reads,
+/// as it declared (sync_state_for_target); otherwise one static_assert
+/// naming the first missing one.
+template <class St>
+constexpr bool check_sync_target() {
+  namespace r = requirement;
+  if constexpr (!r::prefetched_bytes<St>) {
+    static_assert(always_false<St>,
+                  "offload: the Sync policy does not satisfy offload::sync_state_for_target: its "
+                  "State<Device> declares serves_target and needs `std::int64_t prefetched_bytes() const "
+                  "noexcept` (docs/policies/sync_policy.md)");
+    return false;
+  } else if constexpr (!r::holds_device_bytes<St>) {
+    static_assert(always_false<St>,
+                  "offload: the Sync policy does not satisfy offload::sync_state_for_target: its "
+                  "State<Device> declares serves_target and needs `bool holds_device_bytes(const "
+                  "offload::Transfer<EntryState>&) const noexcept` (docs/policies/sync_policy.md)");
+    return false;
+  } else if constexpr (!r::set_headroom<St>) {
+    static_assert(always_false<St>,
+                  "offload: the Sync policy does not satisfy offload::sync_state_for_target: its "
+                  "State<Device> declares serves_target and needs `void set_headroom(std::int64_t) noexcept` "
+                  "(docs/policies/sync_policy.md)");
+    return false;
+  } else {
+    return true;
+  }
+}
+
+/// True when the state St declares serves_target and has its members, or
+/// has none of them; otherwise one static_assert.
+template <class St>
+constexpr bool check_sync_target_declared() {
+  namespace r = requirement;
+  if constexpr (r::declares_target<St>) {
+    return check_sync_target<St>();
+  } else if constexpr (r::any_target<St>) {
+    static_assert(always_false<St>,
+                  "offload: the Sync policy does not satisfy offload::sync_policy_for: its "
+                  "State<Device> has a member a device-memory target reads (prefetched_bytes, "
+                  "holds_device_bytes or set_headroom) but does not declare `static constexpr bool "
+                  "serves_target = true`, so it would never be read (docs/policies/sync_policy.md)");
+    return false;
+  } else {
+    return true;
+  }
+}
+
 /// True when P satisfies sync_policy_for<P, D> (D already checked);
 /// otherwise one static_assert naming the first missing member.
 template <class P, class D>
@@ -228,6 +276,8 @@ constexpr bool check_sync_members() {
                     "offload: the Sync policy does not satisfy offload::sync_policy_for: its "
                     "State<Device> needs `offload::Reloaded reload(const offload::Transfer<EntryState>&)` "
                     "(docs/policies/sync_policy.md)");
+      return false;
+    } else if constexpr (!check_sync_target_declared<St>()) {
       return false;
     } else if constexpr (r::declares_steps<St>) {
       if constexpr (!check_sync_steps<St>()) {

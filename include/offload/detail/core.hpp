@@ -119,15 +119,17 @@ class Core final : public ManagerInterface, public std::enable_shared_from_this<
   using Packed = detail::Packed<Entry>;
   /// Whether the sync policy opted into the step callbacks.
   static constexpr bool steps = requirement::declares_steps<SyncState>;
-  // Whether the sync policy brings tensors back ahead of need.
-  static constexpr bool prefetches = requires(const SyncState& s) { s.prefetched_bytes(); };
+  /// Whether the sync policy tells a device-memory target what device
+  /// memory it holds (sync_state_for_target: sync::Streamed's stash and
+  /// prefetch window).
+  static constexpr bool serves_target = requirement::declares_target<SyncState>;
 
   Core(const Options& options, Storage storage)
       : options_(options),
         storage_(std::move(storage)),
         sync_(options_),
-        planner_(options_.device_target_bytes, prefetches ? options_.prefetch_depth : 0,
-                 prefetches ? options_.prefetch_bytes : 0) {}
+        planner_(options_.device_target_bytes, serves_target ? options_.prefetch_depth : 0,
+                 serves_target ? options_.prefetch_bytes : 0) {}
 
   std::unique_ptr<torch::autograd::SavedVariableHooks> make_hooks() override {
     return std::make_unique<Hooks<Core>>(this->shared_from_this());
@@ -461,7 +463,7 @@ class Core final : public ManagerInterface, public std::enable_shared_from_this<
   }
   // Device bytes the sync policy brought back ahead of need, not yet used.
   std::int64_t prefetched_bytes() const {
-    if constexpr (prefetches) {
+    if constexpr (serves_target) {
       return sync_.prefetched_bytes();
     } else {
       return 0;
@@ -484,9 +486,7 @@ class Core final : public ManagerInterface, public std::enable_shared_from_this<
   bool source_allocated(Entry& entry) {
     if (!entry.source) return false;
     std::uint32_t held = 0;
-    if constexpr (requires { sync_.holds_device_bytes(transfer_of(entry)); }) {
-      held = sync_.holds_device_bytes(transfer_of(entry)) ? 1 : 0;
-    }
+    if constexpr (serves_target) held = sync_.holds_device_bytes(transfer_of(entry)) ? 1 : 0;
     return entry.source->use_count() > held;
   }
   // With a device-memory target, for a tensor that would be offloaded:
@@ -496,17 +496,17 @@ class Core final : public ManagerInterface, public std::enable_shared_from_this<
     const c10::StorageImpl* key = t.storage().unsafeGetStorageImpl();
     const auto nbytes = static_cast<std::int64_t>(t.storage().nbytes());
     target_index_ = t.device().index();
-    bool offload = true;
     const auto allocated = allocated_on(target_index_);
     if (auto found = kept_.find(key); found != kept_.end() && !found->second.expired()) {
-      packed.ticket = planner_.at_pack(0, /*eligible=*/false, allocated, offload);
+      packed.ticket = planner_.at_pack(0, /*eligible=*/false, allocated).ticket;
       note_still_allocated();
       return true;
     }
     const bool aliased = offloaded_already(t, version) != nullptr;  // no new storage
-    packed.ticket = planner_.at_pack(nbytes, !aliased, allocated, offload);
+    const auto decision = planner_.at_pack(nbytes, !aliased, allocated);
+    packed.ticket = decision.ticket;
     note_still_allocated();
-    if (offload || aliased) return false;
+    if (decision.offload || aliased) return false;
     kept_.insert_or_assign(key,
                            c10::weak_intrusive_ptr<c10::StorageImpl>(
                                c10::intrusive_ptr<c10::StorageImpl>::reclaim_copy(t.storage().unsafeGetStorageImpl())));
@@ -519,7 +519,7 @@ class Core final : public ManagerInterface, public std::enable_shared_from_this<
     const auto allocated = allocated_on(index);
     planner_.at_unpack(ticket, allocated, prefetched_bytes());
     note_still_allocated();
-    if constexpr (requires { sync_.set_headroom(std::int64_t{0}); }) sync_.set_headroom(planner_.headroom(allocated));
+    if constexpr (serves_target) sync_.set_headroom(planner_.headroom(allocated));
   }
   template <class... Args>
   static void warn(const Args&... args) noexcept {

@@ -25,6 +25,13 @@ struct PlanTicket {
   std::int32_t index = -1;
 };
 
+/// What the planner decided for one pack: its ticket (handed back at
+/// unpack) and whether the tensor is offloaded (false: kept on the device).
+struct PackDecision {
+  PlanTicket ticket;
+  bool offload = true;
+};
+
 /// Plans a step from the one before (docs/guide.md, "A device-memory
 /// target"). The model of a step: saved tensor i (pack order) has storage
 /// bytes b_i and is eligible or not; at each recorded point the allocated
@@ -85,11 +92,10 @@ class Planner {
 
   /// A pack of saved tensor with `bytes` of storage; `eligible`: it would
   /// be offloaded without a target; `allocated`: the device's allocated
-  /// bytes now (the tensor included), or -1. Returns the ticket and sets
-  /// `offload` (false: keep it on the device).
-  PlanTicket at_pack(std::int64_t bytes, bool eligible, std::int64_t allocated, bool& offload) {
+  /// bytes now (the tensor included), or -1.
+  PackDecision at_pack(std::int64_t bytes, bool eligible, std::int64_t allocated) {
     const auto index = static_cast<std::int32_t>(current_.saved.size());
-    offload = eligible;
+    bool offload = eligible;
     bool kept = false;
     if (eligible && static_cast<std::size_t>(index) < plan_.size() && plan_bytes_[index] > 0) {
       // A step whose tensors grew (a longer sequence): what it allocates
@@ -116,7 +122,7 @@ class Planner {
       current_.points.push_back({-1, allocated, kept_now_, 0});
       current_.measured = true;
     }
-    return {step_, index};
+    return {{step_, index}, offload};
   }
 
   /// Offloaded saved tensor `ticket`'s device storage was still allocated
@@ -155,7 +161,7 @@ class Planner {
   /// target less twice the reserve, given `allocated` bytes now (0 when
   /// unknown, or before the first plan).
   std::int64_t headroom(std::int64_t allocated) const noexcept {
-    if (!active() || allocated < 0 || steps_planned_ == 0) return 0;
+    if (!active() || allocated < 0 || !planned_) return 0;
     // Twice the reserve: the buffers a prefetch fills are used and freed in
     // stream order, so the operation after it may still see the last ones.
     return std::max<std::int64_t>(0, target_ - 2 * scaled(reserve_) - allocated);
@@ -169,7 +175,7 @@ class Planner {
     stats.target_min_offload_bytes += min_offload_;
     stats.target_steps_planned += steps_planned_;
   }
-  /// Zeroes the counters (the record and the plan are kept).
+  /// Zeroes the counters; what is recorded and planned stays as it is.
   void reset_stats() noexcept { kept_bytes_ = guard_offloads_ = steps_planned_ = 0; }
 
  private:
@@ -202,10 +208,34 @@ class Planner {
     return static_cast<std::int64_t>(static_cast<double>(bytes) * growth_);
   }
 
+  static constexpr auto kNone = std::numeric_limits<std::int64_t>::max();
+
+  // What the recorded points allow with nothing kept: the most any point
+  // needs with every eligible tensor offloaded, what the kept tensors may
+  // total at the forward points, and each backward point's memory.
+  struct Bases {
+    std::int64_t needs = 0;
+    std::int64_t room_forward = kNone;
+    std::vector<std::int64_t> backward;
+  };
+  // One plan: the bytes it offloads, its largest offloaded storage, and the
+  // fewest eligible bytes whose offloading meets the target.
+  struct Outcome {
+    std::int64_t offloaded = 0;
+    std::int64_t largest_offloaded = 0;
+    std::int64_t least = 0;
+  };
+
+  // The window the options give: prefetch_bytes, or prefetch_depth times
+  // the largest offloaded storage.
+  std::int64_t window_for(std::int64_t largest_offloaded) const noexcept {
+    return prefetch_bytes_ > 0 ? prefetch_bytes_ : prefetch_depth_ * largest_offloaded;
+  }
+
   // `grown`: bytes allocated at this step's start beyond the recorded
-  // step's start, added to every recorded point.
+  // step's start, added to every recorded point. Returns the warning to
+  // give, if any.
   std::string plan_from(const Record& r, std::int64_t grown) {
-    const auto n = r.saved.size();
     std::int64_t eligible = 0;
     std::int64_t largest = 0;
     for (const auto& s : r.saved) {
@@ -214,41 +244,69 @@ class Planner {
         eligible += s.bytes;
       }
     }
-    // The reserve: what the step allocated above its highest point, when
-    // the device's peak shows it (the peak rose during the step, so it is
-    // the step's), and at least the largest eligible storage (the gradient
-    // of the largest activation); else what was learned before; at first
-    // the largest eligible storage.
+    learn_reserve(r, largest);
+    const auto n = r.saved.size();
+    const Bases bases = bases_of(r, grown, largest);
+    plan_bytes_.resize(n);
+    for (std::size_t i = 0; i < n; ++i) plan_bytes_[i] = r.saved[i].eligible ? r.saved[i].bytes : 0;
+    keep_after_.assign(n + 1, 0);
+    ++steps_planned_;
+    planned_ = true;
+    if (bases.needs > target_ - reserve_) return offload_everything(eligible, bases.needs);
+    // Planned first with the window of the largest eligible storage; again
+    // with that of the largest the first plan offloads, kept if it
+    // offloads nothing larger.
+    auto outcome = keep_latest(r, bases, window_for(largest));
+    if (window_for(outcome.largest_offloaded) < window_for(largest)) {
+      const auto first_plan = plan_;
+      const auto again = keep_latest(r, bases, window_for(outcome.largest_offloaded));
+      if (again.largest_offloaded <= outcome.largest_offloaded) {
+        outcome = {again.offloaded, outcome.largest_offloaded, again.least};
+      } else {
+        plan_ = first_plan;
+      }
+    }
+    for (std::size_t i = n; i-- > 0;)
+      keep_after_[i] = keep_after_[i + 1] + (i + 1 < n && plan_[i + 1] ? r.saved[i + 1].bytes : 0);
+    planned_offload_ = outcome.offloaded;
+    min_offload_ = std::clamp<std::int64_t>(outcome.least, 0, eligible);
+    return {};
+  }
+
+  // The reserve: what the step allocated above its highest point, when
+  // the device's peak shows it (the peak rose during the step, so it is the
+  // step's), and at least the largest eligible storage (the gradient of
+  // the largest activation); else what was learned before; at first the
+  // largest eligible storage. Without measurements only kept bytes count.
+  void learn_reserve(const Record& r, std::int64_t largest) {
     std::int64_t highest = 0;
     for (const auto& p : r.points) highest = std::max(highest, p.allocated + p.ahead);
     if (!r.measured) {
-      reserve_ = 0;  // only kept saved bytes count
+      reserve_ = 0;
     } else if (r.start_peak >= 0 && r.end_peak > r.start_peak) {
       reserve_ = std::max<std::int64_t>({learned_ ? reserve_ : 0, r.end_peak - highest, largest});
       learned_ = true;
     } else if (!learned_) {
       reserve_ = largest;
     }
-    // Every kept tensor counts at every forward point (prefix -1), those
-    // saved before q at a backward point with prefix q. A storage the model
-    // holds anyway (seen allocated while offloaded, from its pack to
-    // allocated_until; for one kept in this record, the last record that
-    // offloaded it) is allocated at those points whatever the plan does:
-    // it belongs to the memory with nothing kept there.
-    constexpr auto none = std::numeric_limits<std::int64_t>::max();
-    std::vector<std::int32_t> forward;  // indices of the forward points in r.points
-    for (std::size_t k = 0; k < r.points.size(); ++k) {
-      if (r.points[k].prefix < 0) forward.push_back(static_cast<std::int32_t>(k));
-    }
+  }
+
+  // The bytes the model holds anyway at each forward point (differences:
+  // entry f changes the sum from the f-th forward point on). Every kept
+  // tensor counts at every forward point, but a storage the model holds
+  // anyway (seen allocated while offloaded, from its pack to
+  // allocated_until; for one kept in this record, the last record that
+  // offloaded it) is allocated at those points whatever the plan does: it
+  // belongs to the memory with nothing kept there. Updates learned_span_.
+  std::vector<std::int64_t> held_anyway(const Record& r, const std::vector<std::int32_t>& forward) {
     const auto ordinal = [&forward](std::int32_t k) {
       return static_cast<std::size_t>(std::upper_bound(forward.begin(), forward.end(), k) - forward.begin());
     };
+    const auto n = r.saved.size();
     learned_span_.resize(n, {0, -1});
-    std::vector<std::int64_t> held_from(forward.size() + 1, 0);  // differences: kept bytes held anyway there
-    std::vector<std::int64_t> eligible_before(n + 1, 0);
+    std::vector<std::int64_t> held_from(forward.size() + 1, 0);
     for (std::size_t i = 0; i < n; ++i) {
       const auto& s = r.saved[i];
-      eligible_before[i + 1] = eligible_before[i] + (s.eligible ? s.bytes : 0);
       if (!s.eligible || s.point < 0) continue;
       auto& learned = learned_span_[i];
       if (!s.kept) learned = {s.bytes, s.allocated_until - s.point};
@@ -256,98 +314,89 @@ class Planner {
       held_from[ordinal(s.point - 1)] += s.bytes;
       held_from[ordinal(s.point + learned.second)] -= s.bytes;
     }
-    // The window the options give: prefetch_bytes, or prefetch_depth times
-    // the largest offloaded storage.
-    const auto window_for = [this](std::int64_t largest_offloaded) {
-      return prefetch_bytes_ > 0 ? prefetch_bytes_ : prefetch_depth_ * largest_offloaded;
-    };
+    return held_from;
+  }
+
+  // Each recorded point's memory with nothing kept (`grown` added), and
+  // what that leaves under the target less the reserve.
+  Bases bases_of(const Record& r, std::int64_t grown, std::int64_t largest) {
+    std::vector<std::int32_t> forward;  // indices of the forward points in r.points
+    for (std::size_t k = 0; k < r.points.size(); ++k) {
+      if (r.points[k].prefix < 0) forward.push_back(static_cast<std::int32_t>(k));
+    }
+    const auto held_from = held_anyway(r, forward);
     const std::int64_t limit = target_ - reserve_;
-    std::int64_t needs = 0;            // the most a point needs with every eligible tensor offloaded
-    std::int64_t room_forward = none;  // what the kept tensors may total at the forward points
-    std::vector<std::int64_t> base_back(r.points.size() - forward.size());  // backward points, nothing kept
+    Bases out;
+    out.backward.resize(r.points.size() - forward.size());
     std::int64_t held_here = 0;
     for (std::size_t f = 0, b = 0, k = 0; k < r.points.size(); ++k) {
       const auto& p = r.points[k];
-      std::int64_t base = p.allocated + grown - p.kept;  // with nothing kept
+      std::int64_t base = p.allocated + grown - p.kept;
       if (p.prefix < 0) {
         held_here += held_from[f++];
         base += held_here;
-        room_forward = std::min(room_forward, limit - base);
+        out.room_forward = std::min(out.room_forward, limit - base);
       } else {
-        base_back[b++] = base;
+        out.backward[b++] = base;
         base += window_for(largest);
       }
-      needs = std::max(needs, base);
+      out.needs = std::max(out.needs, base);
     }
-    plan_bytes_.resize(n);
-    for (std::size_t i = 0; i < n; ++i) plan_bytes_[i] = r.saved[i].eligible ? r.saved[i].bytes : 0;
-    keep_after_.assign(n + 1, 0);
-    ++steps_planned_;
-    if (needs > limit) {
-      plan_.assign(n, false);
-      planned_offload_ = eligible;
-      min_offload_ = eligible;
-      if (warned_) return {};
-      warned_ = true;
-      return "offload::Options: device_target_bytes " + std::to_string(target_) +
-             " cannot be met: the last step needed " + std::to_string(needs + reserve_) +
-             " bytes of device memory with every eligible saved tensor offloaded (" + std::to_string(reserve_) +
-             " of them reserved for what an operation allocates); offloading every eligible tensor (warned once per "
-             "manager)";
+    return out;
+  }
+
+  // The target cannot be met: every eligible tensor is offloaded; the
+  // warning the first time.
+  std::string offload_everything(std::int64_t eligible, std::int64_t needs) {
+    plan_.assign(plan_bytes_.size(), false);
+    planned_offload_ = eligible;
+    min_offload_ = eligible;
+    if (warned_) return {};
+    warned_ = true;
+    return "offload::Options: device_target_bytes " + std::to_string(target_) +
+           " cannot be met: the last step needed " + std::to_string(needs + reserve_) +
+           " bytes of device memory with every eligible saved tensor offloaded (" + std::to_string(reserve_) +
+           " of them reserved for what an operation allocates); offloading every eligible tensor (warned once per "
+           "manager)";
+  }
+
+  // Sets plan_: from the latest back, keeps a tensor while every point
+  // counting it has room, given a prefetch window of `window` bytes in
+  // backward.
+  Outcome keep_latest(const Record& r, const Bases& bases, std::int64_t window) {
+    const auto n = r.saved.size();
+    const std::int64_t limit = target_ - reserve_;
+    std::vector<std::int64_t> eligible_before(n + 1, 0);
+    for (std::size_t i = 0; i < n; ++i)
+      eligible_before[i + 1] = eligible_before[i] + (r.saved[i].eligible ? r.saved[i].bytes : 0);
+    // slack[q]: what the kept tensors counted at points with prefix q may
+    // total (q = n: every tensor, the forward points).
+    std::vector<std::int64_t> slack(n + 1, kNone);
+    slack[n] = bases.room_forward;
+    Outcome out;
+    out.least = eligible_before[n] - bases.room_forward;
+    for (std::size_t b = 0, k = 0; k < r.points.size(); ++k) {
+      const auto& p = r.points[k];
+      if (p.prefix < 0) continue;
+      const std::int64_t base = bases.backward[b++] + window;
+      out.least = std::max(out.least, base + eligible_before[p.prefix] - limit);
+      slack[p.prefix] = std::min(slack[p.prefix], limit - base);
     }
-    // From the latest back: keep a tensor while every point counting it
-    // has room, given a prefetch window of `window` bytes in backward.
-    // Returns the bytes offloaded, and the largest offloaded storage.
-    const auto plan = [&](std::int64_t window, std::int64_t& least) {
-      // slack[q]: what the kept tensors counted at points with prefix q may
-      // total (q = n: every tensor, the forward points).
-      std::vector<std::int64_t> slack(n + 1, none);
-      slack[n] = room_forward;
-      least = eligible_before[n] - room_forward;
-      for (std::size_t b = 0, k = 0; k < r.points.size(); ++k) {
-        const auto& p = r.points[k];
-        if (p.prefix < 0) continue;
-        const std::int64_t base = base_back[b++] + window;
-        least = std::max(least, base + eligible_before[p.prefix] - limit);
-        slack[p.prefix] = std::min(slack[p.prefix], limit - base);
+    plan_.assign(n, false);
+    std::int64_t room = kNone;
+    for (std::size_t i = n; i-- > 0;) {
+      room = std::min(room, slack[i + 1]);
+      const auto& s = r.saved[i];
+      if (!s.eligible) continue;
+      if (s.bytes > room) {
+        out.offloaded += s.bytes;
+        out.largest_offloaded = std::max(out.largest_offloaded, s.bytes);
+        continue;
       }
-      plan_.assign(n, false);
-      std::int64_t room = none, offloaded = 0, largest_offloaded = 0;
-      for (std::size_t i = n; i-- > 0;) {
-        room = std::min(room, slack[i + 1]);
-        const auto& s = r.saved[i];
-        if (!s.eligible) continue;
-        if (s.bytes > room) {
-          offloaded += s.bytes;
-          largest_offloaded = std::max(largest_offloaded, s.bytes);
-          continue;
-        }
-        plan_[i] = true;
-        room -= s.bytes;
-      }
-      return std::pair{offloaded, largest_offloaded};
-    };
-    // Planned first with the window of the largest eligible storage; again
-    // with that of the largest the first plan offloads, kept if it
-    // offloads nothing larger.
-    std::int64_t least = 0;
-    auto [offloaded, largest_offloaded] = plan(window_for(largest), least);
-    if (window_for(largest_offloaded) < window_for(largest)) {
-      std::int64_t least_again = 0;
-      const auto first_plan = plan_;
-      const auto again = plan(window_for(largest_offloaded), least_again);
-      if (again.second <= largest_offloaded) {
-        offloaded = again.first;
-        least = least_again;
-      } else {
-        plan_ = first_plan;
-      }
+      plan_[i] = true;
+      room -= s.bytes;
     }
-    for (std::size_t i = n; i-- > 0;)
-      keep_after_[i] = keep_after_[i + 1] + (i + 1 < n && plan_[i + 1] ? r.saved[i + 1].bytes : 0);
-    planned_offload_ = offloaded;
-    min_offload_ = std::clamp<std::int64_t>(least, 0, eligible);
-    return {};
+    return out;
   }
 
   std::int64_t target_;
@@ -366,6 +415,7 @@ class Planner {
   std::int64_t kept_now_ = 0;  // bytes kept in this step so far
   bool warned_ = false;
   bool learned_ = false;  // reserve_ was measured
+  bool planned_ = false;  // a plan was made (the prefetch headroom applies)
   std::int64_t kept_bytes_ = 0;
   std::int64_t guard_offloads_ = 0;
   std::int64_t planned_offload_ = 0;

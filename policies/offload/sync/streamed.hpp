@@ -72,6 +72,9 @@ struct Streamed {
    public:
     /// Streamed uses every step callback.
     static constexpr bool observes_steps = true;
+    /// It holds device memory (the forward stash, the prefetch window)
+    /// and tells a device-memory target about it.
+    static constexpr bool serves_target = true;
 
     /// What Streamed keeps per offloaded storage.
     struct EntryState {
