@@ -51,9 +51,9 @@ offload::AnyManager make_manager(Storage storage, Sync sync) {
 
 // What one run measured, per step (index 0: the first step).
 struct HostRun {
-  std::vector<double> seconds;             // forward + backward + optimizer step
-  std::vector<std::int64_t> fresh_pinned;  // sim's pinned blocks taken from malloc in the step
-  std::vector<std::int64_t> in_use_peak;   // Stats::host_bytes_peak
+  std::vector<double> seconds;              // forward + backward + optimizer step
+  std::vector<std::int64_t> fresh_pinned;   // sim's pinned blocks taken from malloc in the step
+  std::vector<std::int64_t> in_use_peak;    // Stats::host_bytes_peak
   std::vector<std::int64_t> reserved_peak;  // Stats::host_bytes_reserved_peak
   std::int64_t process_pinned_peak = 0;     // sim's pinned bytes taken from malloc, most at once
   std::vector<float> losses;
@@ -123,22 +123,22 @@ Json row_of(const std::string& storage, const std::string& sync, const HostRun& 
   const auto reserved = most(run.reserved_peak);
   const bool equal = run.losses.size() == none.losses.size() &&
                      std::memcmp(run.losses.data(), none.losses.data(), sizeof(float) * run.losses.size()) == 0;
-  return Json::object({{"storage", storage},
-                       {"sync", sync},
-                       {"host_bytes_in_use_peak", in_use},
-                       {"host_bytes_reserved_peak", reserved},
-                       {"reserved_over_in_use", ratio(static_cast<double>(reserved), static_cast<double>(in_use))},
-                       {"process_pinned_peak_bytes", run.process_pinned_peak},
-                       {"process_pinned_over_in_use",
-                        ratio(static_cast<double>(run.process_pinned_peak), static_cast<double>(in_use))},
-                       {"fresh_pinned_per_step", run.fresh_pinned},
-                       {"fresh_pinned_after_step_1", most(run.fresh_pinned, 1)},
-                       {"seconds", run.seconds},
-                       {"step_1_seconds", run.seconds.front()},
-                       {"steps_2_on_seconds", mean_from_step_2(run.seconds)},
-                       {"none_step_1_seconds", none.seconds.front()},
-                       {"none_steps_2_on_seconds", mean_from_step_2(none.seconds)},
-                       {"losses_bitwise_equal", equal}});
+  return Json::object(
+      {{"storage", storage},
+       {"sync", sync},
+       {"host_bytes_in_use_peak", in_use},
+       {"host_bytes_reserved_peak", reserved},
+       {"reserved_over_in_use", ratio(static_cast<double>(reserved), static_cast<double>(in_use))},
+       {"process_pinned_peak_bytes", run.process_pinned_peak},
+       {"process_pinned_over_in_use", ratio(static_cast<double>(run.process_pinned_peak), static_cast<double>(in_use))},
+       {"fresh_pinned_per_step", run.fresh_pinned},
+       {"fresh_pinned_after_step_1", most(run.fresh_pinned, 1)},
+       {"seconds", run.seconds},
+       {"step_1_seconds", run.seconds.front()},
+       {"steps_2_on_seconds", mean_from_step_2(run.seconds)},
+       {"none_step_1_seconds", none.seconds.front()},
+       {"none_steps_2_on_seconds", mean_from_step_2(none.seconds)},
+       {"losses_bitwise_equal", equal}});
 }
 
 std::vector<Column> host_columns() {
@@ -174,8 +174,7 @@ int run_host(const Args& args) {
   offload::sim::set_host_power_of_two(true);
   offload::sim::set_pinned_alloc_us(kPinnedAllocUs);
   std::cout << "## Host memory: PinnedHost vs PinnedPool on sim in CUDA-like mode\n\n"
-            << "The demo GPT (width 256, 4 blocks, 8 sequences of " << (args.quick ? 64 : 128)
-            << " tokens), " << steps
+            << "The demo GPT (width 256, 4 blocks, 8 sequences of " << (args.quick ? 64 : 128) << " tokens), " << steps
             << " AdamW steps per run from the same weights, each run from an empty pinned cache. sim's pinned host "
                "allocator as CUDA's caching one: every block a power of two, "
             << kPinnedAllocUs

@@ -161,8 +161,9 @@ bool same_bytes(const std::vector<at::Tensor>& a, const std::vector<at::Tensor>&
 
 }  // namespace
 
-TEST_CASE_TEMPLATE("checkpoint: bitwise parity with no checkpoint and no offload, dropout on" * fixture::sim_only{kSuiteOnSim}, Sync,
-                   offload::sync::Blocking, offload::sync::Streamed) {
+TEST_CASE_TEMPLATE("checkpoint: bitwise parity with no checkpoint and no offload, dropout on" *
+                       fixture::sim_only{kSuiteOnSim},
+                   Sync, offload::sync::Blocking, offload::sync::Streamed) {
   const SlowPoisonedSim sim;
   const auto plain = run(Stack::Mode::plain);
   for (auto mode : {Stack::Mode::flat, Stack::Mode::nested}) {
@@ -186,7 +187,8 @@ TEST_CASE_TEMPLATE("checkpoint: bitwise parity with no checkpoint and no offload
   }
 }
 
-TEST_CASE("checkpoint: without the generator state restored, dropout differs (the parity test can fail)" * fixture::sim_only{kSuiteOnSim}) {
+TEST_CASE("checkpoint: without the generator state restored, dropout differs (the parity test can fail)" *
+          fixture::sim_only{kSuiteOnSim}) {
   const SlowPoisonedSim sim;
   const auto plain = run(Stack::Mode::plain);
   std::string why;
@@ -199,7 +201,8 @@ TEST_CASE("checkpoint: without the generator state restored, dropout differs (th
       why);
 }
 
-TEST_CASE("checkpoint: BatchNorm's running statistics are not updated again by the recomputation" * fixture::sim_only{kSuiteOnSim}) {
+TEST_CASE("checkpoint: BatchNorm's running statistics are not updated again by the recomputation" *
+          fixture::sim_only{kSuiteOnSim}) {
   const SlowPoisonedSim sim;
   const auto plain = train_then_evaluate(NormRun::plain);
   // checkpoint_forward() hands the module's buffers over as state: every
@@ -211,7 +214,8 @@ TEST_CASE("checkpoint: BatchNorm's running statistics are not updated again by t
   CHECK_FALSE(same_bytes(plain, train_then_evaluate(NormRun::checkpoint_without_state)));
 }
 
-TEST_CASE("checkpoint: several outputs, an input without grad, torch::autograd::grad, retain_graph" * fixture::sim_only{kSuiteOnSim}) {
+TEST_CASE("checkpoint: several outputs, an input without grad, torch::autograd::grad, retain_graph" *
+          fixture::sim_only{kSuiteOnSim}) {
   const SlowPoisonedSim sim;
   at::manual_seed(1);
   const auto x = at::randn({16, 32}).to(sim0).requires_grad_();
@@ -247,7 +251,8 @@ TEST_CASE("checkpoint: several outputs, an input without grad, torch::autograd::
   CHECK(manager.stats().tensors_offloaded == 3);
 }
 
-TEST_CASE("checkpoint: a module-like handle's forward, grad mode off, an empty block" * fixture::sim_only{kSuiteOnSim}) {
+TEST_CASE("checkpoint: a module-like handle's forward, grad mode off, an empty block" *
+          fixture::sim_only{kSuiteOnSim}) {
   const SlowPoisonedSim sim;
   struct Doubler {
     at::Tensor forward(const at::Tensor& t) const { return (t * 2).sin(); }

@@ -19,7 +19,8 @@ using offload::detail::Planner;
 // One step without device-memory statistics (allocated -1): saved tensors
 // of `bytes` packed in order, all eligible, then unpacked in reverse.
 // Returns, per tensor, whether the planner offloaded it.
-std::vector<bool> unmeasured_step(Planner& planner, const std::vector<std::int64_t>& bytes, std::string* warning = nullptr) {
+std::vector<bool> unmeasured_step(Planner& planner, const std::vector<std::int64_t>& bytes,
+                                  std::string* warning = nullptr) {
   const auto w = planner.begin_step(-1, -1);
   if (warning) *warning = w;
   std::vector<offload::detail::PlanTicket> tickets;

@@ -82,7 +82,8 @@ auto plain = [](auto&& forward) { return forward(); };
 
 }  // namespace
 
-TEST_CASE("host budget: tensors over the budget stay on the device and training is unchanged" * fixture::sim_only{kSuiteOnSim}) {
+TEST_CASE("host budget: tensors over the budget stay on the device and training is unchanged" *
+          fixture::sim_only{kSuiteOnSim}) {
   const fixture::Substrate substrate(kDelayUs);
   const auto expected = Mlp(7).train(3, plain);
   // Offloaded per step: tanh's output, 32x128 floats (16 KiB), and the
@@ -155,7 +156,8 @@ TEST_CASE("host budget: reserved bytes are counted and limited (a power-of-two p
   CHECK(offload::storage::pinned_block_bytes(c10::DeviceType::PrivateUse1, 20000) == 20480);
 }
 
-TEST_CASE("pinned fallback: a failed pinned allocation uses pageable memory, counted" * fixture::sim_only{kSuiteOnSim}) {
+TEST_CASE("pinned fallback: a failed pinned allocation uses pageable memory, counted" *
+          fixture::sim_only{kSuiteOnSim}) {
   // The CPU has no pinned-memory allocator of its own: PinnedHost's request
   // fails and falls back, which is the path a failed cudaHostAlloc takes.
   using HostPinned = offload::Manager<harness::HostAsDevice, offload::storage::PinnedHost, offload::sync::Blocking>;
@@ -168,7 +170,8 @@ TEST_CASE("pinned fallback: a failed pinned allocation uses pageable memory, cou
   CHECK(manager.stats().storages_offloaded >= 1);
 }
 
-TEST_CASE("lifecycle: an exception mid-forward leaves nothing held once the graph is dropped" * fixture::sim_only{kSuiteOnSim}) {
+TEST_CASE("lifecycle: an exception mid-forward leaves nothing held once the graph is dropped" *
+          fixture::sim_only{kSuiteOnSim}) {
   const fixture::Substrate substrate(kDelayUs);
   Streamed manager(offload::Options{.min_offload_bytes = 0, .max_fwd_stash = 2});
   Mlp model(3);
@@ -193,7 +196,8 @@ TEST_CASE("lifecycle: an exception mid-forward leaves nothing held once the grap
   CHECK(same(Mlp(3).train(2, plain), model.train(2, harness::with_scope(manager))));
 }
 
-TEST_CASE("lifecycle: a forward dropped without backward releases what stayed on the device, and its graph" * fixture::sim_only{kSuiteOnSim}) {
+TEST_CASE("lifecycle: a forward dropped without backward releases what stayed on the device, and its graph" *
+          fixture::sim_only{kSuiteOnSim}) {
   // tanh, exp and sigmoid save their outputs. A saved output the manager
   // does not offload (here: under min_offload_bytes; over the host budget or
   // kept for a device target alike) is held without its autograd history:
@@ -248,7 +252,8 @@ TEST_CASE("lifecycle: 1000 steps keep device and host memory flat" * fixture::si
   CHECK(manager.stats().host_bytes_peak > 0);
 }
 
-TEST_CASE("threads: two threads with their own scopes train concurrently, bitwise as alone" * fixture::sim_only{kSuiteOnSim}) {
+TEST_CASE("threads: two threads with their own scopes train concurrently, bitwise as alone" *
+          fixture::sim_only{kSuiteOnSim}) {
   const fixture::Substrate substrate(kDelayUs);
   const auto alone_a = Mlp(11).train(4, plain);
   const auto alone_b = Mlp(12).train(4, plain);
@@ -279,7 +284,8 @@ TEST_CASE("threads: a scope opened on one thread does not apply to another" * fi
   CHECK(manager.stats().tensors_seen > 0);
 }
 
-TEST_CASE("threads: a Scope destroyed on another thread is reported and deactivated, not undefined" * fixture::sim_only{kSuiteOnSim}) {
+TEST_CASE("threads: a Scope destroyed on another thread is reported and deactivated, not undefined" *
+          fixture::sim_only{kSuiteOnSim}) {
   const fixture::Substrate substrate(kDelayUs);
   Blocking manager(offload::Options{.min_offload_bytes = 0});
   auto scope = std::make_unique<offload::Scope>(manager);
@@ -381,7 +387,8 @@ std::pair<std::uint32_t, std::uint32_t> seed_range() {
 
 }  // namespace
 
-TEST_CASE("randomized graphs: gradient parity with Streamed and Blocking on sim, delay and poisoning on" * fixture::sim_only{kSuiteOnSim}) {
+TEST_CASE("randomized graphs: gradient parity with Streamed and Blocking on sim, delay and poisoning on" *
+          fixture::sim_only{kSuiteOnSim}) {
   const fixture::Substrate substrate(/*latency_us=*/50);
   const auto [first, count] = seed_range();
   std::vector<std::uint32_t> failing;
@@ -432,7 +439,8 @@ struct FailingHost {
 };
 }  // namespace
 
-TEST_CASE("lifecycle: a storage policy that throws leaves the accounting balanced and nothing held" * fixture::sim_only{kSuiteOnSim}) {
+TEST_CASE("lifecycle: a storage policy that throws leaves the accounting balanced and nothing held" *
+          fixture::sim_only{kSuiteOnSim}) {
   const fixture::Substrate substrate(kDelayUs);
   offload::Manager<offload::device::Sim, FailingHost, offload::sync::Blocking> manager(
       offload::Options{.min_offload_bytes = 0});

@@ -29,7 +29,8 @@ namespace {
 
 // Why every case of this suite runs on sim only (OFFLOAD_TEST_DEVICE=cuda
 // skips and lists them instead of counting a sim run as a CUDA pass).
-constexpr const char* kSuiteOnSim = "the target is planned from sim's allocated-memory counts, with sim's copy latency and poisoning";
+constexpr const char* kSuiteOnSim =
+    "the target is planned from sim's allocated-memory counts, with sim's copy latency and poisoning";
 
 using Blocking = offload::Manager<offload::device::Sim, offload::storage::PinnedHost, offload::sync::Blocking>;
 using Streamed = offload::Manager<offload::device::Sim, offload::storage::PinnedHost, offload::sync::Streamed>;
@@ -106,8 +107,9 @@ bool same(const Step& a, const Step& b) {
 
 }  // namespace
 
-TEST_CASE_TEMPLATE("target: each step from the second stays under the target, bitwise equal, fewer bytes moved" * fixture::sim_only{kSuiteOnSim}, M,
-                   Blocking, Streamed) {
+TEST_CASE_TEMPLATE("target: each step from the second stays under the target, bitwise equal, fewer bytes moved" *
+                       fixture::sim_only{kSuiteOnSim},
+                   M, Blocking, Streamed) {
   const SlowPoisonedSim sim;
   const Stack stack;
   const std::int64_t batch = 1024;
@@ -180,8 +182,9 @@ TEST_CASE_TEMPLATE("target: each step from the second stays under the target, bi
   }
 }
 
-TEST_CASE_TEMPLATE("target: a step whose tensors double mid-run stays under the target (the guard)" * fixture::sim_only{kSuiteOnSim}, M, Blocking,
-                   Streamed) {
+TEST_CASE_TEMPLATE("target: a step whose tensors double mid-run stays under the target (the guard)" *
+                       fixture::sim_only{kSuiteOnSim},
+                   M, Blocking, Streamed) {
   const SlowPoisonedSim sim;
   const Stack stack;
   const auto plain = step<M>(stack, 1024, nullptr);
@@ -210,8 +213,9 @@ TEST_CASE_TEMPLATE("target: a step whose tensors double mid-run stays under the 
   CHECK(guarded > 0);  // the first long step followed the short step's plan until the guard stopped it
 }
 
-TEST_CASE_TEMPLATE("target: one that cannot be met warns once with the numbers and offloads everything" * fixture::sim_only{kSuiteOnSim}, M, Blocking,
-                   Streamed) {
+TEST_CASE_TEMPLATE("target: one that cannot be met warns once with the numbers and offloads everything" *
+                       fixture::sim_only{kSuiteOnSim},
+                   M, Blocking, Streamed) {
   const SlowPoisonedSim sim;
   const Stack stack;
   const auto plain = step<M>(stack, 1024, nullptr);
@@ -236,8 +240,9 @@ TEST_CASE_TEMPLATE("target: one that cannot be met warns once with the numbers a
   CHECK(ours[0].find("offloading every eligible tensor") != std::string::npos);
 }
 
-TEST_CASE_TEMPLATE("target: one above the peak without offloading offloads nothing from the second step" * fixture::sim_only{kSuiteOnSim}, M, Blocking,
-                   Streamed) {
+TEST_CASE_TEMPLATE("target: one above the peak without offloading offloads nothing from the second step" *
+                       fixture::sim_only{kSuiteOnSim},
+                   M, Blocking, Streamed) {
   const SlowPoisonedSim sim;
   const Stack stack;
   const auto plain = step<M>(stack, 1024, nullptr);
@@ -265,7 +270,9 @@ TEST_CASE_TEMPLATE("target: one above the peak without offloading offloads nothi
 // after it (which keep some of them) must agree on what is allocated
 // anyway, so each planned step moves within 1.10x of the minimum of its
 // own record (read from the step after it) and stays under the target.
-TEST_CASE_TEMPLATE("target: storages the model holds anyway stay counted when the plan keeps them" * fixture::sim_only{kSuiteOnSim}, M, Blocking) {
+TEST_CASE_TEMPLATE("target: storages the model holds anyway stay counted when the plan keeps them" *
+                       fixture::sim_only{kSuiteOnSim},
+                   M, Blocking) {
   const SlowPoisonedSim sim;
   Stack stack;
   stack.hold = true;
@@ -298,7 +305,9 @@ TEST_CASE_TEMPLATE("target: storages the model holds anyway stay counted when th
 // sync::Blocking only: its steps are alike, so the two managers' first
 // steps record the same; under sync::Streamed they differ with how fast the
 // side stream runs.
-TEST_CASE_TEMPLATE("target: memory allocated after the first step (optimizer state) is planned for" * fixture::sim_only{kSuiteOnSim}, M, Blocking) {
+TEST_CASE_TEMPLATE("target: memory allocated after the first step (optimizer state) is planned for" *
+                       fixture::sim_only{kSuiteOnSim},
+                   M, Blocking) {
   const SlowPoisonedSim sim;
   const Stack stack;
   const auto plain = step<M>(stack, 1024, nullptr);
@@ -344,8 +353,9 @@ struct SimWithoutStats {
 static_assert(!offload::memory_stats_device_policy<SimWithoutStats>);
 }  // namespace
 
-TEST_CASE_TEMPLATE("target: without memory statistics it counts the saved bytes kept on the device" * fixture::sim_only{kSuiteOnSim}, Sync,
-                   offload::sync::Blocking, offload::sync::Streamed) {
+TEST_CASE_TEMPLATE("target: without memory statistics it counts the saved bytes kept on the device" *
+                       fixture::sim_only{kSuiteOnSim},
+                   Sync, offload::sync::Blocking, offload::sync::Streamed) {
   const SlowPoisonedSim sim;
   const Stack stack;
   const auto plain = step<Blocking>(stack, 1024, nullptr);
@@ -368,8 +378,9 @@ TEST_CASE_TEMPLATE("target: without memory statistics it counts the saved bytes 
   }
 }
 
-TEST_CASE_TEMPLATE("target: the demo GPT trains bitwise equal with a target, keeping and offloading" * fixture::sim_only{kSuiteOnSim}, M, Blocking,
-                   Streamed) {
+TEST_CASE_TEMPLATE("target: the demo GPT trains bitwise equal with a target, keeping and offloading" *
+                       fixture::sim_only{kSuiteOnSim},
+                   M, Blocking, Streamed) {
   const SlowPoisonedSim sim;
   offload::sim::synchronize();
   offload::sim::reset_peak(0);

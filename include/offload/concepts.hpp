@@ -234,17 +234,17 @@ concept reserving_storage_policy = storage_policy<P> && requirement::reserved_fo
 /// sync_state_with_steps; a state with a step callback that does not
 /// declare it fails (the callback would never be called).
 template <class S>
-concept sync_state = requirement::from_options<S> && requirement::entry_state<S> && requirement::offloads<S> &&
-                     requirement::reloads<S> &&
-                     (requirement::declares_steps<S>
-                          ? (requirement::end_forward<S> && requirement::end_backward<S> && requirement::on_unpack<S> &&
-                             requirement::suspend<S> && requirement::resume<S> && requirement::add_stats<S> &&
-                             requirement::release<S> && requirement::release_noexcept<S>)
-                          : !requirement::any_step<S>) &&
-                     (requirement::declares_target<S>
-                          ? (requirement::prefetched_bytes<S> && requirement::holds_device_bytes<S> &&
-                             requirement::set_headroom<S>)
-                          : !requirement::any_target<S>);
+concept sync_state =
+    requirement::from_options<S> && requirement::entry_state<S> && requirement::offloads<S> &&
+    requirement::reloads<S> &&
+    (requirement::declares_steps<S>
+         ? (requirement::end_forward<S> && requirement::end_backward<S> && requirement::on_unpack<S> &&
+            requirement::suspend<S> && requirement::resume<S> && requirement::add_stats<S> && requirement::release<S> &&
+            requirement::release_noexcept<S>)
+         : !requirement::any_step<S>) &&
+    (requirement::declares_target<S>
+         ? (requirement::prefetched_bytes<S> && requirement::holds_device_bytes<S> && requirement::set_headroom<S>)
+         : !requirement::any_target<S>);
 
 /// A sync_state that opted into the step callbacks
 /// (`static constexpr bool observes_steps = true`): every one of them is

@@ -140,8 +140,8 @@ struct TargetState : MinimalSync::State<DeviceTwin> {
     requires Headroom;
 };
 static_assert(sync_state_for_target<TargetState<true, true>>);
-static_assert(!sync_state<TargetState<true, false>>);   // declared, set_headroom missing
-static_assert(!sync_state<TargetState<false, true>>);   // members without the declaration
+static_assert(!sync_state<TargetState<true, false>>);  // declared, set_headroom missing
+static_assert(!sync_state<TargetState<false, true>>);  // members without the declaration
 static_assert(!sync_state_for_target<MinimalSync::State<DeviceTwin>>);
 static_assert(sync_state_for_target<sync::Streamed::State<device::Sim>>);
 static_assert(!sync_state_for_target<sync::Blocking::State<device::Sim>>);
