@@ -59,12 +59,12 @@ struct HostRun {
   std::vector<float> losses;
 };
 
-// Trains the demo GPT (width 256, 4 blocks, 8 x 128 tokens; --quick 64
-// tokens) for `steps` AdamW steps from the same weights and data, from an
-// empty pinned cache.
-HostRun train(bool quick, int steps, std::optional<offload::AnyManager> manager) {
+// Trains the demo GPT (width 256, 4 blocks, 8 sequences of `seq` tokens)
+// for `steps` AdamW steps from the same weights and data, from an empty
+// pinned cache.
+HostRun train(std::int64_t seq, int steps, std::optional<offload::AnyManager> manager) {
   torch::manual_seed(0);
-  const demo::ModelShape shape{.vocab = 64, .layers = 4, .width = 256, .heads = 4, .seq = quick ? 64 : 128};
+  const demo::ModelShape shape{.vocab = 64, .layers = 4, .width = 256, .heads = 4, .seq = seq};
   std::shared_ptr<demo::CharModel> model = demo::model_kind("gpt").make(shape);
   model->to(kSim);
   const auto data = torch::randint(shape.vocab, {8, shape.seq + 1}, torch::kLong);
@@ -118,13 +118,15 @@ double mean_from_step_2(const std::vector<double>& v) {
 double ratio(double a, double b) { return b > 0 ? a / b : 0.0; }
 
 // One row of the table and the JSON file.
-Json row_of(const std::string& storage, const std::string& sync, const HostRun& run, const HostRun& none) {
+Json row_of(std::int64_t seq, const std::string& storage, const std::string& sync, const HostRun& run,
+            const HostRun& none) {
   const auto in_use = most(run.in_use_peak);
   const auto reserved = most(run.reserved_peak);
   const bool equal = run.losses.size() == none.losses.size() &&
                      std::memcmp(run.losses.data(), none.losses.data(), sizeof(float) * run.losses.size()) == 0;
   return Json::object(
-      {{"storage", storage},
+      {{"seq", seq},
+       {"storage", storage},
        {"sync", sync},
        {"host_bytes_in_use_peak", in_use},
        {"host_bytes_reserved_peak", reserved},
@@ -146,6 +148,7 @@ std::vector<Column> host_columns() {
     return [a, b](const Json& row) { return fixed(ratio(number(row, a), number(row, b)), 2) + "x"; };
   };
   return {
+      {"seq", "", [](const Json& row) { return std::to_string(integer(row, "seq")); }},
       text_column("storage", "storage"),
       text_column("sync", "sync"),
       mib_column("in use at peak", "host_bytes_in_use_peak"),
@@ -170,11 +173,13 @@ std::vector<Column> host_columns() {
 
 int run_host(const Args& args) {
   const int steps = args.quick ? 3 : 5;
+  const auto seqs = args.quick ? std::vector<std::int64_t>{64, 48} : std::vector<std::int64_t>{128, 96};
   const offload::sim::ScopedKnobs restore;
   offload::sim::set_host_power_of_two(true);
   offload::sim::set_pinned_alloc_us(kPinnedAllocUs);
   std::cout << "## Host memory: PinnedHost vs PinnedPool on sim in CUDA-like mode\n\n"
-            << "The demo GPT (width 256, 4 blocks, 8 sequences of " << (args.quick ? 64 : 128) << " tokens), " << steps
+            << "The demo GPT (width 256, 4 blocks, 8 sequences of seq tokens: " << seqs[0]
+            << ", where every activation is a power of two, and " << seqs[1] << ", where none is), " << steps
             << " AdamW steps per run from the same weights, each run from an empty pinned cache. sim's pinned host "
                "allocator as CUDA's caching one: every block a power of two, "
             << kPinnedAllocUs
@@ -183,35 +188,43 @@ int run_host(const Args& args) {
                "process pinned: what sim's pinned allocator took from malloc at most (its cache and the pool's slabs "
                "included); fresh pins: blocks taken from malloc (cudaHostAlloc calls on CUDA) in step 1 and at most "
                "in a later step; / none: against the same steps without offloading, in the same run.\n\n";
-  const auto none = train(args.quick, steps, std::nullopt);
   std::vector<Json> rows;
-  for (const auto storage : {Storage::pinned_host, Storage::pinned_pool}) {
-    for (const auto sync : {Sync::blocking, Sync::streamed}) {
-      const auto run = train(args.quick, steps, make_manager(storage, sync));
-      offload::storage::PinnedPool::trim(kSim);
-      rows.push_back(row_of(storage == Storage::pinned_host ? "PinnedHost" : "PinnedPool",
-                            sync == Sync::blocking ? "Blocking" : "Streamed", run, none));
+  for (const auto seq : seqs) {
+    const auto none = train(seq, steps, std::nullopt);
+    for (const auto storage : {Storage::pinned_host, Storage::pinned_pool}) {
+      for (const auto sync : {Sync::blocking, Sync::streamed}) {
+        const auto run = train(seq, steps, make_manager(storage, sync));
+        offload::storage::PinnedPool::trim(kSim);
+        rows.push_back(row_of(seq, storage == Storage::pinned_host ? "PinnedHost" : "PinnedPool",
+                              sync == Sync::blocking ? "Blocking" : "Streamed", run, none));
+      }
     }
   }
   print_rows(host_columns(), rows);
+  // The targets: per pool row, reserved (Stats) <= 1.05x in use and no
+  // fresh pin after step 1; every row bitwise. What the process pinned
+  // for the pool (its slabs) is reported beside, against the same 1.05x.
   bool met = true;
+  double worst_slabs = 0;
   for (const auto& row : rows) {
     const bool pool = row.at("storage").get<std::string>() == "PinnedPool";
     if (!row.at("losses_bitwise_equal").get<bool>()) met = false;
-    if (pool && (number(row, "reserved_over_in_use") > 1.05 || integer(row, "fresh_pinned_after_step_1") != 0)) {
-      met = false;
-    }
+    if (!pool) continue;
+    if (number(row, "reserved_over_in_use") > 1.05 || integer(row, "fresh_pinned_after_step_1") != 0) met = false;
+    worst_slabs = std::max(worst_slabs, number(row, "process_pinned_over_in_use"));
   }
   std::cout << "\n"
-            << (met ? "targets met: the pool reserves <= 1.05x what it holds, pins nothing new after step 1, "
-                      "and every run's losses are bitwise those without offloading"
+            << (met ? "targets met: the pool's buffers reserve <= 1.05x what they hold, it pins nothing new after "
+                      "step 1, and every run's losses are bitwise those without offloading"
                     : "SOME target missed (pool reserved <= 1.05x in use, no fresh pin after step 1, bitwise losses)")
-            << "\n";
+            << "; the pool's slabs: at most " << fixed(worst_slabs, 3) << "x what is in use"
+            << (worst_slabs <= 1.05 ? " (within 1.05x)" : " (above 1.05x: pieces that do not fill a slab)") << "\n";
   auto json = header(args, torch_version());
   json.push_back({"steps", Json(steps)});
   json.push_back({"pinned_alloc_us", Json(kPinnedAllocUs)});
   json.push_back({"rows", Json(rows)});
   json.push_back({"met", Json(met)});
+  json.push_back({"pool_slabs_over_in_use", Json(worst_slabs)});
   write_result(args, "host.json", json);
   return 0;
 }

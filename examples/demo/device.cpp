@@ -132,6 +132,12 @@ std::int64_t DeviceMemory::total() const {
   return -1;
 }
 
+void apply_link(const Args& args, const DeviceChoice& d) {
+  if (!args.link_gbps) return;
+  if (!d.sim) throw UsageError("--link-gbps: sets the simulated link of sim, not of " + d.label);
+  offload::sim::set_copy_bandwidth_gbps(*args.link_gbps);
+}
+
 void apply_cap(const Args& args, const DeviceChoice& d, const DeviceMemory& memory) {
   if (args.device_memory_cap == 0) return;
   if (d.sim) {

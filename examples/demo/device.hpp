@@ -60,6 +60,10 @@ class DeviceMemory {
 /// Throws UsageError when the device cannot take it.
 void apply_cap(const Args& args, const DeviceChoice& d, const DeviceMemory& memory);
 
+/// Applies --link-gbps: sim's host link bandwidth for every copy from now
+/// on. Throws UsageError on another device.
+void apply_link(const Args& args, const DeviceChoice& d);
+
 /// Removes the cap apply_cap() set.
 void remove_cap(const Args& args, const DeviceChoice& d);
 

@@ -43,7 +43,8 @@ struct Args {
   bool checkpoint = false;  ///< also the runs with each block checkpointed (alone and with offloading)
   std::string device = "auto";
   std::int64_t device_memory_cap = 0;  ///< bytes; 0 = no cap
-  std::optional<std::string> data;     ///< --data FILE; default: the license texts
+  std::optional<double> link_gbps;  ///< sim: the host link's bandwidth in GB/s (offload::sim::set_copy_bandwidth_gbps)
+  std::optional<std::string> data;  ///< --data FILE; default: the license texts
   std::optional<std::string> summary_json;
   std::optional<std::string> plot;
   std::int64_t min_offload_bytes = offload::Options{}.min_offload_bytes;

@@ -68,10 +68,9 @@ std::string ranks_line(const DataParallel& dp, const std::optional<RunResult>& n
   return line + "; final parameters " + (same ? "identical" : "NOT identical") + " on every rank\n";
 }
 
-int run(const Args& args, char** argv) {
-  const bool tty = ::isatty(STDOUT_FILENO) == 1;
-  const auto corpus = load_corpus(args);
-  auto device = choose_device(args);
+/// What no flag's own range can check: the corpus against --ranks, --plot
+/// against the device. Throws UsageError.
+void check_against_data(const Args& args, const Corpus& corpus, const DeviceChoice& device) {
   if (args.ranks > 1 && corpus.bytes / args.ranks < args.seq + 1) {
     throw UsageError("--ranks " + std::to_string(args.ranks) + ": each rank's shard of the text has " +
                      std::to_string(corpus.bytes / args.ranks) +
@@ -80,7 +79,10 @@ int run(const Args& args, char** argv) {
   if (args.plot && device.sim && device.device.index() != 0) {
     throw UsageError("--plot: the sim memory trace records sim:0 only, got --device " + args.device);
   }
-  const DeviceMemory memory(device);
+}
+
+/// The managers' Options from the flags, validated (UsageError otherwise).
+offload::Options options_of(const Args& args) {
   const offload::Options options{.min_offload_bytes = args.min_offload_bytes,
                                  .max_fwd_stash = args.max_fwd_stash,
                                  .prefetch_depth = args.prefetch_depth,
@@ -91,7 +93,15 @@ int run(const Args& args, char** argv) {
   } catch (const c10::ValueError& e) {
     throw UsageError(e.what_without_backtrace());
   }
+  return options;
+}
+
+/// The memory cap, deterministic kernels on a real accelerator, and the
+/// engine that hands out saved-tensor hooks (before the first backward
+/// pass, also the one without offloading).
+void prepare_device(const Args& args, DeviceChoice& device, const DeviceMemory& memory) {
   if (args.plot) check_plot_tool();
+  apply_link(args, device);
   apply_cap(args, device, memory);
   if (!device.sim) {
     // Bitwise equal losses need deterministic kernels on real accelerators
@@ -99,12 +109,11 @@ int run(const Args& args, char** argv) {
     ::setenv("CUBLAS_WORKSPACE_CONFIG", ":4096:8", /*overwrite=*/0);
     at::globalContext().setDeterministicAlgorithms(true, /*warn_only=*/true);
   }
-  // The engine that hands out saved-tensor hooks must be the default one
-  // before the first backward pass, also the one without offloading.
   offload::install_hooks();
-  const auto dp = DataParallel::join(args, device, argv);
-  const bool lead = !dp || dp->rank() == 0;
+}
 
+/// The lines that say what is trained on what.
+void print_header(const Args& args, const Corpus& corpus, const DeviceChoice& device, const DataParallel* dp) {
   const auto& kind = model_kind(args.model);
   std::cout << program << " " << OFFLOAD_VERSION << ": " << kind.title << ", layers " << args.layers << ", width "
             << args.width;
@@ -116,51 +125,55 @@ int run(const Args& args, char** argv) {
   std::cout << "\nvocabulary: the " << corpus.vocab.size() << " distinct bytes of the text (one token per byte)\n";
   std::cout << "device: " << device.label << " (" << device.why << ")";
   if (args.device_memory_cap > 0) std::cout << ", memory cap " << mib(args.device_memory_cap);
+  if (args.link_gbps) std::cout << ", link " << *args.link_gbps << " GB/s";
   std::cout << "\n";
   if (dp) {
     std::cout << "data parallel: rank " << dp->rank() << " of " << dp->size() << " on its shard of the text, "
               << dp->backend() << " backend\n";
   }
+}
 
-  const bool trace = args.plot.has_value() && lead;
+/// Every run the flags ask for, in the report's order.
+struct Runs {
   std::optional<RunResult> none, off;
-  if (args.offload == OffloadMode::none || args.offload == OffloadMode::compare) {
-    none = train(args, corpus, device, memory, OffloadMode::none, options, trace, tty, dp.get());
-  }
+  std::vector<RunResult> more;  ///< checkpointed (alone, with offload), then the target's
+};
 
+Runs train_all(const Session& session, const offload::Options& options) {
+  const Args& args = session.args;
+  Runs runs;
+  if (args.offload == OffloadMode::none || args.offload == OffloadMode::compare) {
+    runs.none = train(session, {OffloadMode::none, options});
+  }
   const auto mode = args.offload == OffloadMode::blocking ? OffloadMode::blocking : OffloadMode::streamed;
   if (args.offload != OffloadMode::none) {
-    off = train(args, corpus, device, memory, mode, options, trace, tty, dp.get());
-    std::cout << "manager: " << off->manager << "\n";
+    runs.off = train(session, {mode, options});
+    std::cout << "manager: " << runs.off->manager << "\n";
   }
-
   // --checkpoint: the same steps with each block checkpointed, alone and
   // with its inputs offloaded (after the offloaded run, in the table's order;
   // a run that ran out of device memory leaves nothing held for the next).
-  std::vector<RunResult> checkpointed;
   if (args.checkpoint) {
-    checkpointed.push_back(train(args, corpus, device, memory, OffloadMode::none, options, trace, tty, dp.get(), true));
-    if (args.offload != OffloadMode::none) {
-      checkpointed.push_back(train(args, corpus, device, memory, mode, options, trace, tty, dp.get(), true));
-    }
+    runs.more.push_back(train(session, {OffloadMode::none, options, /*checkpoint=*/true}));
+    if (args.offload != OffloadMode::none) runs.more.push_back(train(session, {mode, options, /*checkpoint=*/true}));
   }
   // --device-target: the same offloaded run, offloading only what keeps
   // each step under the target.
-  std::optional<RunResult> targeted;
   if (args.device_target > 0) {
     auto planned = options;
     planned.device_target_bytes = args.device_target;
-    targeted = train(args, corpus, device, memory, mode, planned, trace, tty, dp.get());
+    runs.more.push_back(train(session, {mode, planned}));
   }
-  std::vector<const RunResult*> more;
-  for (const auto& r : checkpointed) more.push_back(&r);
-  if (targeted) more.push_back(&*targeted);
+  return runs;
+}
 
-  const std::string dp_line = dp ? ranks_line(*dp, none, off) : std::string();
-  if (!lead) return 0;
-  TORCH_CHECK(!dp || dp->wait_for_ranks(), "a rank that rank 0 started failed (its messages are above)");
-  const RunResult* pn = none ? &*none : nullptr;
-  const RunResult* po = off ? &*off : nullptr;
+/// The report, the plot and the JSON summary the flags ask for.
+void write_outputs(const Args& args, const Corpus& corpus, const DeviceChoice& device, const Runs& runs,
+                   const std::string& dp_line) {
+  const RunResult* pn = runs.none ? &*runs.none : nullptr;
+  const RunResult* po = runs.off ? &*runs.off : nullptr;
+  std::vector<const RunResult*> more;
+  for (const auto& r : runs.more) more.push_back(&r);
   print_report(args, pn, po, more);
   std::cout << dp_line;
   if (args.plot) {
@@ -178,6 +191,26 @@ int run(const Args& args, char** argv) {
     write_summary(*args.summary_json, args, corpus, device, pn, po, more);
     std::cout << "summary: " << *args.summary_json << "\n";
   }
+}
+
+int run(const Args& args, char** argv) {
+  const bool tty = ::isatty(STDOUT_FILENO) == 1;
+  const auto corpus = load_corpus(args);
+  auto device = choose_device(args);
+  check_against_data(args, corpus, device);
+  const DeviceMemory memory(device);
+  const auto options = options_of(args);
+  prepare_device(args, device, memory);
+  const auto dp = DataParallel::join(args, device, argv);
+  const bool lead = !dp || dp->rank() == 0;
+  print_header(args, corpus, device, dp.get());
+
+  const Session session{args, corpus, device, memory, args.plot.has_value() && lead, tty, dp.get()};
+  const auto runs = train_all(session, options);
+  const std::string dp_line = dp ? ranks_line(*dp, runs.none, runs.off) : std::string();
+  if (!lead) return 0;
+  TORCH_CHECK(!dp || dp->wait_for_ranks(), "a rank that rank 0 started failed (its messages are above)");
+  write_outputs(args, corpus, device, runs, dp_line);
   remove_cap(args, device);
   return 0;
 }

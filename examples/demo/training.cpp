@@ -93,97 +93,137 @@ std::string mib(std::int64_t bytes) {
   return buf;
 }
 
-RunResult train(const Args& args, const Corpus& corpus, const DeviceChoice& device, const DeviceMemory& memory,
-                OffloadMode mode, const offload::Options& options, bool trace, bool tty, const DataParallel* dp,
-                bool checkpoint) {
+namespace {
+
+// The run's name in the report: "none", the mode ("checkpoint+" before it
+// if checkpointed), or "target".
+std::string run_name(const RunSpec& run) {
+  std::string name(mode_name(run.mode));
+  if (run.checkpoint) name = run.mode == OffloadMode::none ? "checkpoint" : "checkpoint+" + name;
+  if (run.mode != OffloadMode::none && run.options.device_target_bytes > 0) name = "target";
+  return name;
+}
+
+// A hash of the parameters' bytes (ranks compare their final parameters).
+std::size_t parameters_hash(const std::vector<torch::Tensor>& parameters) {
+  std::string bytes;
+  for (const auto& p : parameters) {
+    const auto host = p.detach().cpu().contiguous();
+    bytes.append(static_cast<const char*>(host.data_ptr()), host.nbytes());
+  }
+  return std::hash<std::string>{}(bytes);
+}
+
+// One run's model, manager and optimizer, and its trace.
+struct Trainer {
+  const Session& session;
+  std::shared_ptr<CharModel> model;
+  std::optional<offload::AnyManager> manager;
+  torch::optim::AdamW optimizer;
+  MemoryTrace tracer;
+
+  Trainer(const Session& s, const RunSpec& run, std::shared_ptr<CharModel> m)
+      : session(s),
+        model(std::move(m)),
+        optimizer(prepare(s, run, *model, manager), torch::optim::AdamWOptions(s.args.lr)),
+        tracer(s.device, s.memory) {}
+
+  // The model on the device (rank 0's weights with --ranks > 1), the
+  // manager made and told the parameters; the parameters to optimize.
+  static std::vector<torch::Tensor> prepare(const Session& s, const RunSpec& run, CharModel& model,
+                                            std::optional<offload::AnyManager>& manager) {
+    if (run.mode != OffloadMode::none) manager.emplace(make_manager(run.mode, s.device, run.options));
+    model.to(s.device.device);
+    if (s.dp) s.dp->broadcast_parameters(model.parameters());
+    if (manager) manager->exclude(model.parameters());
+    return model.parameters();
+  }
+
+  // Forward (inside a Scope with a manager), backward, gradient averaging
+  // and the optimizer step; marks the trace when `tracing`. Returns the loss.
+  float step(const torch::Tensor& x, const torch::Tensor& y, bool tracing, RunResult& r) {
+    try {
+      optimizer.zero_grad();
+      torch::Tensor loss;
+      if (manager) {
+        offload::Scope scope(*manager);
+        loss = model->loss(x, y);
+      } else {
+        loss = model->loss(x, y);
+      }
+      if (tracing) r.forward_end_ms = tracer.ms_since_start();
+      loss.backward();
+      if (session.dp) session.dp->average_gradients(model->parameters());
+      if (tracing) r.backward_end_ms = tracer.ms_since_start();
+      optimizer.step();
+      return loss.item<float>();
+    } catch (const c10::OutOfMemoryError&) {
+      // Stop the trace here, while the model and optimizer still hold
+      // their memory (the caller's handler runs after they are gone).
+      if (tracing) {
+        r.oom_ms = tracer.ms_since_start();
+        r.trace = tracer.stop();
+      }
+      throw;
+    }
+  }
+};
+
+}  // namespace
+
+RunResult train(const Session& session, const RunSpec& run) {
+  const Args& args = session.args;
   RunResult r;
-  r.name = std::string(mode_name(mode));
-  if (checkpoint) r.name = mode == OffloadMode::none ? "checkpoint" : "checkpoint+" + r.name;
-  if (mode != OffloadMode::none && options.device_target_bytes > 0) r.name = "target";
-  auto tokens = torch::tensor(corpus.ids, torch::kLong);
-  if (dp) tokens = dp->shard(tokens);
+  r.name = run_name(run);
+  auto tokens = torch::tensor(session.corpus.ids, torch::kLong);
+  if (session.dp) tokens = session.dp->shard(tokens);
   torch::manual_seed(static_cast<std::uint64_t>(args.seed));
   std::mt19937_64 rng(static_cast<std::uint64_t>(args.seed));
   const std::int64_t traced = std::min<std::int64_t>(2, args.steps);
-  MemoryTrace tracer(device, memory);
-  memory.reset_peak();
+  session.memory.reset_peak();
   std::int64_t step = 0;
+  std::optional<Trainer> trainer;
   try {
-    const auto model = model_kind(args.model)
-                           .make(ModelShape{.vocab = static_cast<std::int64_t>(corpus.vocab.size()),
-                                            .layers = args.layers,
-                                            .width = args.width,
-                                            .heads = args.heads,
-                                            .seq = args.seq,
-                                            .checkpoint = checkpoint});
-    std::optional<offload::AnyManager> manager;
-    if (mode != OffloadMode::none) manager.emplace(make_manager(mode, device, options));
-    model->to(device.device);
-    if (dp) dp->broadcast_parameters(model->parameters());
-    if (manager) {
-      manager->exclude(model->parameters());
-      r.manager = manager->describe();
-    }
-    torch::optim::AdamW optimizer(model->parameters(), torch::optim::AdamWOptions(args.lr));
+    trainer.emplace(session, run,
+                    model_kind(args.model)
+                        .make(ModelShape{.vocab = static_cast<std::int64_t>(session.corpus.vocab.size()),
+                                         .layers = args.layers,
+                                         .width = args.width,
+                                         .heads = args.heads,
+                                         .seq = args.seq,
+                                         .checkpoint = run.checkpoint}));
+    if (trainer->manager) r.manager = trainer->manager->describe();
     for (step = 1; step <= args.steps; ++step) {
-      const auto [x, y] = batch(args, tokens, device.device, rng);
-      const bool tracing = trace && step <= traced;
+      const auto [x, y] = batch(args, tokens, session.device.device, rng);
+      const bool tracing = session.trace && step <= traced;
       if (tracing) {
-        tracer.start();
+        trainer->tracer.start();
         r.traced_step = step;
         r.forward_end_ms = r.backward_end_ms = r.step_end_ms = r.oom_ms = -1;
       }
       const auto t0 = Clock::now();
-      try {
-        optimizer.zero_grad();
-        torch::Tensor loss;
-        if (manager) {
-          offload::Scope scope(*manager);
-          loss = model->loss(x, y);
-        } else {
-          loss = model->loss(x, y);
-        }
-        if (tracing) r.forward_end_ms = tracer.ms_since_start();
-        loss.backward();
-        if (dp) dp->average_gradients(model->parameters());
-        if (tracing) r.backward_end_ms = tracer.ms_since_start();
-        optimizer.step();
-        r.losses.push_back(loss.item<float>());
-      } catch (const c10::OutOfMemoryError&) {
-        // Stop the trace here, while the model and optimizer still hold
-        // their memory (the outer handler runs after they are gone).
-        if (tracing) {
-          r.oom_ms = tracer.ms_since_start();
-          r.trace = tracer.stop();
-        }
-        throw;
-      }
+      r.losses.push_back(trainer->step(x, y, tracing, r));
       const double seconds = std::chrono::duration<double>(Clock::now() - t0).count();
       r.seconds += seconds;
       if (tracing) {
-        r.step_end_ms = tracer.ms_since_start();
-        r.trace = tracer.stop();
+        r.step_end_ms = trainer->tracer.ms_since_start();
+        r.trace = trainer->tracer.stop();
       }
-      progress(args, r, memory, step, seconds, step == args.steps, tty);
+      progress(args, r, session.memory, step, seconds, step == args.steps, session.tty);
     }
-    if (manager) r.stats = manager->stats();
-    if (dp) {
-      std::string bytes;
-      for (const auto& p : model->parameters()) {
-        const auto host = p.detach().cpu().contiguous();
-        bytes.append(static_cast<const char*>(host.data_ptr()), host.nbytes());
-      }
-      r.parameters_hash = std::hash<std::string>{}(bytes);
-    }
+    if (trainer->manager) r.stats = trainer->manager->stats();
+    if (session.dp) r.parameters_hash = parameters_hash(trainer->model->parameters());
   } catch (const c10::OutOfMemoryError& e) {
-    if (tty) std::cout << '\n';
+    if (trainer) trainer->tracer.stop();
+    trainer.reset();
+    if (session.tty) std::cout << '\n';
     r.oom_step = step;
     r.oom_message = e.what_without_backtrace();
     std::cout << "[" << r.name << "] ran out of device memory at step " << step << " of " << args.steps << "\n";
-    release_failed_backward(device.device);
+    release_failed_backward(session.device.device);
   }
-  tracer.stop();
-  r.peak_bytes = memory.peak();
+  if (trainer) trainer->tracer.stop();
+  r.peak_bytes = session.memory.peak();
   return r;
 }
 

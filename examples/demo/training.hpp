@@ -38,20 +38,35 @@ struct RunResult {
   double seconds_per_step() const { return losses.empty() ? 0.0 : seconds / static_cast<double>(losses.size()); }
 };
 
+/// What every training run of one demo invocation shares.
+struct Session {
+  const Args& args;
+  const Corpus& corpus;
+  const DeviceChoice& device;
+  const DeviceMemory& memory;
+  bool trace = false;                ///< trace device memory over step min(2, --steps)
+  bool tty = false;                  ///< progress as one updated line
+  const DataParallel* dp = nullptr;  ///< --ranks > 1: this rank's group
+};
+
+/// How one run offloads.
+struct RunSpec {
+  OffloadMode mode = OffloadMode::none;  ///< none, or a manager: blocking or streamed
+  offload::Options options{};            ///< the manager's options
+  bool checkpoint = false;               ///< each block of the model through offload::checkpoint
+};
+
 /// Trains --model for --steps steps from the initial weights of --seed on
-/// the batches of --seed, without offloading (`mode` none) or through a
-/// manager of `mode` (blocking or streamed) with `options`; every forward
-/// runs inside an offload::Scope. A c10::OutOfMemoryError ends the run and
-/// is recorded. With `trace`, device memory is traced over step
-/// min(2, --steps) (or over the step that ran out of memory, when that
-/// comes first). Shows progress on stdout (`tty`: one updated line). With
-/// `dp` (--ranks > 1) the run trains on the rank's shard of the text, starts
-/// from rank 0's weights and averages the gradients over the ranks after
-/// every backward. With `checkpoint` each block of the model runs through
-/// offload::checkpoint.
-RunResult train(const Args& args, const Corpus& corpus, const DeviceChoice& device, const DeviceMemory& memory,
-                OffloadMode mode, const offload::Options& options, bool trace, bool tty,
-                const DataParallel* dp = nullptr, bool checkpoint = false);
+/// the batches of --seed, without offloading (`run.mode` none) or through
+/// a manager of `run.mode` (blocking or streamed) with `run.options`;
+/// every forward runs inside an offload::Scope. A c10::OutOfMemoryError
+/// ends the run and is recorded. With `session.trace`, device memory is
+/// traced over step min(2, --steps) (or over the step that ran out of
+/// memory, when that comes first). Shows progress on stdout. With
+/// `session.dp` (--ranks > 1) the run trains on the rank's shard of the
+/// text, starts from rank 0's weights and averages the gradients over the
+/// ranks after every backward.
+RunResult train(const Session& session, const RunSpec& run);
 
 /// Bitwise comparison of the losses both runs completed.
 struct Comparison {
