@@ -223,7 +223,7 @@ def check_checkpoint(demo):
             fail(
                 f"checkpoint + offload moved {both['bytes_offloaded']!r} bytes, offload alone {s['bytes_offloaded']!r}"
             )
-        budget = both["stats"]["host_bytes_peak"]
+        budget = both["stats"]["host_bytes_reserved_peak"]  # the budget limits reserved bytes
         b, _ = summary(demo, ["--host-budget", str(budget)], tmp, "budget", base)
         both_b = [r for r in b["checkpoint_runs"] if r["name"] == "checkpoint+streamed"][0]
         if both_b["stats"]["passed_budget"] != 0 or b["stats_offload"]["passed_budget"] == 0:
