@@ -75,6 +75,7 @@ struct Stack {
 // backward, its loss and the weights' gradients (CPU).
 struct Step {
   std::int64_t peak = 0;
+  std::int64_t forward_peak = 0;  // of forward alone
   float loss = 0;
   std::vector<at::Tensor> grads;
 };
@@ -88,9 +89,11 @@ Step step(const Stack& stack, std::int64_t batch, const M* manager) {
   if (manager != nullptr) scope.emplace(*manager);
   auto loss = stack.loss(batch);
   scope.reset();
+  const auto forward_peak = offload::sim::device_memory(0).peak_bytes;
   loss.backward();
   offload::sim::synchronize();
   Step out;
+  out.forward_peak = forward_peak;
   out.peak = offload::sim::device_memory(0).peak_bytes;
   out.loss = loss.item<float>();
   for (const auto& w : stack.weights) out.grads.push_back(w.grad().to(at::kCPU));
@@ -135,9 +138,9 @@ TEST_CASE_TEMPLATE("target: each step from the second stays under the target, bi
       const auto run = step(stack, batch, &manager);
       CHECK(same(run, plain));
       const auto stats = manager.stats();
-      MESSAGE("peak " << run.peak << " target " << target << " plain " << plain.peak << " all " << all.peak << " moved "
-                      << stats.bytes_offloaded << " of " << moved_all << " min " << stats.target_min_offload_bytes
-                      << " guard " << stats.target_guard_offloads);
+      MESSAGE("peak " << run.peak << " (forward " << run.forward_peak << ") target " << target << " plain "
+                      << plain.peak << " all " << all.peak << " moved " << stats.bytes_offloaded << " of " << moved_all
+                      << " min " << stats.target_min_offload_bytes << " guard " << stats.target_guard_offloads);
       CHECK(stats.bytes_offloaded > 0);
       if (s == 0) {
         CHECK(stats.bytes_offloaded == moved_all);  // nothing learned: everything

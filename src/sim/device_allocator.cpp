@@ -240,8 +240,12 @@ class SimDeviceAllocator final : public c10::DeviceAllocator {
     return std::exchange(trace_, {});
   }
 
-  // Called by the DataPtr deleter: releases now if no stream that used the
-  // block has pending work, else queues the release behind that work.
+  // Called by the DataPtr deleter. Like a stream-ordered caching
+  // allocator, a block stops counting as in use at its free unless a
+  // stream recorded on it (recordStream) has pending work: its own stream
+  // runs whatever comes next after the work queued before the free. It is
+  // released (poisoned, reusable) only once every stream that used it has
+  // run that work: now if none has any, else queued behind it.
   void free_block(Block* block) {
     std::vector<std::pair<DeviceIndex, StreamId>> users;
     {
@@ -249,31 +253,37 @@ class SimDeviceAllocator final : public c10::DeviceAllocator {
       live_.erase(reinterpret_cast<std::uintptr_t>(block->ptr));
       users = block->recorded;
     }
-    users.insert(users.begin(), {block->device, block->alloc_stream});
     std::vector<std::pair<SimStream*, std::uint64_t>> pending;
     auto& rt = runtime();
-    for (const auto& [d, id] : users) {
+    const auto add_pending = [&](DeviceIndex d, StreamId id) {
       auto* s = rt.streams[static_cast<std::size_t>(d)][static_cast<std::size_t>(id)].get();
-      if (auto position = s->pending_position()) {
-        pending.emplace_back(s, *position);
-      }
-    }
+      if (auto position = s->pending_position()) pending.emplace_back(s, *position);
+    };
+    for (const auto& [d, id] : users) add_pending(d, id);
+    const bool counted_now = pending.empty();  // no other stream still uses it
+    add_pending(block->device, block->alloc_stream);
     if (pending.empty()) {
-      release(block, false);
+      release(block, false, false);
       return;
     }
     {
       std::lock_guard<std::mutex> lock(mutex_);
-      ++counters_[static_cast<std::size_t>(block->device)].pending_releases;
+      auto& c = counters_[static_cast<std::size_t>(block->device)];
+      ++c.pending_releases;
+      if (counted_now) {
+        c.remove(static_cast<std::int64_t>(block->requested));
+        trace_locked(block->device);
+      }
     }
-    auto* first = pending.front().first;
-    pending.erase(pending.begin());
+    // The stream queued last (its own, when it has work) runs the release.
+    auto* last = pending.back().first;
+    pending.pop_back();
     // Every wait targets work queued before this call, so no cycle can form.
-    first->enqueue([this, block, others = std::move(pending)] {
+    last->enqueue([this, block, counted_now, others = std::move(pending)] {
       for (const auto& [s, position] : others) {
         s->wait(position);
       }
-      release(block, true);
+      release(block, true, counted_now);
     });
   }
 
@@ -285,7 +295,8 @@ class SimDeviceAllocator final : public c10::DeviceAllocator {
   // In checking mode it first waits in a bounded FIFO quarantine, so that a
   // late read of a released block reads the poison rather than the data of
   // the block's next owner; blocks leaving the quarantine join the cache.
-  void release(Block* block, bool queued) {
+  // `counted`: the counters already dropped it (at its free).
+  void release(Block* block, bool queued, bool counted) {
     const bool poison = runtime().poison.load();
     if (poison) {
       std::memset(block->ptr, 0xFF, block->size);
@@ -295,7 +306,7 @@ class SimDeviceAllocator final : public c10::DeviceAllocator {
       std::lock_guard<std::mutex> lock(mutex_);
       const auto d = static_cast<std::size_t>(block->device);
       auto& c = counters_[d];
-      c.remove(static_cast<std::int64_t>(block->requested));
+      if (!counted) c.remove(static_cast<std::int64_t>(block->requested));
       if (queued) {
         --c.pending_releases;
       }

@@ -99,15 +99,36 @@ TEST_CASE("sim: device memory is counted, capped and released in stream order") 
     CHECK_NOTHROW((void)torch::empty({mib / 4}, torch::TensorOptions().device(d)));
     CHECK(sim::device_memory(0).current_bytes == base.current_bytes);
   }
-  SUBCASE("a block allocated on a busy stream is released when the stream gets there") {
+  SUBCASE("a block freed while its own stream is busy stops counting at once, reused once the stream gets there") {
     sim::set_copy_latency_us(100'000);
     const auto side = pool_stream();
     const auto host = torch::zeros({mib / 4}).pin_memory();
+    const void* first = nullptr;
     {
       const c10::StreamGuard guard(side);
       auto a = torch::ones({mib / 4}, torch::TensorOptions().device(d));
+      first = a.data_ptr();
       host.copy_(a, /*non_blocking=*/true);
     }  // a freed here; its stream still has the copy queued
+    CHECK(sim::device_memory(0).current_bytes == base.current_bytes);  // as CUDA's allocated bytes
+    {
+      const auto b = torch::empty({mib / 4}, torch::TensorOptions().device(d));
+      CHECK(b.data_ptr() != first);  // the copy may still read it
+    }
+    side.synchronize();
+    CHECK(bitwise_equal(host, torch::ones({mib / 4})));
+  }
+  SUBCASE("a block recorded on another busy stream counts until that stream gets there") {
+    sim::set_copy_latency_us(100'000);
+    const auto side = pool_stream();
+    const auto host = torch::zeros({mib / 4}).pin_memory();
+    auto a = torch::ones({mib / 4}, torch::TensorOptions().device(d));
+    {
+      const c10::StreamGuard guard(side);
+      host.copy_(a, /*non_blocking=*/true);
+    }
+    a.record_stream(side);
+    a.reset();
     CHECK(sim::device_memory(0).current_bytes == base.current_bytes + mib);
     side.synchronize();
     CHECK(sim::device_memory(0).current_bytes == base.current_bytes);

@@ -185,7 +185,9 @@ class Core final : public ManagerInterface, public std::enable_shared_from_this<
     if (!packed.offloaded) {
       if (packed.ticket.index >= 0) {
         const std::lock_guard lock(mutex_);
-        const auto allocated = allocated_on(packed.kept.tensor().device().index());
+        const auto index = packed.kept.tensor().device().index();
+        const auto allocated = allocated_on(index);
+        planner_.observe(allocated, peak_on(index));
         planner_.at_unpack(packed.ticket, allocated, prefetched_bytes());
         note_still_allocated();
         watch_backward_end();
@@ -256,7 +258,9 @@ class Core final : public ManagerInterface, public std::enable_shared_from_this<
     const std::lock_guard lock(mutex_);
     if constexpr (steps) sync_.end_forward();
     if (planner_.active()) {
-      planner_.end_forward(allocated_on(target_index_));
+      const auto allocated = allocated_on(target_index_);
+      planner_.observe(allocated, peak_on(target_index_));
+      planner_.end_forward(allocated);
       note_still_allocated();
     }
     // Scopes on other threads may pack meanwhile: a tensor on the device
@@ -420,6 +424,7 @@ class Core final : public ManagerInterface, public std::enable_shared_from_this<
     }
     if (planner_.active()) plan_unpack(ticket, entry.device.index());
     if constexpr (steps) sync_.on_unpack(transfer_of(entry));
+    if (planner_.active()) planner_.observe(allocated_on(entry.device.index()), peak_on(entry.device.index()));
     watch_backward_end();
     return device_bytes;
   }
@@ -440,7 +445,10 @@ class Core final : public ManagerInterface, public std::enable_shared_from_this<
           }
         }
         if constexpr (steps) core->sync_.end_backward();
-        if (core->planner_.active()) core->planner_.end_backward(peak_on(core->target_index_));
+        if (core->planner_.active()) {
+          core->planner_.observe(allocated_on(core->target_index_), peak_on(core->target_index_));
+          core->planner_.end_backward(peak_on(core->target_index_));
+        }
       }
     });
   }
@@ -497,6 +505,7 @@ class Core final : public ManagerInterface, public std::enable_shared_from_this<
     const auto nbytes = static_cast<std::int64_t>(t.storage().nbytes());
     target_index_ = t.device().index();
     const auto allocated = allocated_on(target_index_);
+    planner_.observe(allocated, peak_on(target_index_));
     if (auto found = kept_.find(key); found != kept_.end() && !found->second.expired()) {
       packed.ticket = planner_.at_pack(0, /*eligible=*/false, allocated).ticket;
       note_still_allocated();
@@ -517,9 +526,10 @@ class Core final : public ManagerInterface, public std::enable_shared_from_this<
   // as much ahead as the headroom under the target allows.
   void plan_unpack(const PlanTicket& ticket, c10::DeviceIndex index) {
     const auto allocated = allocated_on(index);
+    planner_.observe(allocated, peak_on(index));
     planner_.at_unpack(ticket, allocated, prefetched_bytes());
     note_still_allocated();
-    if constexpr (serves_target) sync_.set_headroom(planner_.headroom(allocated));
+    if constexpr (serves_target) sync_.set_headroom(planner_.headroom(ticket, allocated));
   }
   template <class... Args>
   static void warn(const Args&... args) noexcept {

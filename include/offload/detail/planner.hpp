@@ -46,10 +46,11 @@ struct PackDecision {
 /// leave out what was prefetched, and the plan sets the options' prefetch
 /// window aside there instead. A reserve stands for what an
 /// operation allocates between points (the gradient of an activation):
-/// measured as the step's peak above its highest point where the device
-/// reports its peak. The plan keeps tensors from the latest back while
-/// every point stays under target - reserve, and offloads the rest (the
-/// earliest: backward needs them last).
+/// measured as the step's peak above its highest point, and as what an
+/// interval that raised the peak allocated above its ends (observe()),
+/// where the device reports its peak. The prefetch headroom at an unpack
+/// also leaves what followed that unpack in the recorded step (headroom()). The plan keeps tensors from the latest back
+/// while every point stays under target - reserve, and offloads the rest (the earliest: backward needs them last).
 ///
 /// Allocated memory -1 (a device policy without memory statistics): the
 /// target counts only the saved bytes the manager keeps on the device.
@@ -84,10 +85,28 @@ class Planner {
     current_ = Record{};
     current_.start_peak = peak;
     current_.start_allocated = allocated;
+    seen_peak_ = peak;
+    seen_allocated_ = allocated;
     kept_now_ = 0;
     growth_ = 1.0;
     ++step_;
     return warning;
+  }
+
+  /// The device's allocated bytes and its peak now (-1: not reported),
+  /// called at every point the manager records and after each prefetch.
+  /// Where the peak rose since the call before, what was allocated then
+  /// above both ends (the larger of the two allocated figures) is what an
+  /// operation allocated between them: the step's reserve is at least the
+  /// most any such interval shows (an interval whose peak stays under an
+  /// earlier one shows nothing).
+  void observe(std::int64_t allocated, std::int64_t peak) noexcept {
+    if (!active() || allocated < 0 || peak < 0) return;
+    if (seen_peak_ >= 0 && seen_allocated_ >= 0 && peak > seen_peak_) {
+      current_.excess = std::max(current_.excess, peak - std::max(seen_allocated_, allocated));
+    }
+    seen_peak_ = std::max(seen_peak_, peak);
+    seen_allocated_ = allocated;
   }
 
   /// A pack of saved tensor with `bytes` of storage; `eligible`: it would
@@ -157,14 +176,21 @@ class Planner {
   /// begin_step(). A peak that rose during the step is the step's own.
   void end_backward(std::int64_t peak) noexcept { current_.end_peak = std::max(current_.end_peak, peak); }
 
-  /// Bytes backward may bring back ahead of need: the headroom under the
-  /// target less twice the reserve, given `allocated` bytes now (0 when
-  /// unknown, or before the first plan).
-  std::int64_t headroom(std::int64_t allocated) const noexcept {
-    if (!active() || allocated < 0 || !planned_) return 0;
-    // Twice the reserve: the buffers a prefetch fills are used and freed in
-    // stream order, so the operation after it may still see the last ones.
-    return std::max<std::int64_t>(0, target_ - 2 * scaled(reserve_) - allocated);
+  /// Bytes backward may bring back ahead of need at the unpack of saved
+  /// tensor `ticket`, given `allocated` bytes now: the target less a margin
+  /// less `allocated`. The margin is what the recorded step showed could
+  /// follow that unpack: its peak less what was allocated there (an upper
+  /// bound on what the operations after it allocated), and at least twice
+  /// the reserve (the buffers a prefetch fills are used and freed in stream
+  /// order, so the operation after it may still see the last ones). 0 when
+  /// the recorded step has no such point or no peak, `allocated` is
+  /// unknown (-1), or before the first plan.
+  std::int64_t headroom(const PlanTicket& ticket, std::int64_t allocated) const noexcept {
+    if (!active() || allocated < 0 || !planned_ || ticket.step != step_ || ticket.index < 0) return 0;
+    const auto index = static_cast<std::size_t>(ticket.index);
+    if (index >= margin_.size() || margin_[index] < 0) return 0;
+    const auto margin = std::max(2 * scaled(reserve_), scaled(margin_[index]));
+    return std::max<std::int64_t>(0, target_ - margin - allocated);
   }
 
   /// Adds the planner's counters to a Stats snapshot.
@@ -202,6 +228,7 @@ class Planner {
     std::int64_t start_peak = -1;       // the device's peak when the step began
     std::int64_t start_allocated = -1;  // ... its allocated bytes then
     std::int64_t end_peak = -1;         // ... when its backward ended
+    std::int64_t excess = 0;            // the most an interval between observations allocated above its ends
   };
 
   std::int64_t scaled(std::int64_t bytes) const noexcept {
@@ -245,6 +272,7 @@ class Planner {
       }
     }
     learn_reserve(r, largest);
+    learn_margins(r);
     const auto n = r.saved.size();
     const Bases bases = bases_of(r, grown, largest);
     plan_bytes_.resize(n);
@@ -275,7 +303,8 @@ class Planner {
 
   // The reserve: what the step allocated above its highest point, when
   // the device's peak shows it (the peak rose during the step, so it is the
-  // step's), and at least the largest eligible storage (the gradient of
+  // step's), the most an interval between observations allocated above
+  // its ends, and at least the largest eligible storage (the gradient of
   // the largest activation); else what was learned before; at first the
   // largest eligible storage. Without measurements only kept bytes count.
   void learn_reserve(const Record& r, std::int64_t largest) {
@@ -284,10 +313,23 @@ class Planner {
     if (!r.measured) {
       reserve_ = 0;
     } else if (r.start_peak >= 0 && r.end_peak > r.start_peak) {
-      reserve_ = std::max<std::int64_t>({learned_ ? reserve_ : 0, r.end_peak - highest, largest});
+      reserve_ = std::max<std::int64_t>({learned_ ? reserve_ : 0, r.end_peak - highest, r.excess, largest});
       learned_ = true;
     } else if (!learned_) {
       reserve_ = largest;
+    }
+  }
+
+  // Per saved tensor unpacked in the recorded step: its peak less what
+  // was allocated at that unpack (prefetched buffers included), the most
+  // the operations after it can have allocated above it; -1 where unknown.
+  void learn_margins(const Record& r) {
+    margin_.assign(r.saved.size(), -1);
+    if (!r.measured || r.end_peak < 0) return;
+    for (const auto& p : r.points) {
+      if (p.prefix < 0 || static_cast<std::size_t>(p.prefix) >= margin_.size()) continue;
+      auto& margin = margin_[static_cast<std::size_t>(p.prefix)];
+      margin = std::max(margin, std::max<std::int64_t>(0, r.end_peak - (p.allocated + p.ahead)));
     }
   }
 
@@ -407,6 +449,7 @@ class Planner {
   std::vector<bool> plan_;                // per saved tensor of this step: keep it
   std::vector<std::int64_t> plan_bytes_;  // per saved tensor of the recorded step: its bytes (0: not eligible)
   std::vector<std::int64_t> keep_after_;  // bytes the plan keeps after index i
+  std::vector<std::int64_t> margin_;      // per saved tensor: learn_margins()
   // per saved tensor: its bytes and how many points after its pack its
   // storage stayed allocated when last offloaded (-1: not known)
   std::vector<std::pair<std::int64_t, std::int32_t>> learned_span_;
@@ -414,8 +457,10 @@ class Planner {
   std::int64_t reserve_ = 0;
   std::int64_t kept_now_ = 0;  // bytes kept in this step so far
   bool warned_ = false;
-  bool learned_ = false;  // reserve_ was measured
-  bool planned_ = false;  // a plan was made (the prefetch headroom applies)
+  bool learned_ = false;              // reserve_ was measured
+  bool planned_ = false;              // a plan was made (the prefetch headroom applies)
+  std::int64_t seen_peak_ = -1;       // observe(): the device's peak at the last observation
+  std::int64_t seen_allocated_ = -1;  // ... and its allocated bytes then
   std::int64_t kept_bytes_ = 0;
   std::int64_t guard_offloads_ = 0;
   std::int64_t planned_offload_ = 0;

@@ -52,12 +52,11 @@
 //   device block is released in stream order (see device_memory()), so it
 //   is reused only after the work queued on its streams before the free has
 //   run; at once when those streams are idle, the usual case since compute
-//   runs inline. In checking mode a released device block first waits in a
-//   bounded quarantine (64 MiB, 1024 blocks), so that a late reader sees the
-//   poison rather than the next owner's data. Idle blocks above 1 GiB per
-//   cache, and all of them at empty_cache(), go back to malloc. The in-use
-//   counters drop at release; the reserved counters only when a block goes
-//   back to malloc.
+//   runs inline. It stops counting as in use at its free, as on CUDA,
+//   unless a stream recorded on it still has that work queued. In checking mode a released device block first waits in
+//   a bounded quarantine (64 MiB, 1024 blocks), so that a late reader sees the poison rather than the next owner's
+//   data. Idle blocks above 1 GiB per cache, and all of them at empty_cache(), go back to malloc. The reserved counters
+//   drop only when a block goes back to malloc.
 //
 // A c10d collective backend for sim (DDP, FSDP2 and c10d process groups
 // across processes) is declared in <offload/sim_collectives.hpp>.
@@ -206,8 +205,9 @@ class ScopedKnobs {
 /// cumulative since install or the last
 /// c10::DeviceAllocator::resetAccumulatedStats).
 /// - current_bytes / peak_bytes: bytes in use, the requested sizes (not
-///   rounded). A device block counts until it is released, which is
-///   stream-ordered (see device_memory()). c10's `allocated_bytes`.
+///   rounded). A device block counts until its free, or, while a stream
+///   recorded on it still has work queued before the free, until that work
+///   has run (see device_memory()). c10's `allocated_bytes`.
 /// - reserved_bytes / peak_reserved_bytes: bytes taken from malloc: blocks in
 ///   use (rounded sizes), idle in the cache, or in the poison quarantine.
 ///   c10's `reserved_bytes`. They drop at empty_cache().
@@ -227,7 +227,10 @@ struct MemoryStats {
 /// released (back to the cache, reusable) at once when the stream it was
 /// allocated on has nothing queued and no stream recorded on it
 /// (recordStream) has pending work; otherwise its release is queued behind
-/// that work, and it counts as in use until then. The capacity
+/// that work. It counts as in use until its free, as CUDA's allocated bytes
+/// do (its own stream runs what comes next after that work), or, while a
+/// recorded stream has work queued before the free, until that work has
+/// run: the memory a side stream's copy still reads. The capacity
 /// (Config::capacity_bytes) limits the bytes in use; idle cached blocks do
 /// not count against it. Throws c10::Error if not installed or `index` is not
 /// a sim device. Thread-safe.
