@@ -99,8 +99,48 @@ TEST_CASE("planner: the prefetch headroom at an unpack leaves what followed that
   // At b's unpack 600 followed (800 - 200), more than twice the reserve
   // (800 - 700 = 100, the largest tensor): 1000 - 600 - 200.
   CHECK(planner.headroom(b2.ticket, 200) == 200);
+  planner.reset_stats();
+  CHECK(planner.headroom(b2.ticket, 200) == 200);  // the counters only
   CHECK(planner.headroom(a2.ticket, 100) == 200);  // 1000 - 700 - 100
   CHECK(planner.headroom(a2.ticket, -1) == 0);     // allocated memory unknown
+  // The same step again, its peak (700) under the one before (800): it
+  // shows no peak of its own, and the margins learned before stay. b is
+  // unpacked twice (two saved views): the larger margin counts.
+  planner.at_unpack(b2.ticket, 200, 0);
+  planner.at_unpack(b2.ticket, 150, 0);
+  planner.at_unpack(a2.ticket, 100, 0);
+  planner.end_backward(800);
+  planner.begin_step(800, 0);
+  const auto a3 = planner.at_pack(100, true, 100);
+  const auto b3 = planner.at_pack(100, true, 700);
+  planner.end_forward(700);
+  CHECK(planner.headroom(b3.ticket, 200) == 200);
+  CHECK(planner.headroom(a3.ticket, 100) == 200);
+  // A step that raised the peak (to 900) teaches new margins: after b's
+  // second unpack (at 150) 750 followed, the most at b.
+  planner.at_unpack(b3.ticket, 200, 0);
+  planner.at_unpack(b3.ticket, 150, 0);
+  planner.at_unpack(a3.ticket, 100, 0);
+  planner.end_backward(900);
+  planner.begin_step(900, 0);
+  const auto a4 = planner.at_pack(100, true, 100);
+  const auto b4 = planner.at_pack(100, true, 700);
+  planner.end_forward(700);
+  CHECK(planner.headroom(b4.ticket, 200) == 50);   // 1000 - 750 - 200
+  CHECK(planner.headroom(a4.ticket, 100) == 100);  // 1000 - 800 - 100
+}
+
+TEST_CASE("planner: no prefetch headroom without a recorded peak") {
+  Planner planner(/*target=*/1000);
+  planner.begin_step(-1, 0);  // allocated memory known, the peak not
+  const auto a = planner.at_pack(100, true, 100);
+  planner.end_forward(100);
+  planner.at_unpack(a.ticket, 100, 0);
+  planner.end_backward(-1);
+  planner.begin_step(-1, 0);
+  const auto a2 = planner.at_pack(100, true, 100);
+  planner.end_forward(100);
+  CHECK(planner.headroom(a2.ticket, 100) == 0);
 }
 
 TEST_CASE("planner: the reserve learns what an operation allocated between two observations that raised the peak") {

@@ -38,10 +38,10 @@ class BlockCache {
   static constexpr std::size_t kMaxIdleBytes = std::size_t{1} << 30;
 
   // Best fit among the idle blocks of at least `size` bytes, at most a
-  // quarter larger; nullopt if none.
-  std::optional<std::pair<void*, std::size_t>> take(std::size_t size) {
+  // quarter larger (`exact`: of `size` bytes only); nullopt if none.
+  std::optional<std::pair<void*, std::size_t>> take(std::size_t size, bool exact = false) {
     auto it = idle_.lower_bound(size);
-    if (it == idle_.end() || it->first > size + size / 4) {
+    if (it == idle_.end() || it->first > (exact ? size : size + size / 4)) {
       return std::nullopt;
     }
     std::pair<void*, std::size_t> out{it->second, it->first};
@@ -101,7 +101,8 @@ struct Counters {
   std::int64_t peak_reserved_blocks = 0;
   std::int64_t system_allocs = 0;
   std::int64_t system_frees = 0;
-  std::int64_t pending_releases = 0;
+  std::int64_t pending_releases = 0;  // releases queued behind stream work
+  std::int64_t pending_counted = 0;   // ... of blocks that still count as in use
   std::int64_t num_ooms = 0;
 
   void add(std::int64_t bytes) {

@@ -63,9 +63,10 @@ class SimDeviceAllocator final : public c10::DeviceAllocator {
         return cap == 0 || c.current + bytes <= cap;
       };
       // Like a caching allocator that waits for freed blocks' events before
-      // giving up: releases already queued behind stream work are waited for.
-      if (!fits() && c.pending_releases > 0) {
-        released_cv_.wait(lock, [&] { return fits() || c.pending_releases == 0; });
+      // giving up: releases already queued behind stream work, of blocks
+      // that still count, are waited for.
+      if (!fits() && c.pending_counted > 0) {
+        released_cv_.wait(lock, [&] { return fits() || c.pending_counted == 0; });
       }
       if (!fits()) {
         ++c.num_ooms;
@@ -273,8 +274,11 @@ class SimDeviceAllocator final : public c10::DeviceAllocator {
       if (counted_now) {
         c.remove(static_cast<std::int64_t>(block->requested));
         trace_locked(block->device);
+      } else {
+        ++c.pending_counted;
       }
     }
+    if (counted_now) released_cv_.notify_all();  // an allocation waiting for room may fit now
     // The stream queued last (its own, when it has work) runs the release.
     auto* last = pending.back().first;
     pending.pop_back();
@@ -306,11 +310,14 @@ class SimDeviceAllocator final : public c10::DeviceAllocator {
       std::lock_guard<std::mutex> lock(mutex_);
       const auto d = static_cast<std::size_t>(block->device);
       auto& c = counters_[d];
-      if (!counted) c.remove(static_cast<std::int64_t>(block->requested));
+      if (!counted) {
+        c.remove(static_cast<std::int64_t>(block->requested));
+        trace_locked(block->device);
+      }
       if (queued) {
         --c.pending_releases;
+        if (!counted) --c.pending_counted;
       }
-      trace_locked(block->device);
       const auto cache = [&](DeviceIndex device, void* ptr, std::size_t size) {
         auto evicted = cache_[static_cast<std::size_t>(device)].put(ptr, size);
         counters_[static_cast<std::size_t>(device)].unreserve(evicted);

@@ -45,7 +45,7 @@ class SimHostAllocator final : public c10::Allocator {
     std::optional<std::pair<void*, std::size_t>> cached;
     {
       std::lock_guard<std::mutex> lock(mutex_);
-      cached = cache_.take(size);
+      cached = cache_.take(size, /*exact=*/true);  // a block of its rounded size, as CUDA's bins
     }
     void* ptr = nullptr;
     if (cached) {

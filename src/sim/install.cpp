@@ -60,8 +60,9 @@ void install(const Config& config) {
   const c10::impl::DeviceGuardImplRegistrar registrar(c10::DeviceType::PrivateUse1, &detail::guard_impl());
   c10::SetAllocator(c10::DeviceType::PrivateUse1, &detail::device_allocator());
   at::RegisterPrivateUse1HooksInterface(&detail::hooks());
-  storage::set_pinned_block_rule(c10::DeviceType::PrivateUse1, &detail::host_block_bytes);
   detail::g_runtime.store(rt, std::memory_order_release);
+  // After the store: the rule reads the runtime's knobs.
+  storage::set_pinned_block_rule(c10::DeviceType::PrivateUse1, &detail::host_block_bytes);
   detail::register_kernels();
   // Registered here, so it runs before the statics constructed earlier are
   // destroyed (a Python process drains sooner, from Python's atexit).

@@ -116,7 +116,25 @@ TEST_CASE("sim: device memory is counted, capped and released in stream order") 
       CHECK(b.data_ptr() != first);  // the copy may still read it
     }
     side.synchronize();
+    CHECK(sim::device_memory(0).current_bytes == base.current_bytes);  // counted out once
     CHECK(bitwise_equal(host, torch::ones({mib / 4})));
+  }
+  SUBCASE("an allocation over capacity waits only for releases that lower the count") {
+    sim::set_copy_latency_us(2'000'000);
+    sim::set_capacity_bytes(base.current_bytes + mib);
+    const auto side = pool_stream();
+    const auto host = torch::zeros({mib / 4}).pin_memory();
+    {
+      const c10::StreamGuard guard(side);
+      auto a = torch::ones({mib / 4}, torch::TensorOptions().device(d));
+      host.copy_(a, /*non_blocking=*/true);
+    }  // a counted out at its free; its release waits two seconds behind the copy
+    const auto held = torch::empty({mib / 4}, torch::TensorOptions().device(d));  // full now
+    const auto start = std::chrono::steady_clock::now();
+    CHECK_THROWS_AS((void)torch::empty({1}, torch::TensorOptions().device(d)), c10::OutOfMemoryError);
+    // Out of memory at once: waiting for a's release would lower nothing.
+    CHECK(std::chrono::steady_clock::now() - start < std::chrono::seconds(1));
+    side.synchronize();
   }
   SUBCASE("a block recorded on another busy stream counts until that stream gets there") {
     sim::set_copy_latency_us(100'000);

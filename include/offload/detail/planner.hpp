@@ -323,9 +323,16 @@ class Planner {
   // Per saved tensor unpacked in the recorded step: its peak less what
   // was allocated at that unpack (prefetched buffers included), the most
   // the operations after it can have allocated above it; -1 where unknown.
+  // A step whose peak did not rise (an earlier step's is higher) shows no
+  // peak of its own: the margins learned before stay where the steps
+  // saved alike, else none is known.
   void learn_margins(const Record& r) {
+    const bool own_peak = r.measured && r.start_peak >= 0 && r.end_peak > r.start_peak;
+    if (!own_peak) {
+      if (margin_.size() != r.saved.size()) margin_.assign(r.saved.size(), -1);
+      return;
+    }
     margin_.assign(r.saved.size(), -1);
-    if (!r.measured || r.end_peak < 0) return;
     for (const auto& p : r.points) {
       if (p.prefix < 0 || static_cast<std::size_t>(p.prefix) >= margin_.size()) continue;
       auto& margin = margin_[static_cast<std::size_t>(p.prefix)];

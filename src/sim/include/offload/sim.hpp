@@ -48,12 +48,17 @@
 // - Memory: both allocators cache, as CUDA's caching allocator and pinned
 //   host allocator do. Sizes are rounded up (512 bytes below 1 MiB, 128 KiB
 //   above); a released block is kept idle by size and handed out again for
-//   a request it fits (best fit, at most 25 % larger), on any stream. A
+//   a request it fits, on any stream: a device block for one it fits best
+//   (at most 25 % larger), a pinned host block only for a request of its
+//   rounded size (as CUDA's pinned allocator keeps one free list per
+//   power of two, so what a request sets aside is its rounded size). A
 //   device block is released in stream order (see device_memory()), so it
 //   is reused only after the work queued on its streams before the free has
 //   run; at once when those streams are idle, the usual case since compute
 //   runs inline. It stops counting as in use at its free, as on CUDA,
-//   unless a stream recorded on it still has that work queued. In checking mode a released device block first waits in
+//   unless a stream recorded on it still has that work queued (stricter
+//   than CUDA, whose allocated bytes drop at the free even then). In
+//   checking mode a released device block first waits in
 //   a bounded quarantine (64 MiB, 1024 blocks), so that a late reader sees the poison rather than the next owner's
 //   data. Idle blocks above 1 GiB per cache, and all of them at empty_cache(), go back to malloc. The reserved counters
 //   drop only when a block goes back to malloc.
@@ -207,7 +212,7 @@ class ScopedKnobs {
 /// - current_bytes / peak_bytes: bytes in use, the requested sizes (not
 ///   rounded). A device block counts until its free, or, while a stream
 ///   recorded on it still has work queued before the free, until that work
-///   has run (see device_memory()). c10's `allocated_bytes`.
+///   has run (see device_memory()). Reported as c10's `allocated_bytes`.
 /// - reserved_bytes / peak_reserved_bytes: bytes taken from malloc: blocks in
 ///   use (rounded sizes), idle in the cache, or in the poison quarantine.
 ///   c10's `reserved_bytes`. They drop at empty_cache().
@@ -230,7 +235,9 @@ struct MemoryStats {
 /// that work. It counts as in use until its free, as CUDA's allocated bytes
 /// do (its own stream runs what comes next after that work), or, while a
 /// recorded stream has work queued before the free, until that work has
-/// run: the memory a side stream's copy still reads. The capacity
+/// run: the memory a side stream's copy still reads (stricter than CUDA,
+/// whose allocated bytes drop at the free and whose active bytes count
+/// it). The capacity
 /// (Config::capacity_bytes) limits the bytes in use; idle cached blocks do
 /// not count against it. Throws c10::Error if not installed or `index` is not
 /// a sim device. Thread-safe.
