@@ -11,6 +11,7 @@
 #include <random>
 #include <sstream>
 #include <string>
+#include <string_view>
 #include <thread>
 #include <vector>
 
@@ -99,6 +100,16 @@ TEST_CASE("host budget: tensors over the budget stay on the device and training 
 }
 
 namespace {
+// A storage policy without reserved_for() whose buffers set aside twice
+// their size.
+struct DoublingHost {
+  static constexpr std::string_view name = "doubling_host";
+  static constexpr bool prefers_pinned = false;
+  offload::HostBuffer allocate(const offload::HostRequest& request) const {
+    return {at::empty({request.nbytes}, at::kByte), false, 2 * request.nbytes};
+  }
+};
+
 // One saved storage of 5000 floats (20,000 bytes: exp's output) per
 // backward, offloaded by `manager` from sim's device 0; the gradient must
 // be the one without offloading.
@@ -143,6 +154,23 @@ TEST_CASE("host budget: reserved bytes are counted and limited (a power-of-two p
     CHECK(stats.storages_offloaded == 1);
     CHECK(stats.host_bytes_reserved_peak == 20032);
     CHECK(stats.host_bytes_reserved == 0);
+  }
+  SUBCASE("a buffer that sets aside more than its policy said is given back over the budget") {
+    // reserved_for() is absent (the request's size, 20,000, is assumed);
+    // the buffer sets aside 40,000, over a 30,000 budget.
+    offload::Manager<offload::device::Sim, DoublingHost, offload::sync::Blocking> manager(
+        offload::Options{.min_offload_bytes = 0, .host_budget_bytes = 30000});
+    offload_one_exp(manager);
+    const auto stats = manager.stats();
+    CHECK(stats.passed_budget == 1);
+    CHECK(stats.storages_offloaded == 0);
+    CHECK(stats.host_bytes_reserved_peak == 0);
+    CHECK(stats.host_bytes_in_use == 0);
+    offload::Manager<offload::device::Sim, DoublingHost, offload::sync::Blocking> roomy(
+        offload::Options{.min_offload_bytes = 0, .host_budget_bytes = 40000});
+    offload_one_exp(roomy);
+    CHECK(roomy.stats().storages_offloaded == 1);
+    CHECK(roomy.stats().host_bytes_reserved_peak == 40000);
   }
   SUBCASE("PageableHost: reserved is what is stored") {
     offload::Manager<offload::device::Sim, offload::storage::PageableHost, offload::sync::Blocking> manager(

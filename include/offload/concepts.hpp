@@ -222,7 +222,8 @@ concept storage_policy = requirement::name<P> && requirement::prefers_pinned<P> 
 /// A storage policy that says, before allocating, how many host bytes a
 /// request will set aside (`std::int64_t reserved_for(const HostRequest&)
 /// const`): Options::host_budget_bytes is checked against it. Without it
-/// the manager assumes the request's size.
+/// the manager assumes the request's size; either way it checks again with
+/// the buffer's HostBuffer::reserved.
 template <class P>
 concept reserving_storage_policy = storage_policy<P> && requirement::reserved_for<P>;
 

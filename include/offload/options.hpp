@@ -81,7 +81,9 @@ struct Options {
   /// Upper bound on the host bytes reserved for what this manager holds
   /// (Stats::host_bytes_reserved: each buffer counted at the block its
   /// allocator sets aside, e.g. a power of two for CUDA's pinned
-  /// allocator); a tensor that would exceed it stays on the device.
+  /// allocator); a tensor that would exceed it stays on the device. Checked
+  /// before allocating (the storage policy's reserved_for(), else the
+  /// bytes) and again with the buffer's HostBuffer::reserved.
   /// 0 = unlimited.
   /// Accepted: ranges::host_budget_bytes, [0, 2^50]. Default 0.
   std::int64_t host_budget_bytes = 0;

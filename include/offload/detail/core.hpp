@@ -350,6 +350,12 @@ class Core final : public ManagerInterface, public std::enable_shared_from_this<
   bool over_host_budget(std::int64_t more) const {
     return options_.host_budget_bytes != 0 && stats_.host_bytes_reserved + more > options_.host_budget_bytes;
   }
+  // The same, for host buffers already allocated.
+  bool over_host_budget(const std::vector<HostBuffer>& more) const {
+    std::int64_t reserved = 0;
+    for (const auto& host : more) reserved += host.reserved_nbytes();
+    return over_host_budget(reserved);
+  }
   // What a host buffer for `request` will set aside: the storage policy's
   // reserved_for(), or without one the request's size.
   std::int64_t reserved_for(const HostRequest& request) const {
@@ -371,6 +377,12 @@ class Core final : public ManagerInterface, public std::enable_shared_from_this<
     const auto piece_bytes = piece.nbytes();
     const auto request = host_request(piece_bytes, t.device());
     if (over_host_budget(reserved_for(request))) return nullptr;
+    const c10::DeviceGuard guard(t.device());
+    auto host = storage_.allocate(request);
+    // The buffer may set aside more than reserved_for() said (a policy
+    // without it, a cache that hands out a larger block): checked again,
+    // and over the budget it goes back and the tensor stays on the device.
+    if (over_host_budget(host.reserved_nbytes())) return nullptr;
     const auto& storage = t.storage();
     auto entry = make_entry();
     entry->device = t.device();
@@ -380,12 +392,11 @@ class Core final : public ManagerInterface, public std::enable_shared_from_this<
     entry->version = version;
     entry->source.emplace(c10::weak_intrusive_ptr<c10::StorageImpl>(
         c10::intrusive_ptr<c10::StorageImpl>::reclaim_copy(storage.unsafeGetStorageImpl())));
-    // Counted before the copy: if allocating or copying throws, the entry's
-    // release gives the bytes back and the counter stays balanced.
+    // Counted before the copy: if copying throws, the entry's release gives
+    // the bytes back and the counters stay balanced.
     stats_.host_bytes_in_use += piece_bytes;
-    const c10::DeviceGuard guard(t.device());
-    entry->host = storage_.allocate(request);
-    count_reserved(entry->host);  // given back by the entry's release from now on
+    entry->host = std::move(host);
+    count_reserved(entry->host);
     sync_.offload(transfer_of(*entry), view_of(storage, t.device(), at::kByte, 0, {entry->device_nbytes}, {1}));
     if (Storage::prefers_pinned && options_.pin_memory && !entry->host.pinned) ++stats_.pinned_fallbacks;
     ++stats_.storages_offloaded;
@@ -562,16 +573,23 @@ class Core final : public ManagerInterface, public std::enable_shared_from_this<
       reserved += reserved_for(host_request(part.nbytes(), device));
     }
     if (over_host_budget(reserved)) return false;
+    const c10::DeviceGuard guard(device);
+    // Every buffer first: an allocation that throws, or buffers that set
+    // aside more than the budget allows, leave the entry as it was (the
+    // buffers go back as `hosts` does).
+    std::vector<HostBuffer> hosts;
+    hosts.reserve(parts.size());
+    for (const auto& part : parts) hosts.push_back(storage_.allocate(host_request(part.nbytes(), device)));
+    if (over_host_budget(hosts)) return false;
     if constexpr (steps) sync_.suspend(transfer_of(*entry));
     entry->reloaded.reset();
     entry->keep = at::Tensor();
-    const c10::DeviceGuard guard(device);
     std::int64_t end = entry->device_nbytes;
     for (const auto& part : parts) end = std::max(end, piece_end(part));
     const auto device_bytes = view_of(storage, device, at::kByte, 0, {end}, {1});
-    for (const auto& part : parts) {
-      entry->extra.push_back({part, storage_.allocate(host_request(part.nbytes(), device))});
-      stats_.host_bytes_in_use += part.nbytes();  // given back by the entry's release from now on
+    for (std::size_t i = 0; i < parts.size(); ++i) {
+      entry->extra.push_back({parts[i], std::move(hosts[i])});
+      stats_.host_bytes_in_use += parts[i].nbytes();  // given back by the entry's release from now on
       count_reserved(entry->extra.back().host);
     }
     entry->device_nbytes = end;
