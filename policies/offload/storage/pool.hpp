@@ -92,7 +92,8 @@ namespace detail {
 
 /// The pool of one device: slabs from the device's pinned host allocator,
 /// a best-fit free list over all of them, coalescing on release.
-/// Thread-safe: every member takes the pool's mutex.
+/// Thread-safe: every member takes the pool's mutex (a new slab is pinned
+/// outside it).
 class HostPool : public std::enable_shared_from_this<HostPool> {
  public:
   static constexpr std::int64_t kAlign = 64;
@@ -108,11 +109,29 @@ class HostPool : public std::enable_shared_from_this<HostPool> {
     const std::int64_t size = (nbytes + kAlign - 1) / kAlign * kAlign;
     std::unique_lock lock(mutex_);
     auto found = by_size_.lower_bound(size);
-    if (found == by_size_.end()) {
-      if (!grow(size)) {
+    while (found == by_size_.end()) {
+      // A new slab, pinned outside the lock (pinning costs milliseconds;
+      // other threads carve from the slabs there are meanwhile). Another
+      // thread may have grown the pool by then: the slab is kept when the
+      // limit still allows it, else given back and the search done again.
+      const auto slab_bytes = slab_bytes_for(size);
+      std::unique_ptr<Slab> slab;
+      if (slab_bytes > 0) {
+        lock.unlock();
+        slab = pin_slab(slab_bytes);
+        lock.lock();
+      }
+      if (!slab) {
         ++stats_.pageable_fallbacks;
         lock.unlock();
         return PageableHost{}.allocate(HostRequest{nbytes, c10::Device(type_), false});
+      }
+      if (options_.limit_bytes != 0 && stats_.reserved_bytes + slab_bytes > options_.limit_bytes) {
+        lock.unlock();
+        slab.reset();  // back to the pinned allocator, outside the lock
+        lock.lock();
+      } else {
+        add_slab(std::move(slab));
       }
       found = by_size_.lower_bound(size);
     }
@@ -178,22 +197,28 @@ class HostPool : public std::enable_shared_from_this<HostPool> {
     slab->free.emplace(offset, by_size_.emplace(length, Range{slab, offset}));
   }
 
-  // A new slab that fits `size`: false when the limit forbids or pinning fails.
-  bool grow(std::int64_t size) {
+  // The bytes of a new slab that fits `size`: a power of two of at least
+  // min_slab_bytes and growth x what the pool holds; under a limit, the
+  // request's own size when that power of two no longer fits; 0 when the
+  // limit forbids. Called under the lock.
+  std::int64_t slab_bytes_for(std::int64_t size) const {
     constexpr std::int64_t kMaxSlab = std::int64_t{1} << 50;  // also keeps bit_ceil below 2^63
-    if (size > kMaxSlab) return false;
+    if (size > kMaxSlab) return 0;
     const auto wanted = std::min(
         kMaxSlab, std::max({size, options_.min_slab_bytes,
                             static_cast<std::int64_t>(options_.growth * static_cast<double>(stats_.reserved_bytes))}));
     auto slab_bytes = static_cast<std::int64_t>(std::bit_ceil(static_cast<std::uint64_t>(wanted)));
     if (options_.limit_bytes != 0) {
-      // Under a limit, a smaller slab (the request's own size) when a
-      // power of two no longer fits.
       const auto left = options_.limit_bytes - stats_.reserved_bytes;
-      if (size > left) return false;
+      if (size > left) return 0;
       if (slab_bytes > left) slab_bytes = size;
     }
-    slabs_.reserve(slabs_.size() + 1);  // the push_back below cannot throw after add_free
+    return slab_bytes;
+  }
+
+  // A slab of `slab_bytes` from the device type's pinned allocator; null
+  // (warned once) when pinning fails. Called without the lock.
+  std::unique_ptr<Slab> pin_slab(std::int64_t slab_bytes) const {
     auto slab = std::make_unique<Slab>();
     try {
       slab->memory =
@@ -201,17 +226,22 @@ class HostPool : public std::enable_shared_from_this<HostPool> {
     } catch (const c10::Error& e) {
       TORCH_WARN_ONCE("offload::storage::PinnedPool: pinned host memory is not available (", e.what_without_backtrace(),
                       "); using pageable memory (Stats::pinned_fallbacks counts it)");
-      return false;
+      return nullptr;
     }
     slab->base = static_cast<char*>(slab->memory.get());
     slab->size = slab_bytes;
-    add_free(slab.get(), 0, slab_bytes);
-    stats_.reserved_bytes += slab_bytes;
+    return slab;
+  }
+
+  // Adds a pinned slab, all of it free. Called under the lock.
+  void add_slab(std::unique_ptr<Slab> slab) {
+    slabs_.reserve(slabs_.size() + 1);  // the push_back below cannot throw after add_free
+    add_free(slab.get(), 0, slab->size);
+    stats_.reserved_bytes += slab->size;
     stats_.peak_reserved_bytes = std::max(stats_.peak_reserved_bytes, stats_.reserved_bytes);
     ++stats_.slabs;
     ++stats_.slab_allocations;
     slabs_.push_back(std::move(slab));
-    return true;
   }
 
   // A carved range is free again (the buffer's last reference is gone; the
