@@ -309,7 +309,7 @@ offload::AnyManager build_for(const std::string& device, const offload::Options&
                   "without offloading");
     }
     return offload::make_manager_unhooked<Storage, Sync, offload::sync::Blocking>(options, offload::builtin_devices,
-                                                                                  fallback);
+                                                                                  detected, fallback);
   }
   // "generic" is the policy for a PrivateUse1 backend of another name, not a device name.
   auto named = device == "generic" ? offload::NamedManager{}
@@ -457,6 +457,16 @@ PYBIND11_MODULE(_C, m) {
   m.def("stat_fields", [] {
     std::vector<std::pair<std::string_view, std::string_view>> out;  // (name, what it counts)
     for (const auto& field : offload::stat_fields) out.emplace_back(field.name, field.doc);
+    return out;
+  });
+  m.def("passed_through_fields", [] {
+    // The fields Stats::passed_through() adds up, found by asking it.
+    std::vector<std::string_view> out;
+    for (const auto& field : offload::stat_fields) {
+      offload::Stats one;
+      one.*field.member = 1;
+      if (one.passed_through() == 1) out.push_back(field.name);
+    }
     return out;
   });
   m.def("compiled_device_policies", [] { return offload::compiled_device_policies(); });

@@ -297,14 +297,15 @@ inline AnyManager make_pass_through_manager(const Options& options = {}, std::st
   return any_manager_of(std::make_shared<detail::PassThroughManager>(options, std::move(why)));
 }
 
-/// make_manager's work without install_hooks(), for hosts whose own
-/// autograd engine asks the manager for hooks (Python's
-/// saved_tensors_hooks, where install_hooks() refuses): the same choice and
-/// errors as make_manager. Thread-safe.
+/// make_manager_unhooked (below) for an accelerator the caller detected
+/// already (`detected`, from detect_accelerator()), for callers that look
+/// at it first (the Python binding words its own error when none was
+/// detected): nothing is detected twice. Validates `options` first.
+/// Thread-safe.
 template <class Storage, class Sync, class FallbackSync, class Devices>
-AnyManager make_manager_unhooked(const Options& options, Devices devices, Fallback fallback = Fallback::error) {
+AnyManager make_manager_unhooked(const Options& options, Devices devices, const DetectedAccelerator& detected,
+                                 Fallback fallback = Fallback::error) {
   options.validate();
-  const auto detected = detect_accelerator();
   const auto have = [&] {
     return "; this program has: " + detail::join(detail::device_names(devices, /*only_linked=*/true)) + ". ";
   };
@@ -328,6 +329,16 @@ AnyManager make_manager_unhooked(const Options& options, Devices devices, Fallba
                              "Add one with boost::hana::prepend(offload::builtin_devices, "
                              "boost::hana::type_c<YourPolicy>) (docs/dispatch.md), or pass "
                              "offload::Fallback::pass_through to run without offloading");
+}
+
+/// make_manager's work without install_hooks(), for hosts whose own
+/// autograd engine asks the manager for hooks (Python's
+/// saved_tensors_hooks, where install_hooks() refuses): the same choice and
+/// errors as make_manager. Thread-safe.
+template <class Storage, class Sync, class FallbackSync, class Devices>
+AnyManager make_manager_unhooked(const Options& options, Devices devices, Fallback fallback = Fallback::error) {
+  options.validate();  // before anything is detected
+  return make_manager_unhooked<Storage, Sync, FallbackSync>(options, devices, detect_accelerator(), fallback);
 }
 
 /// Whether make_manager_named() made a manager, and if not why.

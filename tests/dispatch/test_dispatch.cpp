@@ -223,6 +223,15 @@ TEST_SUITE("dispatch-installed") {
     }
     const auto pageable = offload::make_manager<offload::storage::PageableHost>();
     CHECK(pageable.describe().find("Manager<" + expected_policy() + ", pageable_host, blocking>") == 0);
+    // An accelerator detected already is not detected again: the one given decides.
+    using offload::storage::PinnedHost, offload::sync::Blocking;
+    const auto given =
+        offload::make_manager_unhooked<PinnedHost, Blocking, Blocking>({}, offload::builtin_devices, detected);
+    CHECK(given.describe() == manager.describe());
+    const auto none = offload::make_manager_unhooked<PinnedHost, Blocking, Blocking>(
+        {}, offload::builtin_devices, offload::DetectedAccelerator{.type = std::nullopt, .name = {}, .reason = "none given"},
+        offload::Fallback::pass_through);
+    CHECK(none.describe() == "PassThrough<offloads nothing: no accelerator was detected (none given)>");
   }
 
   TEST_CASE("dispatch: a model trains bit-identically through the dispatched manager (copy delay, poison)") {
