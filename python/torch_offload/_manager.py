@@ -13,23 +13,16 @@ from . import _C
 
 OffloadWarning = _C.OffloadWarning
 
+_PASSED_THROUGH = tuple(_C.passed_through_fields())
+
 Stats = dataclasses.make_dataclass(
     "Stats",
     [(name, int, dataclasses.field(default=0, metadata={"doc": doc})) for name, doc in _C.stat_fields()],
     frozen=True,
     namespace={
         "passed_through": property(
-            lambda self: (
-                self.passed_other_device
-                + self.passed_small
-                + self.passed_excluded
-                + self.passed_leaf
-                + self.passed_layout
-                + self.passed_subclass
-                + self.passed_budget
-                + self.passed_target
-            ),
-            doc="Saved tensors that stayed on their device or host, all reasons.",
+            lambda self: sum(getattr(self, name) for name in _PASSED_THROUGH),
+            doc="Saved tensors that stayed on their device or host, all reasons (C++ Stats::passed_through()).",
         ),
         "__module__": __name__,
     },

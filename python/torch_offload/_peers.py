@@ -87,10 +87,57 @@ def keep_on_device(modules):
         module.register_forward_hook(lambda *args: noop.__exit__(), always_call=True)
 
 
+def _output(model):
+    """``model.output`` when it is an ``nn.Module``, else its ``.linear``
+    (torchtune's ``TiedLinear`` is not a module; its ``linear`` is)."""
+    head = model.output
+    return head if isinstance(head, nn.Module) else getattr(head, "linear", None)
+
+
+def _first_set(model, *names):
+    """The first of ``model``'s attributes ``names`` that is not None."""
+    for name in names:
+        value = getattr(model, name, None)
+        if value is not None:
+            return value
+    return None
+
+
+# Where each peer looks for the output head: (attributes, the head given
+# the model); the first branch whose attributes the model has decides.
+TORCHTUNE_HEAD_SEARCH = (
+    (("output",), _output),
+    (("decoder",), lambda m: getattr(m.decoder, "output", None)),
+)
+TRL_HEAD_SEARCH = (
+    (("output",), _output),
+    (("lm_head",), lambda m: m.lm_head),
+    (
+        ("decoder",),
+        lambda m: (
+            getattr(m.decoder, "output", None) if hasattr(m.decoder, "output") else getattr(m.decoder, "lm_head", None)
+        ),
+    ),
+    (("final_layer_norm", "ln_f"), lambda m: _first_set(m, "final_layer_norm", "ln_f")),
+    (("head",), lambda m: m.head),
+)
+TORCHTUNE_HEADS = "output or output.linear (a TiedLinear's), else decoder.output, each an nn.Module"
 TRL_HEADS = (
     "output or output.linear, else lm_head, else decoder.output or decoder.lm_head, else final_layer_norm "
     "or ln_f, else head, each an nn.Module, after unwrapping .module and PEFT's .base_model"
 )
+
+
+def find_head(model, search):
+    """The output head of ``model`` by ``search`` (``TORCHTUNE_HEAD_SEARCH``
+    or ``TRL_HEAD_SEARCH``): the first branch whose attributes the model has
+    decides, and a branch that finds no ``nn.Module`` ends the search with
+    None (TRL raises AttributeError registering a hook on such a head)."""
+    for names, head_of in search:
+        if any(hasattr(model, name) for name in names):
+            head = head_of(model)
+            return head if isinstance(head, nn.Module) else None
+    return None
 
 
 def trl_keep_on_device(model):
@@ -98,36 +145,13 @@ def trl_keep_on_device(model):
     the device, found as it finds them: ``(head or None, liger_modules)``.
 
     ``model`` is unwrapped from ``.module`` (DDP, DeepSpeed) and then from
-    PEFT's ``.base_model`` (when it has ``peft_config``). The head is the
-    first branch that matches, in this order, and a branch that matches an
-    attribute without finding a module ends the search: ``output`` (an
-    ``nn.Module``, else its ``.linear`` if that is one: torchtune's
-    ``TiedLinear``); ``lm_head``; ``decoder`` (its ``output``, else its
-    ``lm_head``); ``final_layer_norm``, else ``ln_f``; ``head`` (an
-    ``nn.Module``). Every module whose qualified name contains ``liger``
-    (any case) is kept too. A head that is not an ``nn.Module`` counts as
-    none (TRL raises AttributeError registering a hook on it)."""
+    PEFT's ``.base_model`` (when it has ``peft_config``); the head is
+    ``find_head(unwrapped, TRL_HEAD_SEARCH)``. Every module whose qualified
+    name contains ``liger`` (any case) is kept too."""
     unwrapped = model.module if hasattr(model, "module") else model
     if hasattr(unwrapped, "base_model") and hasattr(unwrapped, "peft_config"):
         unwrapped = unwrapped.base_model
-    head = None
-    if hasattr(unwrapped, "output"):
-        head = unwrapped.output
-        if not isinstance(head, nn.Module):
-            head = getattr(head, "linear", None)
-    elif hasattr(unwrapped, "lm_head"):
-        head = unwrapped.lm_head
-    elif hasattr(unwrapped, "decoder"):
-        decoder = unwrapped.decoder
-        head = getattr(decoder, "output", None) if hasattr(decoder, "output") else getattr(decoder, "lm_head", None)
-    elif hasattr(unwrapped, "final_layer_norm") or hasattr(unwrapped, "ln_f"):
-        head = getattr(unwrapped, "final_layer_norm", None)
-        if head is None:
-            head = getattr(unwrapped, "ln_f", None)
-    elif hasattr(unwrapped, "head"):
-        head = unwrapped.head
-    if not isinstance(head, nn.Module):
-        head = None
+    head = find_head(unwrapped, TRL_HEAD_SEARCH)
     liger = (
         [module for name, module in unwrapped.named_modules() if "liger" in name.lower()]
         if isinstance(unwrapped, nn.Module)

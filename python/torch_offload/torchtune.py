@@ -16,13 +16,18 @@ the search); a model that is not an ``nn.Module`` is a TypeError.
 
 import contextlib
 
-from torch import nn
-
-from ._peers import NoOpManager, PeerOffload, check_module, keep_on_device, warn_no_head
+from ._peers import (
+    TORCHTUNE_HEAD_SEARCH,
+    TORCHTUNE_HEADS,
+    NoOpManager,
+    PeerOffload,
+    check_module,
+    find_head,
+    keep_on_device,
+    warn_no_head,
+)
 
 __all__ = ["OffloadActivations", "NoOpManager", "get_act_offloading_ctx_manager"]
-
-HEADS = "output or output.linear (a TiedLinear's), else decoder.output, each an nn.Module"
 
 
 class OffloadActivations(PeerOffload):
@@ -48,15 +53,7 @@ def output_head(model):
     it is an ``nn.Module``, else ``model.output.linear`` (a ``TiedLinear``:
     not a module, its ``linear`` is); for a model with ``decoder`` and no
     ``output``, ``decoder.output``. None when there is none."""
-    if hasattr(model, "output"):
-        head = model.output
-        if not isinstance(head, nn.Module):
-            head = getattr(head, "linear", None)
-    elif hasattr(model, "decoder"):
-        head = getattr(model.decoder, "output", None)
-    else:
-        head = None
-    return head if isinstance(head, nn.Module) else None
+    return find_head(model, TORCHTUNE_HEAD_SEARCH)
 
 
 def get_act_offloading_ctx_manager(model, enable_activation_offloading):
@@ -78,7 +75,7 @@ def get_act_offloading_ctx_manager(model, enable_activation_offloading):
     manager.exclude(model.buffers())
     head = output_head(model)
     if head is None:
-        warn_no_head(where, HEADS, "", stacklevel=2)
+        warn_no_head(where, TORCHTUNE_HEADS, "", stacklevel=2)
     else:
         keep_on_device([head])
     return manager

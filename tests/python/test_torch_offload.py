@@ -256,6 +256,8 @@ def test_stats_is_a_dataclass_with_every_field():
     # sin saves its input (a leaf: stays), exp its result (offloaded).
     assert s.tensors_seen == 2 and s.tensors_offloaded == 1 and s.bytes_offloaded == 64 * 64 * 4
     assert s.passed_through == s.passed_leaf == 1
+    # passed_through adds up what C++ Stats::passed_through() does: every reason.
+    assert set(torch_offload._C.passed_through_fields()) == {n for n in names if n.startswith("passed_")}
     manager.reset_stats()
     assert manager.stats().tensors_seen == 0
 
