@@ -229,7 +229,8 @@ TEST_SUITE("dispatch-installed") {
         offload::make_manager_unhooked<PinnedHost, Blocking, Blocking>({}, offload::builtin_devices, detected);
     CHECK(given.describe() == manager.describe());
     const auto none = offload::make_manager_unhooked<PinnedHost, Blocking, Blocking>(
-        {}, offload::builtin_devices, offload::DetectedAccelerator{.type = std::nullopt, .name = {}, .reason = "none given"},
+        {}, offload::builtin_devices,
+        offload::DetectedAccelerator{.type = std::nullopt, .name = {}, .reason = "none given"},
         offload::Fallback::pass_through);
     CHECK(none.describe() == "PassThrough<offloads nothing: no accelerator was detected (none given)>");
   }
