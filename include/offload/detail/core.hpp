@@ -185,9 +185,7 @@ class Core final : public ManagerInterface, public std::enable_shared_from_this<
     if (!packed.offloaded) {
       if (packed.ticket.index >= 0) {
         const std::lock_guard lock(mutex_);
-        const auto index = packed.kept.tensor().device().index();
-        const auto allocated = allocated_on(index);
-        planner_.observe(allocated, peak_on(index));
+        const auto allocated = observe(packed.kept.tensor().device().index());
         planner_.at_unpack(packed.ticket, allocated, prefetched_bytes());
         note_still_allocated();
         watch_backward_end();
@@ -258,9 +256,7 @@ class Core final : public ManagerInterface, public std::enable_shared_from_this<
     const std::lock_guard lock(mutex_);
     if constexpr (steps) sync_.end_forward();
     if (planner_.active()) {
-      const auto allocated = allocated_on(target_index_);
-      planner_.observe(allocated, peak_on(target_index_));
-      planner_.end_forward(allocated);
+      planner_.end_forward(observe(target_index_));
       note_still_allocated();
     }
     // Scopes on other threads may pack meanwhile: a tensor on the device
@@ -435,7 +431,7 @@ class Core final : public ManagerInterface, public std::enable_shared_from_this<
     }
     if (planner_.active()) plan_unpack(ticket, entry.device.index());
     if constexpr (steps) sync_.on_unpack(transfer_of(entry));
-    if (planner_.active()) planner_.observe(allocated_on(entry.device.index()), peak_on(entry.device.index()));
+    if (planner_.active()) observe(entry.device.index());
     watch_backward_end();
     return device_bytes;
   }
@@ -457,7 +453,7 @@ class Core final : public ManagerInterface, public std::enable_shared_from_this<
         }
         if constexpr (steps) core->sync_.end_backward();
         if (core->planner_.active()) {
-          core->planner_.observe(allocated_on(core->target_index_), peak_on(core->target_index_));
+          core->observe(core->target_index_);
           core->planner_.end_backward(peak_on(core->target_index_));
         }
       }
@@ -479,6 +475,14 @@ class Core final : public ManagerInterface, public std::enable_shared_from_this<
     } else {
       return -1;
     }
+  }
+  // With a device-memory target: the device's allocated bytes on `index`
+  // now (-1: not reported), told to the planner with its peak
+  // (Planner::observe).
+  std::int64_t observe(c10::DeviceIndex index) {
+    const auto allocated = allocated_on(index);
+    planner_.observe(allocated, peak_on(index));
+    return allocated;
   }
   // Device bytes the sync policy brought back ahead of need, not yet used.
   std::int64_t prefetched_bytes() const {
@@ -515,8 +519,7 @@ class Core final : public ManagerInterface, public std::enable_shared_from_this<
     const c10::StorageImpl* key = t.storage().unsafeGetStorageImpl();
     const auto nbytes = static_cast<std::int64_t>(t.storage().nbytes());
     target_index_ = t.device().index();
-    const auto allocated = allocated_on(target_index_);
-    planner_.observe(allocated, peak_on(target_index_));
+    const auto allocated = observe(target_index_);
     if (auto found = kept_.find(key); found != kept_.end() && !found->second.expired()) {
       packed.ticket = planner_.at_pack(0, /*eligible=*/false, allocated).ticket;
       note_still_allocated();
@@ -536,8 +539,7 @@ class Core final : public ManagerInterface, public std::enable_shared_from_this<
   // on the device: records the memory, and lets the sync policy bring back
   // as much ahead as the headroom under the target allows.
   void plan_unpack(const PlanTicket& ticket, c10::DeviceIndex index) {
-    const auto allocated = allocated_on(index);
-    planner_.observe(allocated, peak_on(index));
+    const auto allocated = observe(index);
     planner_.at_unpack(ticket, allocated, prefetched_bytes());
     note_still_allocated();
     if constexpr (serves_target) sync_.set_headroom(planner_.headroom(ticket, allocated));

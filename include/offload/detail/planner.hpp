@@ -49,8 +49,10 @@ struct PackDecision {
 /// measured as the step's peak above its highest point, and as what an
 /// interval that raised the peak allocated above its ends (observe()),
 /// where the device reports its peak. The prefetch headroom at an unpack
-/// also leaves what followed that unpack in the recorded step (headroom()). The plan keeps tensors from the latest back
-/// while every point stays under target - reserve, and offloads the rest (the earliest: backward needs them last).
+/// also leaves what followed that unpack in the recorded step
+/// (headroom()). The plan keeps tensors from the latest back while every
+/// point stays under target - reserve, and offloads the rest (the
+/// earliest: backward needs them last).
 ///
 /// Allocated memory -1 (a device policy without memory statistics): the
 /// target counts only the saved bytes the manager keeps on the device.
@@ -229,6 +231,8 @@ class Planner {
     std::int64_t start_allocated = -1;  // ... its allocated bytes then
     std::int64_t end_peak = -1;         // ... when its backward ended
     std::int64_t excess = 0;            // the most an interval between observations allocated above its ends
+    // The device's peak rose during the step: end_peak is the step's own.
+    bool raised_peak() const noexcept { return measured && start_peak >= 0 && end_peak > start_peak; }
   };
 
   std::int64_t scaled(std::int64_t bytes) const noexcept {
@@ -312,7 +316,7 @@ class Planner {
     for (const auto& p : r.points) highest = std::max(highest, p.allocated + p.ahead);
     if (!r.measured) {
       reserve_ = 0;
-    } else if (r.start_peak >= 0 && r.end_peak > r.start_peak) {
+    } else if (r.raised_peak()) {
       reserve_ = std::max<std::int64_t>({learned_ ? reserve_ : 0, r.end_peak - highest, r.excess, largest});
       learned_ = true;
     } else if (!learned_) {
@@ -327,8 +331,7 @@ class Planner {
   // peak of its own: the margins learned before stay where the steps
   // saved alike, else none is known.
   void learn_margins(const Record& r) {
-    const bool own_peak = r.measured && r.start_peak >= 0 && r.end_peak > r.start_peak;
-    if (!own_peak) {
+    if (!r.raised_peak()) {
       if (margin_.size() != r.saved.size()) margin_.assign(r.saved.size(), -1);
       return;
     }
