@@ -101,8 +101,7 @@ struct Counters {
   std::int64_t peak_reserved_blocks = 0;
   std::int64_t system_allocs = 0;
   std::int64_t system_frees = 0;
-  std::int64_t pending_releases = 0;  // releases queued behind stream work
-  std::int64_t pending_counted = 0;   // ... of blocks that still count as in use
+  std::int64_t pending_counted = 0;  // releases queued behind stream work of blocks that still count as in use
   std::int64_t num_ooms = 0;
 
   void add(std::int64_t bytes) {

@@ -270,7 +270,6 @@ class SimDeviceAllocator final : public c10::DeviceAllocator {
     {
       std::lock_guard<std::mutex> lock(mutex_);
       auto& c = counters_[static_cast<std::size_t>(block->device)];
-      ++c.pending_releases;
       if (counted_now) {
         c.remove(static_cast<std::int64_t>(block->requested));
         trace_locked(block->device);
@@ -314,10 +313,7 @@ class SimDeviceAllocator final : public c10::DeviceAllocator {
         c.remove(static_cast<std::int64_t>(block->requested));
         trace_locked(block->device);
       }
-      if (queued) {
-        --c.pending_releases;
-        if (!counted) --c.pending_counted;
-      }
+      if (queued && !counted) --c.pending_counted;
       const auto cache = [&](DeviceIndex device, void* ptr, std::size_t size) {
         auto evicted = cache_[static_cast<std::size_t>(device)].put(ptr, size);
         counters_[static_cast<std::size_t>(device)].unreserve(evicted);
