@@ -80,54 +80,53 @@ TEST_CASE("planner: reset_stats() zeroes the counters and leaves the plan as it 
 
 TEST_CASE("planner: the prefetch headroom at an unpack leaves what followed that unpack in the recorded step") {
   Planner planner(/*target=*/1000);
-  // A measured step with both tensors offloaded: the model holds 500 more
-  // in forward; backward's points are low, but the step peaked at 800
-  // after them (what its operations allocated).
+  // Each step, both tensors offloaded: the model holds 500 more in
+  // forward; backward's points are low (b unpacked at each of `b_at`),
+  // but the step peaks at `peak` after them (what its operations
+  // allocated).
+  struct Tickets {
+    offload::detail::PlanTicket a, b;
+  };
+  const auto forward = [&planner] {
+    const auto a = planner.at_pack(100, true, 100);
+    const auto b = planner.at_pack(100, true, 700);
+    planner.end_forward(700);
+    return Tickets{a.ticket, b.ticket};
+  };
+  const auto backward = [&planner](const Tickets& t, std::vector<std::int64_t> b_at, std::int64_t peak) {
+    for (const auto allocated : b_at) planner.at_unpack(t.b, allocated, 0);
+    planner.at_unpack(t.a, 100, 0);
+    planner.end_backward(peak);
+  };
   planner.begin_step(/*peak=*/0, /*allocated=*/0);
-  const auto a = planner.at_pack(100, true, 100);
-  const auto b = planner.at_pack(100, true, 700);
-  planner.end_forward(700);
-  planner.at_unpack(b.ticket, 200, 0);
-  planner.at_unpack(a.ticket, 100, 0);
-  planner.end_backward(800);
-  CHECK(planner.headroom(b.ticket, 200) == 0);  // no plan yet
+  const auto t1 = forward();
+  backward(t1, {200}, 800);
+  CHECK(planner.headroom(t1.b, 200) == 0);  // no plan yet
   planner.begin_step(800, 0);
-  CHECK(planner.headroom(b.ticket, 200) == 0);  // a ticket of the step before
-  const auto a2 = planner.at_pack(100, true, 100);
-  const auto b2 = planner.at_pack(100, true, 700);
-  planner.end_forward(700);
+  CHECK(planner.headroom(t1.b, 200) == 0);  // a ticket of the step before
+  const auto t2 = forward();
   // At b's unpack 600 followed (800 - 200), more than twice the reserve
   // (800 - 700 = 100, the largest tensor): 1000 - 600 - 200.
-  CHECK(planner.headroom(b2.ticket, 200) == 200);
+  CHECK(planner.headroom(t2.b, 200) == 200);
   planner.reset_stats();
-  CHECK(planner.headroom(b2.ticket, 200) == 200);  // the counters only
-  CHECK(planner.headroom(a2.ticket, 100) == 200);  // 1000 - 700 - 100
-  CHECK(planner.headroom(a2.ticket, -1) == 0);     // allocated memory unknown
-  // The same step again, its peak (700) under the one before (800): it
-  // shows no peak of its own, and the margins learned before stay. b is
+  CHECK(planner.headroom(t2.b, 200) == 200);  // the counters only
+  CHECK(planner.headroom(t2.a, 100) == 200);  // 1000 - 700 - 100
+  CHECK(planner.headroom(t2.a, -1) == 0);     // allocated memory unknown
+  // The same step again, its peak (800) not above the one before (800):
+  // it shows no peak of its own, and the margins learned before stay. b is
   // unpacked twice (two saved views): the larger margin counts.
-  planner.at_unpack(b2.ticket, 200, 0);
-  planner.at_unpack(b2.ticket, 150, 0);
-  planner.at_unpack(a2.ticket, 100, 0);
-  planner.end_backward(800);
+  backward(t2, {200, 150}, 800);
   planner.begin_step(800, 0);
-  const auto a3 = planner.at_pack(100, true, 100);
-  const auto b3 = planner.at_pack(100, true, 700);
-  planner.end_forward(700);
-  CHECK(planner.headroom(b3.ticket, 200) == 200);
-  CHECK(planner.headroom(a3.ticket, 100) == 200);
+  const auto t3 = forward();
+  CHECK(planner.headroom(t3.b, 200) == 200);
+  CHECK(planner.headroom(t3.a, 100) == 200);
   // A step that raised the peak (to 900) teaches new margins: after b's
   // second unpack (at 150) 750 followed, the most at b.
-  planner.at_unpack(b3.ticket, 200, 0);
-  planner.at_unpack(b3.ticket, 150, 0);
-  planner.at_unpack(a3.ticket, 100, 0);
-  planner.end_backward(900);
+  backward(t3, {200, 150}, 900);
   planner.begin_step(900, 0);
-  const auto a4 = planner.at_pack(100, true, 100);
-  const auto b4 = planner.at_pack(100, true, 700);
-  planner.end_forward(700);
-  CHECK(planner.headroom(b4.ticket, 200) == 50);   // 1000 - 750 - 200
-  CHECK(planner.headroom(a4.ticket, 100) == 100);  // 1000 - 800 - 100
+  const auto t4 = forward();
+  CHECK(planner.headroom(t4.b, 200) == 50);   // 1000 - 750 - 200
+  CHECK(planner.headroom(t4.a, 100) == 100);  // 1000 - 800 - 100
 }
 
 TEST_CASE("planner: no prefetch headroom without a recorded peak") {
