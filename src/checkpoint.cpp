@@ -7,12 +7,15 @@
 
 #include <algorithm>
 #include <atomic>
+#include <chrono>
 #include <cstdint>
+#include <limits>
 #include <memory>
 #include <mutex>
 #include <optional>
 #include <sstream>
 #include <string>
+#include <tuple>
 #include <unordered_map>
 #include <utility>
 #include <vector>
@@ -20,6 +23,10 @@
 #include <ATen/Context.h>
 #include <ATen/autocast_mode.h>
 #include <ATen/core/Generator.h>
+#include <ATen/ops/empty.h>
+#include <c10/core/Event.h>
+#include <c10/core/Stream.h>
+#include <c10/core/impl/DeviceGuardImplInterface.h>
 #include <c10/util/Exception.h>
 #include <c10/util/SmallVector.h>
 #include <torch/csrc/autograd/grad_mode.h>
@@ -27,6 +34,7 @@
 #include <torch/csrc/autograd/saved_variable_hooks.h>
 
 #include <offload/any_manager.hpp>
+#include <offload/block_plan.hpp>
 #include <offload/detail/autograd.hpp>
 #include <offload/detail/null_manager.hpp>
 #include <offload/scope.hpp>
@@ -135,7 +143,19 @@ class Frame : public std::enable_shared_from_this<Frame> {
   std::size_t record(const at::Tensor& t) {
     const std::lock_guard lock(mutex_);
     metas_.push_back(Meta::of(t));
+    if (counting_) count(t);
     return metas_.size() - 1;
+  }
+
+  // Forward: count the device storages the block saves (what keeping it
+  // would hold), for the automatic plan.
+  void count_saved() { counting_ = true; }
+  std::pair<std::int64_t, std::int64_t> counted() {
+    const std::lock_guard lock(mutex_);
+    counting_ = false;
+    const auto out = std::make_pair(counted_bytes_, static_cast<std::int64_t>(counted_.size()));
+    counted_ = {};
+    return out;
   }
 
   // Forward: runs the block (under the recording scope the caller opened).
@@ -159,6 +179,13 @@ class Frame : public std::enable_shared_from_this<Frame> {
   }
   void recompute(std::int64_t pass, Recomputed& out);
   void check(const Recomputed& out) const;
+  void count(const at::Tensor& t) {
+    if (!t.defined() || t.is_cpu() || !t.has_storage() || detail::is_parameter(t)) return;
+    const void* key = t.storage().unsafeGetStorageImpl();
+    if (std::find(counted_.begin(), counted_.end(), key) != counted_.end()) return;
+    counted_.push_back(key);
+    counted_bytes_ += static_cast<std::int64_t>(t.storage().nbytes());
+  }
   // Copies of `tensors`, made with grad mode off.
   static std::vector<at::Tensor> copies(const std::vector<at::Tensor>& tensors) {
     const torch::autograd::AutoGradMode no_grad(false);
@@ -191,6 +218,9 @@ class Frame : public std::enable_shared_from_this<Frame> {
   std::recursive_mutex mutex_;
   bool recomputing_ = false;
   std::unordered_map<std::int64_t, Recomputed> passes_;  // by backward pass id
+  bool counting_ = false;                                // count_saved(): forward counts what it saves
+  std::vector<const void*> counted_;                     // the storages counted
+  std::int64_t counted_bytes_ = 0;                       // ... their bytes
 };
 
 // What the block's nodes hold for each tensor it saved in forward.
@@ -381,21 +411,149 @@ void Frame::recompute(std::int64_t pass, Recomputed& out) {
               "; the block must run the same operations each time");
 }
 
-}  // namespace
-
-std::vector<at::Tensor> checkpoint(Block block, const std::vector<at::Tensor>& inputs,
-                                   const CheckpointOptions& options) {
-  TORCH_CHECK_VALUE(static_cast<bool>(block), "offload::checkpoint: block must be a callable, got an empty function");
-  if (!torch::autograd::GradMode::is_enabled()) return block(inputs);
+// Runs `block` checkpointed; with `cost`, counts what its forward saves.
+std::vector<at::Tensor> run_checkpointed(Block block, const std::vector<at::Tensor>& inputs,
+                                         const CheckpointOptions& options, BlockCost* cost) {
   auto frame = std::make_shared<Frame>(std::move(block), options);
   frame->save_inputs(inputs);
+  if (cost != nullptr) frame->count_saved();
   std::vector<at::Tensor> outputs;
   {
     const Scope recording(any_manager_of(std::make_shared<RecordSource>(frame)));
     outputs = frame->run(inputs);
   }
   frame->forward_done();
+  if (cost != nullptr) std::tie(cost->saved_bytes, cost->saved_storages) = frame->counted();
   return outputs;
+}
+
+// Storage bytes of the defined inputs on a device (not the CPU), each
+// storage once, parameters excluded; and the first such input's device.
+std::pair<std::int64_t, std::optional<c10::Device>> device_inputs(const std::vector<at::Tensor>& inputs) {
+  std::int64_t bytes = 0;
+  std::optional<c10::Device> device;
+  c10::SmallVector<const void*, 4> seen;
+  for (const auto& t : inputs) {
+    if (!t.defined() || t.is_cpu() || !t.has_storage() || detail::is_parameter(t)) continue;
+    if (!device) device = t.device();
+    const void* key = t.storage().unsafeGetStorageImpl();
+    if (std::find(seen.begin(), seen.end(), key) != seen.end()) continue;
+    seen.push_back(key);
+    bytes += static_cast<std::int64_t>(t.storage().nbytes());
+  }
+  return {bytes, device};
+}
+
+// A block's forward time on `device`'s current stream: device events
+// (timing enabled) where the device has them, else the wall clock between
+// two synchronizations of the stream.
+class BlockTimer {
+ public:
+  explicit BlockTimer(std::optional<c10::Device> device) {
+    if (device) {
+      stream_ = c10::impl::getDeviceGuardImpl(device->type())->getStream(*device);
+      try {
+        start_.emplace(device->type(), c10::EventFlag::BACKEND_DEFAULT);
+        start_->record(*stream_);
+      } catch (const c10::Error&) {
+        start_.reset();
+        stream_->synchronize();
+      }
+    }
+    wall_ = std::chrono::steady_clock::now();
+  }
+  std::int64_t stop() {
+    if (start_) {
+      try {
+        c10::Event end(stream_->device_type(), c10::EventFlag::BACKEND_DEFAULT);
+        end.record(*stream_);
+        end.synchronize();
+        return static_cast<std::int64_t>(start_->elapsedTime(end) * 1e6);
+      } catch (const c10::Error&) {  // no timing on this device: the wall clock
+      }
+    }
+    if (stream_) stream_->synchronize();
+    return std::chrono::duration_cast<std::chrono::nanoseconds>(std::chrono::steady_clock::now() - wall_).count();
+  }
+
+ private:
+  std::optional<c10::Stream> stream_;
+  std::optional<c10::Event> start_;
+  std::chrono::steady_clock::time_point wall_;
+};
+
+// Times blocking copies of `t`'s bytes (all, and a quarter) from `device`
+// to pinned host memory, the best of two each, for the automatic plan's
+// link model.
+void probe_link(BlockPlanner& plan, const at::Tensor& t) {
+  const torch::autograd::AutoGradMode no_grad(false);
+  const auto flat = t.detach().contiguous().view({-1}).view(at::kByte);
+  const auto bytes = flat.numel();
+  const auto small = bytes / 4;
+  if (small <= 0) return;
+  const auto host = at::empty({bytes}, at::TensorOptions().dtype(at::kByte).pinned_memory(true));
+  const auto stream = c10::impl::getDeviceGuardImpl(t.device().type())->getStream(t.device());
+  const auto timed = [&](std::int64_t n) {
+    std::int64_t best = std::numeric_limits<std::int64_t>::max();
+    for (int i = 0; i < 2; ++i) {
+      stream.synchronize();
+      const auto start = std::chrono::steady_clock::now();
+      host.narrow(0, 0, n).copy_(flat.narrow(0, 0, n));
+      best = std::min<std::int64_t>(
+          best, std::chrono::duration_cast<std::chrono::nanoseconds>(std::chrono::steady_clock::now() - start).count());
+    }
+    return best;
+  };
+  const auto all = timed(bytes);
+  const auto part = timed(small);
+  plan.link_measured(bytes, all, small, part);
+}
+
+// A block marked CheckpointOptions::planned: what the current manager's
+// plan chose for it this step.
+std::vector<at::Tensor> run_planned(Block block, const std::vector<at::Tensor>& inputs,
+                                    const CheckpointOptions& options) {
+  const auto manager = detail::current_manager();
+  const auto plan = manager ? manager->block_planner() : nullptr;
+  if (!plan) return block(inputs);
+  const auto [input_bytes, device] = device_inputs(inputs);
+  const auto turn = plan->next_block(input_bytes);
+  switch (turn.choice) {
+    case BlockChoice::keep: {
+      const NoOffload kept;
+      return block(inputs);
+    }
+    case BlockChoice::offload:
+      return block(inputs);
+    case BlockChoice::recompute:
+      break;
+  }
+  if (!turn.measure) return run_checkpointed(std::move(block), inputs, options, nullptr);
+  BlockCost cost;
+  cost.input_bytes = input_bytes;
+  BlockTimer timer(device);
+  auto outputs = run_checkpointed(std::move(block), inputs, options, &cost);
+  cost.forward_ns = timer.stop();
+  plan->measured(turn.index, cost);
+  if (turn.probe_link) {
+    for (const auto& t : inputs) {
+      if (t.defined() && !t.is_cpu() && t.has_storage() && !detail::is_parameter(t)) {
+        probe_link(*plan, t);
+        break;
+      }
+    }
+  }
+  return outputs;
+}
+
+}  // namespace
+
+std::vector<at::Tensor> checkpoint(Block block, const std::vector<at::Tensor>& inputs,
+                                   const CheckpointOptions& options) {
+  TORCH_CHECK_VALUE(static_cast<bool>(block), "offload::checkpoint: block must be a callable, got an empty function");
+  if (!torch::autograd::GradMode::is_enabled()) return block(inputs);
+  if (options.planned) return run_planned(std::move(block), inputs, options);
+  return run_checkpointed(std::move(block), inputs, options, nullptr);
 }
 
 at::Tensor checkpoint(std::function<at::Tensor(const at::Tensor&)> fn, const at::Tensor& input,

@@ -43,6 +43,15 @@ ManagerInterface* innermost_manager() {
   return t_frames.empty() ? nullptr : t_frames.back()->manager.get();
 }
 
+}  // namespace
+
+std::shared_ptr<ManagerInterface> detail::current_manager() {
+  (void)innermost_manager();  // prunes closed frames
+  return t_frames.empty() ? nullptr : t_frames.back()->manager;
+}
+
+namespace {
+
 struct OffloadEngine final : torch::autograd::Engine {
   std::unique_ptr<torch::autograd::SavedVariableHooks> get_default_saved_variable_hooks() override {
     ManagerInterface* manager = innermost_manager();

@@ -102,13 +102,18 @@ struct NormBlockImpl : torch::nn::Module {
 };
 TORCH_MODULE(NormBlock);
 
-enum class NormRun { plain, checkpoint_forward, checkpoint_without_state };
+enum class NormRun { plain, checkpoint_forward, checkpoint_without_state, planned };
 
 // What a training program would print: each step's loss (three BatchNorm
 // blocks, SGD), then, in eval mode, the output for the training input and
 // every buffer (the running statistics).
-std::vector<at::Tensor> train_then_evaluate(NormRun how) {
+// NormRun::planned: under the automatic plan of a manager whose target
+// leaves room for everything, the first step recomputes every block (it
+// measures), the later ones keep them.
+std::vector<at::Tensor> train_then_evaluate(NormRun how, offload::Stats* planned_stats = nullptr) {
   at::manual_seed(0);
+  offload::AnyManager manager =
+      SimManager<offload::sync::Blocking>(offload::Options{.device_target_bytes = std::int64_t{1} << 30});
   std::vector<NormBlock> blocks(3);
   for (auto& b : blocks) b->to(sim0);
   const auto x = at::randn({16, 32}).to(sim0);
@@ -119,6 +124,8 @@ std::vector<at::Tensor> train_then_evaluate(NormRun how) {
         h = b->forward(h);
       } else if (how == NormRun::checkpoint_forward) {
         h = offload::checkpoint_forward(b, h);
+      } else if (how == NormRun::planned) {
+        h = offload::checkpoint_forward(b, h, {.name = "norm", .planned = true});
       } else {
         h = offload::checkpoint([b](const at::Tensor& t) mutable { return b->forward(t); }, h);
       }
@@ -127,8 +134,16 @@ std::vector<at::Tensor> train_then_evaluate(NormRun how) {
   };
   std::vector<at::Tensor> printed;
   for (int step = 0; step < kSteps; ++step) {
+    std::optional<offload::Scope> scope;
+    if (how == NormRun::planned) scope.emplace(manager);
     const auto loss = forward().square().mean();
+    scope.reset();
     loss.backward();
+    if (planned_stats != nullptr) {
+      const auto stats = manager.stats();
+      planned_stats->blocks_recomputed += stats.blocks_recomputed;
+      planned_stats->blocks_kept += stats.blocks_kept;
+    }
     const torch::autograd::AutoGradMode no_grad(false);
     for (auto& b : blocks) {
       for (auto& p : b->parameters()) {
@@ -201,7 +216,7 @@ TEST_CASE("checkpoint: without the generator state restored, dropout differs (th
       why);
 }
 
-TEST_CASE("checkpoint: BatchNorm's running statistics are not updated again by the recomputation" *
+TEST_CASE("checkpoint: BatchNorm's running statistics are not updated again by the recomputation, also when planned" *
           fixture::sim_only{kSuiteOnSim}) {
   const SlowPoisonedSim sim;
   const auto plain = train_then_evaluate(NormRun::plain);
@@ -212,6 +227,11 @@ TEST_CASE("checkpoint: BatchNorm's running statistics are not updated again by t
   // statistics a second time, and evaluation differs (the check above can
   // fail).
   CHECK_FALSE(same_bytes(plain, train_then_evaluate(NormRun::checkpoint_without_state)));
+  // Under the automatic plan: recomputed in the first step, kept after.
+  offload::Stats planned;
+  CHECK(same_bytes(plain, train_then_evaluate(NormRun::planned, &planned)));
+  CHECK(planned.blocks_recomputed == 3);
+  CHECK(planned.blocks_kept == 3 * (kSteps - 1));
 }
 
 TEST_CASE("checkpoint: several outputs, an input without grad, torch::autograd::grad, retain_graph" *

@@ -9,6 +9,7 @@
 #include <string>
 #include <vector>
 
+#include <offload/block_plan.hpp>
 #include <offload/detail/planner.hpp>
 #include <offload/stats.hpp>
 
@@ -191,4 +192,113 @@ TEST_CASE("planner: tensors that are not eligible are never kept nor counted") {
   CHECK_FALSE(planner.at_pack(500, /*eligible=*/false, -1).offload);
   CHECK_FALSE(planner.at_pack(300, true, -1).offload);
   CHECK(stats_of(planner).target_kept_bytes == 300);
+}
+
+// ------------------------------------------------ the automatic plan
+
+namespace {
+
+using offload::BlockChoice;
+using offload::BlockCost;
+using offload::LinkCost;
+constexpr auto K = BlockChoice::keep;
+constexpr auto O = BlockChoice::offload;
+constexpr auto R = BlockChoice::recompute;
+
+// Four blocks of 1 us forward, 100 bytes saved in 2 storages, inputs 20.
+std::vector<BlockCost> four_blocks() { return std::vector<BlockCost>(4, BlockCost{1000, 100, 2, 20}); }
+
+}  // namespace
+
+TEST_CASE("plan_blocks: when everything fits every block is kept and nothing costs extra") {
+  const auto plan = offload::plan_blocks(four_blocks(), LinkCost{1.0, 0, true}, 50, 1000);
+  CHECK(plan.choices == std::vector<BlockChoice>{K, K, K, K});
+  CHECK(plan.extra_ns == 0);
+  CHECK(plan.peak_bytes == 450);
+  CHECK(plan.fits);
+}
+
+TEST_CASE("plan_blocks: a link that hides the copies offloads, a slow one recomputes") {
+  // Room for three blocks' saved bytes over the base: two kept, and one
+  // block's in flight while overlapping copies run.
+  const auto fast = offload::plan_blocks(four_blocks(), LinkCost{10.0, 0, true}, 50, 350);
+  CHECK(fast.choices == std::vector<BlockChoice>{O, O, K, K});  // 20 ns of copies hide behind 4 us
+  CHECK(fast.extra_ns == 0);
+  CHECK(fast.peak_bytes == 350);
+  // At 0.01 bytes/ns a block's copies take 10 us against 4 us of forward,
+  // and what they have not moved stays on the device: under room for two
+  // blocks, recompute the first two (2 us), whose inputs' copies hide.
+  const auto slow = offload::plan_blocks(four_blocks(), LinkCost{0.01, 0, true}, 50, 250);
+  CHECK(slow.choices == std::vector<BlockChoice>{R, R, K, K});
+  CHECK(slow.extra_ns == 2000);
+}
+
+TEST_CASE("plan_blocks: copies that do not overlap cost their link time twice (forward and backward)") {
+  const auto plan = offload::plan_blocks(four_blocks(), LinkCost{10.0, 5, false}, 50, 250);
+  // Offloading two blocks: 2 x (2 x 5 ns + 100 / 10) = 40 ns each way.
+  CHECK(plan.choices == std::vector<BlockChoice>{O, O, K, K});
+  CHECK(plan.extra_ns == 80);
+}
+
+TEST_CASE("plan_blocks: a limit below the base recomputes every block and says it does not fit") {
+  const auto plan = offload::plan_blocks(four_blocks(), LinkCost{10.0, 0, true}, 500, 400);
+  CHECK(plan.choices == std::vector<BlockChoice>{R, R, R, R});
+  CHECK_FALSE(plan.fits);
+  // No link measured: offloading is never chosen.
+  const auto no_link = offload::plan_blocks(four_blocks(), LinkCost{0.0, 0, true}, 50, 250);
+  CHECK(no_link.choices == std::vector<BlockChoice>{R, R, K, K});
+}
+
+TEST_CASE("BlockPlanner: measures the first step, plans the next, measures again after other input sizes") {
+  offload::BlockPlanner planner(/*target=*/1000, /*overlaps=*/true);
+  CHECK_FALSE(planner.begin_step(-1));
+  for (int i = 0; i < 3; ++i) {
+    const auto turn = planner.next_block(20);
+    CHECK(turn.index == i);
+    CHECK(turn.choice == R);
+    CHECK(turn.measure);
+    CHECK(turn.probe_link == (i == 0));
+    planner.measured(turn.index, BlockCost{1000, 100, 2, 20});
+  }
+  planner.link_measured(400, 400, 100, 100);  // 1 byte/ns, no latency
+  // Recomputing everything needed 300 bytes: all three blocks fit kept.
+  CHECK(planner.begin_step(300));  // the choices changed
+  for (int i = 0; i < 3; ++i) CHECK(planner.next_block(20).choice == K);
+  offload::Stats stats;
+  planner.add_stats(stats);
+  CHECK(stats.blocks_kept == 3);
+  CHECK(stats.blocks_recomputed == 0);
+  CHECK_FALSE(planner.begin_step(300));  // same choices
+  // Another input size: recomputed from there on, and the next step measures.
+  CHECK(planner.next_block(40).choice == R);
+  CHECK(planner.next_block(20).choice == R);
+  CHECK(planner.begin_step(300));
+  const auto turn = planner.next_block(40);
+  CHECK(turn.measure);
+  CHECK(turn.choice == R);
+}
+
+TEST_CASE("BlockPlanner: a step that needed more than predicted re-plans with the difference") {
+  offload::BlockPlanner planner(/*target=*/1000, /*overlaps=*/true);
+  planner.begin_step(-1);
+  for (int i = 0; i < 3; ++i) planner.measured(planner.next_block(20).index, BlockCost{1000, 100, 2, 20});
+  planner.link_measured(400, 400, 100, 100);
+  planner.begin_step(300);  // all kept, predicted 600
+  for (int i = 0; i < 3; ++i) (void)planner.next_block(20);
+  // The step needed 1200 with everything eligible offloaded: 600 more
+  // than the model said. With that added, only one block's bytes fit:
+  // the one in flight while all three are offloaded (300 ns of copies
+  // hide behind 3 us).
+  CHECK(planner.begin_step(1200));
+  std::vector<BlockChoice> choices;
+  for (int i = 0; i < 3; ++i) choices.push_back(planner.next_block(20).choice);
+  CHECK(choices == std::vector<BlockChoice>{O, O, O});
+  // A target below what recomputing everything needs: one warning.
+  offload::BlockPlanner tight(/*target=*/100, /*overlaps=*/true);
+  tight.begin_step(-1);
+  tight.measured(tight.next_block(20).index, BlockCost{1000, 100, 2, 20});
+  tight.begin_step(300);
+  CHECK(tight.take_warning().find("device_target_bytes 100 is below") != std::string::npos);
+  CHECK(tight.take_warning().empty());
+  CHECK(tight.next_block(20).choice == R);
 }

@@ -43,6 +43,18 @@ struct CheckpointOptions {
   /// recomputation. Undefined entries are skipped; an entry that requires
   /// grad (a parameter) is c10::ValueError at forward.
   std::vector<at::Tensor> state = {};
+  /// Let the automatic plan decide (docs/guide.md, "Keep, offload or
+  /// recompute"): inside the Scope of a manager with
+  /// Options::device_target_bytes, each step the manager chooses whether
+  /// this block is kept (run as is, its saved tensors left on the device),
+  /// offloaded (run as is, its saved tensors through the manager) or
+  /// recomputed (checkpointed as described here, inputs through the
+  /// manager); mark every block of the model so. Blocks are told apart by
+  /// their order in the step (the scope), and a step that measures runs
+  /// every one recomputed. Without a scope, under NoOffload or with a
+  /// manager without a target, the block just runs (its saved tensors go
+  /// where the scope sends any). Every choice gives the same gradients.
+  bool planned = false;
 };
 
 /// A block: its inputs in, its outputs out. Called once in forward and

@@ -192,6 +192,7 @@ class DispatchedManager final : public ManagerInterface {
   void on_scope_exit(const ScopeMark& opened, bool in_order) noexcept override {
     inner_->on_scope_exit(opened, in_order);
   }
+  std::shared_ptr<BlockPlanner> block_planner() override { return inner_->block_planner(); }
 
  private:
   std::shared_ptr<ManagerInterface> inner_;

@@ -20,6 +20,8 @@
 
 namespace offload {
 
+class BlockPlanner;  // <offload/block_plan.hpp>
+
 /// What a manager had seen when a Scope opened (see
 /// ManagerInterface::on_scope_enter); handed back at on_scope_exit.
 struct ScopeMark {
@@ -80,6 +82,11 @@ class ManagerInterface {
   /// when a scope opened later on the same thread was still open. Must not
   /// throw.
   virtual void on_scope_exit(const ScopeMark& /*opened*/, bool /*in_order*/) noexcept {}
+  /// The automatic plan of this manager's planned blocks
+  /// (CheckpointOptions::planned): present when the manager has a
+  /// device-memory target; null otherwise (planned blocks then run as is
+  /// inside its scope, their saved tensors offloaded as any).
+  virtual std::shared_ptr<BlockPlanner> block_planner() { return nullptr; }
 };
 
 }  // namespace offload

@@ -13,6 +13,9 @@ namespace offload {
 
 namespace detail {
 struct ScopeFrame;  // one entry of a thread's stack of open scopes (src/engine.cpp)
+/// The manager of the innermost open Scope of this thread; null under
+/// NoOffload or outside any scope. Defined in liboffload.
+std::shared_ptr<ManagerInterface> current_manager();
 }  // namespace detail
 
 /// Installs torch-offload's autograd engine (the one that hands out

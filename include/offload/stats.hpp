@@ -49,6 +49,11 @@ struct Stats {
   std::int64_t target_planned_offload_bytes = 0;
   std::int64_t target_min_offload_bytes = 0;
   std::int64_t target_steps_planned = 0;
+  std::int64_t blocks_kept = 0;
+  std::int64_t blocks_offloaded = 0;
+  std::int64_t blocks_recomputed = 0;
+  std::int64_t plan_predicted_step_us = 0;
+  std::int64_t plan_measured_step_us = 0;
 
   /// Saved tensors that stayed on their device or host, all reasons.
   std::int64_t passed_through() const noexcept {
@@ -118,6 +123,18 @@ inline constexpr std::array stat_fields{
               "fewest eligible bytes whose offloading meets the target, from the step the last plan was made from"},
     StatField{"target_steps_planned", &Stats::target_steps_planned,
               "steps planned from the step before (the first step offloads every eligible tensor)"},
+    StatField{"blocks_kept", &Stats::blocks_kept,
+              "planned blocks (CheckpointOptions::planned) the automatic plan ran with their saved tensors kept on "
+              "the device, in the step running (or the last one)"},
+    StatField{"blocks_offloaded", &Stats::blocks_offloaded,
+              "planned blocks run with their saved tensors offloaded through the manager, in that step"},
+    StatField{"blocks_recomputed", &Stats::blocks_recomputed,
+              "planned blocks checkpointed (recomputed in backward, inputs through the manager), in that step"},
+    StatField{"plan_predicted_step_us", &Stats::plan_predicted_step_us,
+              "the step time the automatic plan predicts for its choices, microseconds (0 before a plan)"},
+    StatField{"plan_measured_step_us", &Stats::plan_measured_step_us,
+              "the last step's wall time, from its scope opening to the next one's, microseconds (planned blocks "
+              "only)"},
 };
 static_assert(sizeof(Stats) == stat_fields.size() * sizeof(std::int64_t),
               "offload::stat_fields must list every field of offload::Stats");

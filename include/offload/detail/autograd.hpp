@@ -5,7 +5,8 @@
 /// the backward pass running on this thread and its end, autograd's
 /// in-place error, and detail::KeptTensor, a saved tensor kept where it is
 /// with autograd's in-place check (what a manager does with a tensor it
-/// passes through, make_plain_hooks() and a checkpoint's recomputation).
+/// passes through, make_plain_hooks() and a checkpoint's recomputation),
+/// and is_parameter(), the rule that tells a parameter by the tensor alone.
 
 #include <cstdint>
 #include <functional>
@@ -18,6 +19,20 @@
 #include <c10/util/intrusive_ptr.h>
 
 namespace offload::detail {
+
+/// Whether `t` is (a view of) a parameter as far as the tensor itself can
+/// tell: its base (`t`, or `t._base()` for a view such as the `weight.t()`
+/// Linear saves) is a leaf that requires grad. Activations never are: an
+/// eager op's output has a grad_fn, and what a `torch.compile` region or a
+/// custom autograd Function saves was computed with grad mode off (a leaf
+/// that does not require grad), as are a frozen layer's output and the
+/// model input. Frozen parameters do not require grad either: C++ names
+/// them with Manager::exclude(module); the Python binding recognises
+/// `nn.Parameter` objects itself (docs/guide.md, "What is never offloaded").
+inline bool is_parameter(const at::Tensor& t) {
+  const at::TensorBase& base = t.is_view() ? t._base() : static_cast<const at::TensorBase&>(t);
+  return base.requires_grad() && base.is_leaf();
+}
 
 /// The id of the backward pass running on this thread, or -1 outside one
 /// (torch::autograd::get_current_graph_task_id()).

@@ -29,6 +29,7 @@
 #include <c10/util/SmallVector.h>
 #include <torch/csrc/autograd/saved_variable_hooks.h>
 
+#include <offload/block_plan.hpp>
 #include <offload/buffers.hpp>
 #include <offload/concepts.hpp>
 #include <offload/detail/autograd.hpp>
@@ -65,20 +66,6 @@ struct Packed {
   std::unique_ptr<OffloadedView<E>> offloaded;  ///< set when it was
   PlanTicket ticket;                            ///< with a device-memory target: which saved tensor of its step
 };
-
-/// Whether `t` is (a view of) a parameter as far as the tensor itself can
-/// tell: its base (`t`, or `t._base()` for a view such as the `weight.t()`
-/// Linear saves) is a leaf that requires grad. Activations never are: an
-/// eager op's output has a grad_fn, and what a `torch.compile` region or a
-/// custom autograd Function saves was computed with grad mode off (a leaf
-/// that does not require grad), as are a frozen layer's output and the
-/// model input. Frozen parameters do not require grad either: C++ names
-/// them with Manager::exclude(module); the Python binding recognises
-/// `nn.Parameter` objects itself (docs/guide.md, "What is never offloaded").
-inline bool is_parameter(const at::Tensor& t) {
-  const at::TensorBase& base = t.is_view() ? t._base() : static_cast<const at::TensorBase&>(t);
-  return base.requires_grad() && base.is_leaf();
-}
 
 /// Whether the bytes of `impl`'s storage can be copied: it has a storage
 /// holding data of its own. A wrapper tensor subclass (the Python dispatch
@@ -129,7 +116,10 @@ class Core final : public ManagerInterface, public std::enable_shared_from_this<
         storage_(std::move(storage)),
         sync_(options_),
         planner_(options_.device_target_bytes, serves_target ? options_.prefetch_depth : 0,
-                 serves_target ? options_.prefetch_bytes : 0) {}
+                 serves_target ? options_.prefetch_bytes : 0),
+        blocks_(options_.device_target_bytes > 0
+                    ? std::make_shared<BlockPlanner>(options_.device_target_bytes, /*overlaps=*/serves_target)
+                    : nullptr) {}
 
   std::unique_ptr<torch::autograd::SavedVariableHooks> make_hooks() override {
     return std::make_unique<Hooks<Core>>(this->shared_from_this());
@@ -218,6 +208,7 @@ class Core final : public ManagerInterface, public std::enable_shared_from_this<
     out.passed_target = pass_.target.load(std::memory_order_relaxed);
     if constexpr (steps) sync_.add_stats(out);
     planner_.add_stats(out);
+    if (blocks_) blocks_->add_stats(out);
     return out;
   }
   void reset_stats() override {
@@ -241,14 +232,25 @@ class Core final : public ManagerInterface, public std::enable_shared_from_this<
     }
   }
   const Options& options() const noexcept override { return options_; }
+  std::shared_ptr<BlockPlanner> block_planner() override { return blocks_; }
   ScopeMark on_scope_enter() noexcept override {
     const std::lock_guard lock(mutex_);
     if (planner_.active()) {
       kept_.clear();
       planned_offloads_.clear();
+      // With planned blocks the automatic plan gives its own warning (the
+      // per-tensor plan's reserve then counts a recomputation's block).
+      const bool blocks = blocks_->has_blocks();
       if (const auto warning = planner_.begin_step(peak_on(target_index_), allocated_on(target_index_));
-          !warning.empty())
+          !warning.empty() && !blocks)
         warn(warning);
+      // The automatic plan, from the peak of the step before (its own, or
+      // the per-tensor plan's model of it with every eligible tensor
+      // offloaded): where it changes what blocks save, the record the
+      // per-tensor plan was made from no longer applies.
+      const auto needed = planner_.recorded_peak() >= 0 ? planner_.recorded_peak() : planner_.least_peak();
+      if (blocks_->begin_step(needed)) planner_.forget();
+      if (const auto warning = blocks_->take_warning(); !warning.empty()) warn(warning);
     }
     return ScopeMark{seen_defined_.load(std::memory_order_relaxed), seen_on_device_.load(std::memory_order_relaxed)};
   }
@@ -647,7 +649,8 @@ class Core final : public ManagerInterface, public std::enable_shared_from_this<
   Options options_;
   Storage storage_;
   SyncState sync_;
-  Planner planner_;  // Options::device_target_bytes
+  Planner planner_;                       // Options::device_target_bytes
+  std::shared_ptr<BlockPlanner> blocks_;  // the automatic plan, with a target; else null
   Stats stats_;
   std::atomic<std::int64_t> seen_defined_{0};    // defined saved tensors packed (for the scope warnings)
   std::atomic<std::int64_t> seen_on_device_{0};  // of them, on Device's device type

@@ -195,6 +195,31 @@ class Planner {
     return std::max<std::int64_t>(0, target_ - margin - allocated);
   }
 
+  /// The most device bytes the step the last plan was made from needed
+  /// with every eligible saved tensor offloaded (its highest point less
+  /// what was kept, plus the reserve); -1 before a plan or without memory
+  /// statistics. The automatic plan's base (BlockPlanner::begin_step).
+  std::int64_t least_peak() const noexcept { return least_peak_; }
+
+  /// The device's peak during the step the last plan was made from (plus
+  /// what was allocated since it began), where that step raised the
+  /// device's peak (so it is the step's own); else -1.
+  std::int64_t recorded_peak() const noexcept { return recorded_peak_; }
+
+  /// Drops the plan and the recorded step: this step offloads every
+  /// eligible tensor, as the first does, and is recorded afresh (the
+  /// automatic plan changed which blocks save what, so the order of saved
+  /// tensors the plan was made for no longer holds). What was learned of
+  /// the reserve stays.
+  void forget() noexcept {
+    plan_.clear();
+    plan_bytes_.clear();
+    keep_after_.clear();
+    margin_.clear();
+    learned_span_.clear();
+    planned_ = false;
+  }
+
   /// Adds the planner's counters to a Stats snapshot.
   void add_stats(Stats& stats) const noexcept {
     stats.target_kept_bytes += kept_bytes_;
@@ -284,6 +309,8 @@ class Planner {
     keep_after_.assign(n + 1, 0);
     ++steps_planned_;
     planned_ = true;
+    least_peak_ = r.measured ? bases.needs + reserve_ : -1;
+    recorded_peak_ = r.raised_peak() ? r.end_peak + grown : -1;
     if (bases.needs > target_ - reserve_) return offload_everything(eligible, bases.needs);
     // Planned first with the window of the largest eligible storage; again
     // with that of the largest the first plan offloads, kept if it
@@ -476,6 +503,8 @@ class Planner {
   std::int64_t planned_offload_ = 0;
   std::int64_t min_offload_ = 0;
   std::int64_t steps_planned_ = 0;
+  std::int64_t least_peak_ = -1;
+  std::int64_t recorded_peak_ = -1;
 };
 
 }  // namespace offload::detail

@@ -1,0 +1,176 @@
+// SPDX-License-Identifier: MIT
+#pragma once
+/// @file
+/// The automatic plan (docs/guide.md, "Keep, offload or recompute"): for
+/// blocks marked with CheckpointOptions::planned, a manager with a
+/// device-memory target chooses each step whether a block is kept (its
+/// saved tensors stay on the device), offloaded (they go through the
+/// manager) or recomputed (checkpointed, its inputs through the manager),
+/// at the least predicted step time with the step's peak under the target.
+/// plan_blocks() is the choice, plain C++ over measured costs; BlockPlanner
+/// is the state a manager keeps across steps (what was measured, the
+/// choices of the step running). Neither needs LibTorch.
+
+#include <algorithm>
+#include <chrono>
+#include <cstdint>
+#include <iosfwd>
+#include <mutex>
+#include <string>
+#include <vector>
+
+#include <offload/stats.hpp>
+
+namespace offload {
+
+/// What the plan does with one marked block in one step.
+enum class BlockChoice : std::uint8_t {
+  keep,       ///< run as is; its saved tensors stay on the device (no manager sees them)
+  offload,    ///< run as is inside the manager's scope; its saved tensors are offloaded (or kept by the target plan)
+  recompute,  ///< checkpointed: only its inputs are saved (through the manager); run again in backward
+};
+
+/// Writes "keep", "offload" or "recompute".
+std::ostream& operator<<(std::ostream& os, BlockChoice choice);
+
+/// What one block costs, measured on the run (a step that recomputed it).
+struct BlockCost {
+  std::int64_t forward_ns = 0;      ///< its forward on the device, nanoseconds (device events)
+  std::int64_t saved_bytes = 0;     ///< storage bytes it saves for backward on the device, parameters excluded
+  std::int64_t saved_storages = 0;  ///< how many distinct storages those are (each a copy when offloaded)
+  std::int64_t input_bytes = 0;     ///< storage bytes of its inputs on the device (what recomputing saves)
+};
+
+/// The link between the device and host memory, measured on the run.
+struct LinkCost {
+  double bytes_per_ns = 0;      ///< achieved bandwidth, bytes per nanosecond (= GB/s); > 0
+  std::int64_t latency_ns = 0;  ///< fixed time per copy, nanoseconds
+  bool overlaps = true;  ///< copies run beside compute (sync::Streamed); false: the compute stream waits for them
+};
+
+/// The result of plan_blocks(): a choice per block and what the model
+/// predicts for them.
+struct BlockPlanResult {
+  std::vector<BlockChoice> choices;
+  std::int64_t extra_ns = 0;    ///< predicted time over keeping every block (recomputation + link time not hidden)
+  std::int64_t peak_bytes = 0;  ///< predicted peak device bytes
+  bool fits = true;             ///< false: no choice meets the limit; every block is recomputed
+};
+
+/// Chooses keep, offload or recompute per block. The model:
+/// - Recomputing every block (inputs offloaded) peaks at `base_peak`
+///   bytes (measured); keeping block i adds its saved_bytes; offloading
+///   adds, with overlapping copies, what they hold on the device until
+///   they end: the largest offloaded block's saved bytes, or what the link
+///   cannot have moved by the end of forward if that is more.
+/// - Recomputing costs the block's forward again; offloaded bytes cost
+///   latency x storages + bytes / bandwidth each way, hidden behind
+///   forward compute (F, the sum of the blocks' forward times) and behind
+///   backward compute (taken as 2F plus the recomputation) when copies
+///   overlap, and not hidden at all when they do not.
+/// - The candidates are the block orders the field uses, for every split:
+///   offload the first o, recompute the next r, keep the rest; and
+///   recompute the first r, offload the next o, keep the rest (earlier
+///   blocks' tensors are needed last in backward, so they are the ones to
+///   move or rebuild).
+/// The choice is the candidate with the least predicted extra time whose
+/// predicted peak is at most `limit` bytes (ties: fewer bytes moved, then
+/// fewer recomputed). O(n^2) in the number of blocks.
+/// Errors: none; no candidate fits: every block is recomputed, fits = false.
+BlockPlanResult plan_blocks(const std::vector<BlockCost>& blocks, const LinkCost& link, std::int64_t base_peak,
+                            std::int64_t limit);
+
+/// What a manager with a device-memory target keeps for its planned blocks
+/// across steps. The first step (and the step after the blocks' input
+/// sizes change) is a measuring step: every block is recomputed, with its
+/// inputs offloaded, which fits wherever anything does; each block's
+/// forward time, saved bytes and input bytes are measured, and the link by
+/// timing copies of a block's input. The step after a measuring step is
+/// planned from it (plan_blocks), with the target and the peak the
+/// measuring step needed (begin_step()); a later step that needed more
+/// than the model predicted, and more than the target, re-plans with the
+/// difference added. Choices stay until
+/// then, so the per-tensor plan of Options::device_target_bytes learns
+/// each configuration once.
+///
+/// Thread-safety: every member may be called from any thread (one mutex).
+class BlockPlanner {
+ public:
+  /// One block's turn in the running step.
+  struct Turn {
+    std::int32_t index = 0;                       ///< the block's position in the step (call order)
+    BlockChoice choice = BlockChoice::recompute;  ///< what to do with it
+    bool measure = false;                         ///< this step measures: report with measured()
+    bool probe_link = false;                      ///< also time the link with this block's input (link_measured())
+  };
+
+  /// `target`: Options::device_target_bytes (> 0); `overlaps`: the sync
+  /// policy copies beside compute.
+  BlockPlanner(std::int64_t target, bool overlaps) : target_(target), overlaps_(overlaps) {}
+
+  /// A step begins (the manager's scope opened). `needed`: the most
+  /// device bytes the step before had allocated at once (its own peak, or
+  /// where the device's peak does not show it, the per-tensor plan's
+  /// model of it with every eligible saved tensor offloaded), or -1.
+  /// Returns true when this step's choices differ from the step before's
+  /// (what the per-tensor plan recorded no longer applies).
+  bool begin_step(std::int64_t needed);
+
+  /// A marked block is about to run with `input_bytes` of inputs on the
+  /// device: its choice in this step. A block the plan did not expect (a
+  /// new block, other input sizes) is recomputed and measured, and so is
+  /// every block of the next step.
+  Turn next_block(std::int64_t input_bytes);
+
+  /// What block `index` cost, measured in this (measuring) step.
+  void measured(std::int32_t index, const BlockCost& cost);
+
+  /// A timed copy of `bytes` device bytes to pinned host memory took
+  /// `ns`, and one of `small_bytes` took `small_ns` (the bandwidth and
+  /// latency follow from the two).
+  void link_measured(std::int64_t bytes, std::int64_t ns, std::int64_t small_bytes, std::int64_t small_ns);
+
+  /// The warning to give, once (a target below what recomputing every
+  /// block reaches), else empty; cleared by the call.
+  std::string take_warning();
+
+  /// Whether planned blocks ran under this planner (in any step).
+  bool has_blocks() const;
+
+  /// Adds the plan's fields to a Stats snapshot (blocks_*, plan_*).
+  void add_stats(Stats& stats) const;
+
+ private:
+  using Clock = std::chrono::steady_clock;
+  void plan_locked();
+
+  mutable std::mutex mutex_;
+  std::int64_t target_;
+  bool overlaps_;
+  bool measuring_ = true;                 // this step recomputes and measures every block
+  bool measure_next_ = false;             // a block was unexpected: the next step measures
+  bool planned_ = false;                  // choices_ come from a plan
+  bool diverged_ = false;                 // this planned step met a block it did not plan: the rest recompute
+  bool probed_ = false;                   // this measuring step timed the link
+  std::int64_t probe_ns_ = 0;             // ... which took this long
+  std::int32_t next_index_ = 0;           // blocks begun in this step
+  std::vector<BlockCost> costs_;          // per block, from the measuring step
+  std::vector<bool> have_cost_;           // costs_[i] was measured
+  std::vector<BlockChoice> choices_;      // per block, this step
+  std::vector<BlockChoice> ran_choices_;  // per block, as run in this step
+  LinkCost link_{};
+  bool have_link_ = false;
+  std::int64_t base_peak_ = -1;  // what the measuring step needed
+  std::int64_t correction_ = 0;  // what planned steps needed beyond the model
+  std::int64_t predicted_peak_ = 0;
+  std::int64_t extra_ns_ = 0;     // the plan's predicted extra time
+  std::int64_t base_ns_ = -1;     // measured step time less the model's extra time of that step
+  std::int64_t measured_ns_ = 0;  // the step before's wall time
+  Clock::time_point step_start_{};
+  bool started_ = false;
+  bool warned_ = false;
+  std::string warning_;
+  std::int64_t counts_[3] = {0, 0, 0};  // by BlockChoice, the step before (or this one while none ended)
+};
+
+}  // namespace offload

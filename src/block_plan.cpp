@@ -1,0 +1,294 @@
+// SPDX-License-Identifier: MIT
+// The automatic plan: plan_blocks() (the choice over measured costs) and
+// BlockPlanner (what a manager keeps across steps). Plain C++.
+
+#include <offload/block_plan.hpp>
+
+#include <algorithm>
+#include <cmath>
+#include <cstddef>
+#include <limits>
+#include <ostream>
+#include <string>
+#include <utility>
+#include <vector>
+
+namespace offload {
+namespace {
+
+// What the model predicts for one choice per block.
+struct Prediction {
+  double extra_ns = 0;  // recomputation + link time not hidden
+  double moved = 0;     // link time of every copy, ns (the tie-breaker)
+  std::int64_t recomputed = 0;
+  std::int64_t peak = 0;
+};
+
+Prediction predict(const std::vector<BlockCost>& blocks, const LinkCost& link, std::int64_t base_peak,
+                   const std::vector<BlockChoice>& choices) {
+  const bool has_link = link.bytes_per_ns > 0;
+  const auto copy_ns = [&](std::int64_t bytes, std::int64_t copies) {
+    return has_link && bytes > 0
+               ? static_cast<double>(copies * link.latency_ns) + static_cast<double>(bytes) / link.bytes_per_ns
+               : 0.0;
+  };
+  double forward = 0;         // F: every block's forward
+  double before_offload = 0;  // forward time before the first offloaded block starts
+  bool offloading = false;
+  double recompute = 0;
+  double link_ns = 0;
+  std::int64_t kept = 0;
+  std::int64_t offloaded = 0;
+  std::int64_t largest_offloaded = 0;
+  Prediction out;
+  for (std::size_t i = 0; i < blocks.size(); ++i) {
+    const auto& b = blocks[i];
+    const auto f = static_cast<double>(b.forward_ns);
+    switch (choices[i]) {
+      case BlockChoice::keep:
+        kept += b.saved_bytes;
+        break;
+      case BlockChoice::offload:
+        offloading = true;
+        offloaded += b.saved_bytes;
+        largest_offloaded = std::max(largest_offloaded, b.saved_bytes);
+        link_ns += copy_ns(b.saved_bytes, std::max<std::int64_t>(1, b.saved_storages));
+        break;
+      case BlockChoice::recompute:
+        recompute += f;
+        ++out.recomputed;
+        link_ns += copy_ns(b.input_bytes, 1);
+        break;
+    }
+    if (!offloading) before_offload += f;
+    forward += f;
+  }
+  // Overlapping copies hold what they have not moved yet on the device:
+  // at least one block's saved tensors (its copies run while the next
+  // block computes), and what the link could not move during forward.
+  std::int64_t behind = 0;
+  if (link.overlaps && offloaded > 0 && has_link) {
+    const double moved_in_forward = link.bytes_per_ns * (forward - before_offload);
+    behind = std::max(largest_offloaded,
+                      static_cast<std::int64_t>(std::max(0.0, static_cast<double>(offloaded) - moved_in_forward)));
+  }
+  const double exposed = link.overlaps
+                             ? std::max(0.0, link_ns - forward) + std::max(0.0, link_ns - (2 * forward + recompute))
+                             : 2 * link_ns;
+  out.extra_ns = recompute + exposed;
+  out.moved = link_ns;
+  out.peak = base_peak + kept + behind;
+  return out;
+}
+
+// Whether a is the better of two predictions that both fit.
+bool better(const Prediction& a, const Prediction& b) {
+  if (a.extra_ns != b.extra_ns) return a.extra_ns < b.extra_ns;
+  if (a.moved != b.moved) return a.moved < b.moved;
+  return a.recomputed < b.recomputed;
+}
+
+// Blocks [0, first) get `a`, [first, first + second) get `b`, the rest keep.
+std::vector<BlockChoice> split(std::size_t n, BlockChoice a, std::size_t first, BlockChoice b, std::size_t second) {
+  std::vector<BlockChoice> out(n, BlockChoice::keep);
+  std::fill_n(out.begin(), first, a);
+  std::fill_n(out.begin() + static_cast<std::ptrdiff_t>(first), second, b);
+  return out;
+}
+
+}  // namespace
+
+std::ostream& operator<<(std::ostream& os, BlockChoice choice) {
+  switch (choice) {
+    case BlockChoice::keep:
+      return os << "keep";
+    case BlockChoice::offload:
+      return os << "offload";
+    case BlockChoice::recompute:
+      return os << "recompute";
+  }
+  return os << "BlockChoice(" << static_cast<int>(choice) << ')';
+}
+
+BlockPlanResult plan_blocks(const std::vector<BlockCost>& blocks, const LinkCost& link, std::int64_t base_peak,
+                            std::int64_t limit) {
+  const auto n = blocks.size();
+  BlockPlanResult result;
+  result.choices.assign(n, BlockChoice::recompute);
+  const auto all = predict(blocks, link, base_peak, result.choices);
+  result.extra_ns = static_cast<std::int64_t>(all.extra_ns);
+  result.peak_bytes = all.peak;
+  result.fits = all.peak <= limit;
+  bool found = false;
+  Prediction best;
+  const bool may_offload = link.bytes_per_ns > 0;
+  const auto consider = [&](std::vector<BlockChoice> choices) {
+    const auto p = predict(blocks, link, base_peak, choices);
+    if (p.peak > limit || (found && !better(p, best))) return;
+    found = true;
+    best = p;
+    result.choices = std::move(choices);
+  };
+  for (std::size_t first = 0; first <= n; ++first) {
+    for (std::size_t second = 0; first + second <= n; ++second) {
+      consider(split(n, BlockChoice::recompute, first, BlockChoice::offload, second));
+      if (may_offload && first > 0 && second > 0) {
+        consider(split(n, BlockChoice::offload, first, BlockChoice::recompute, second));
+      }
+      if (!may_offload) break;  // second counts offloaded blocks
+    }
+  }
+  if (!found) return result;  // every block recomputed, fits = false
+  result.extra_ns = static_cast<std::int64_t>(best.extra_ns);
+  result.peak_bytes = best.peak;
+  result.fits = true;
+  return result;
+}
+
+bool BlockPlanner::begin_step(std::int64_t needed) {
+  const std::lock_guard lock(mutex_);
+  const auto now = Clock::now();
+  const auto previous = ran_choices_;
+  if (started_) {
+    measured_ns_ = std::chrono::duration_cast<std::chrono::nanoseconds>(now - step_start_).count();
+    for (auto& c : counts_) c = 0;
+    for (auto c : ran_choices_) ++counts_[static_cast<int>(c)];
+    const auto ran = static_cast<std::size_t>(next_index_);
+    if (measuring_) {
+      const bool complete = ran > 0 && costs_.size() == ran && !measure_next_ &&
+                            std::all_of(have_cost_.begin(), have_cost_.end(), [](bool b) { return b; });
+      if (complete) {
+        base_peak_ = needed;
+        correction_ = 0;
+        // No choice fits under -1: every block recomputed, and its extra time.
+        const auto all = plan_blocks(costs_, link_, 0, -1);
+        base_ns_ = std::max<std::int64_t>(0, measured_ns_ - probe_ns_ - all.extra_ns);
+        plan_locked();
+      }
+    } else {
+      if (ran != choices_.size()) measure_next_ = true;  // fewer blocks than planned
+      if (!measure_next_ && needed > target_ && needed > predicted_peak_) {
+        // The step needed more than the model predicted: plan again with
+        // the difference.
+        correction_ += needed - predicted_peak_;
+        plan_locked();
+      }
+    }
+  }
+  const bool remeasure = measure_next_;
+  started_ = true;
+  step_start_ = now;
+  next_index_ = 0;
+  probed_ = false;
+  probe_ns_ = 0;
+  measuring_ = measure_next_ || !planned_;
+  if (measure_next_) {
+    costs_.clear();
+    have_cost_.clear();
+    measure_next_ = false;
+  }
+  diverged_ = false;
+  ran_choices_.clear();
+  const auto& now_choices = measuring_ ? std::vector<BlockChoice>(previous.size(), BlockChoice::recompute) : choices_;
+  return remeasure || now_choices != previous;
+}
+
+BlockPlanner::Turn BlockPlanner::next_block(std::int64_t input_bytes) {
+  const std::lock_guard lock(mutex_);
+  Turn turn;
+  turn.index = next_index_++;
+  const auto index = static_cast<std::size_t>(turn.index);
+  if (measuring_) {
+    turn.measure = true;
+    if (costs_.size() <= index) {
+      costs_.resize(index + 1);
+      have_cost_.resize(index + 1, false);
+    }
+    turn.probe_link = !probed_ && input_bytes > 0;
+    if (turn.probe_link) probed_ = true;
+  } else if (diverged_ || index >= choices_.size() || input_bytes != costs_[index].input_bytes) {
+    // Not the blocks the plan was made for: recompute from here on (it
+    // fits wherever anything does) and measure the next step.
+    diverged_ = true;
+    measure_next_ = true;
+  } else {
+    turn.choice = choices_[index];
+  }
+  ran_choices_.push_back(turn.choice);
+  return turn;
+}
+
+void BlockPlanner::measured(std::int32_t index, const BlockCost& cost) {
+  const std::lock_guard lock(mutex_);
+  const auto i = static_cast<std::size_t>(index);
+  if (!measuring_ || i >= costs_.size()) return;
+  costs_[i] = cost;
+  have_cost_[i] = true;
+}
+
+void BlockPlanner::link_measured(std::int64_t bytes, std::int64_t ns, std::int64_t small_bytes, std::int64_t small_ns) {
+  const std::lock_guard lock(mutex_);
+  probe_ns_ += ns + small_ns;
+  if (bytes <= 0 || ns <= 0) return;
+  LinkCost link{static_cast<double>(bytes) / static_cast<double>(ns), 0, overlaps_};
+  if (small_bytes > 0 && small_bytes < bytes && small_ns > 0 && ns > small_ns) {
+    // Two points on time = latency + bytes / bandwidth.
+    link.bytes_per_ns = static_cast<double>(bytes - small_bytes) / static_cast<double>(ns - small_ns);
+    link.latency_ns = std::max<std::int64_t>(
+        0, small_ns - static_cast<std::int64_t>(static_cast<double>(small_bytes) / link.bytes_per_ns));
+  }
+  link_ = link;
+}
+
+std::string BlockPlanner::take_warning() {
+  const std::lock_guard lock(mutex_);
+  return std::exchange(warning_, {});
+}
+
+bool BlockPlanner::has_blocks() const {
+  const std::lock_guard lock(mutex_);
+  return !costs_.empty() || !ran_choices_.empty() || !choices_.empty();
+}
+
+void BlockPlanner::add_stats(Stats& stats) const {
+  const std::lock_guard lock(mutex_);
+  std::int64_t running[3] = {0, 0, 0};
+  for (auto c : ran_choices_) ++running[static_cast<int>(c)];
+  const auto* counts = ran_choices_.empty() ? counts_ : running;
+  stats.blocks_kept += counts[static_cast<int>(BlockChoice::keep)];
+  stats.blocks_offloaded += counts[static_cast<int>(BlockChoice::offload)];
+  stats.blocks_recomputed += counts[static_cast<int>(BlockChoice::recompute)];
+  if (planned_ && base_ns_ >= 0) stats.plan_predicted_step_us += (base_ns_ + extra_ns_) / 1000;
+  stats.plan_measured_step_us += measured_ns_ / 1000;
+}
+
+void BlockPlanner::plan_locked() {
+  if (base_peak_ < 0) {
+    // No memory statistics: nothing to plan against; keep recomputing.
+    choices_.assign(costs_.size(), BlockChoice::recompute);
+    extra_ns_ = plan_blocks(costs_, link_, 0, -1).extra_ns;
+    predicted_peak_ = std::numeric_limits<std::int64_t>::max();
+    planned_ = true;
+    if (!warned_) {
+      warned_ = true;
+      warning_ =
+          "offload: the automatic plan needs the device's allocated-memory statistics, which this device does not "
+          "report; every planned block is recomputed (warned once per manager)";
+    }
+    return;
+  }
+  const auto result = plan_blocks(costs_, link_, base_peak_ + correction_, target_);
+  choices_ = result.choices;
+  extra_ns_ = result.extra_ns;
+  predicted_peak_ = result.peak_bytes;
+  planned_ = true;
+  if (!result.fits && !warned_) {
+    warned_ = true;
+    warning_ = "offload::Options: device_target_bytes " + std::to_string(target_) +
+               " is below what recomputing every planned block with its inputs offloaded needs (" +
+               std::to_string(base_peak_ + correction_) +
+               " bytes, measured); every planned block is recomputed (warned once per manager)";
+  }
+}
+
+}  // namespace offload

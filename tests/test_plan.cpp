@@ -1,0 +1,248 @@
+// SPDX-License-Identifier: MIT
+// The automatic plan (CheckpointOptions::planned under a manager with
+// Options::device_target_bytes) on sim: the first step recomputes every
+// block, later steps keep, offload or recompute each so the peak stays
+// under the target, every step is bitwise the run without offloading,
+// a target above the peak keeps everything and moves nothing, one below
+// what recomputing everything reaches warns once and recomputes, and a
+// change of shapes measures again and re-plans.
+
+#include "doctest.hpp"
+
+#include <ATen/ATen.h>
+
+#include <optional>
+#include <string>
+#include <vector>
+
+#include <offload/offload.hpp>
+#include <offload/sim.hpp>
+
+#include "fixture.hpp"
+#include "warnings.hpp"
+
+namespace {
+
+constexpr const char* kSuiteOnSim =
+    "the plan is made from sim's allocated-memory counts and link, with sim's copy latency and poisoning";
+
+using Blocking = offload::Manager<offload::device::Sim, offload::storage::PinnedHost, offload::sync::Blocking>;
+using Streamed = offload::Manager<offload::device::Sim, offload::storage::PinnedHost, offload::sync::Streamed>;
+using fixture::sim0;
+
+struct SlowPoisonedSim : fixture::SlowPoisonedSim {
+  SlowPoisonedSim() : fixture::SlowPoisonedSim(100) {}
+};
+
+enum class How { plain, checkpoint, planned };
+
+// Blocks of a small MLP with residuals, width 64, hidden 256: each saves
+// its input, the hidden product and its tanh ([batch, 64] + 2 x [batch,
+// 256] floats); the weights are parameters.
+struct Model {
+  static constexpr int kBlocks = 6;
+  Model() {
+    at::manual_seed(0);
+    for (int i = 0; i < kBlocks; ++i) {
+      up.push_back((at::randn({64, 256}) / 8).to(sim0).requires_grad_());
+      down.push_back((at::randn({256, 64}) / 16).to(sim0).requires_grad_());
+    }
+  }
+  std::vector<at::Tensor> params() const {
+    auto out = up;
+    out.insert(out.end(), down.begin(), down.end());
+    return out;
+  }
+  at::Tensor loss(std::int64_t batch, How how) const {
+    at::manual_seed(1);
+    auto h = at::randn({batch, 64}).to(sim0);
+    for (int i = 0; i < kBlocks; ++i) {
+      offload::Block block = [u = up[i], d = down[i]](const std::vector<at::Tensor>& in) {
+        return std::vector<at::Tensor>{in[0] + at::matmul(at::tanh(at::matmul(in[0], u)), d)};
+      };
+      if (how == How::plain) {
+        h = block({h})[0];
+      } else {
+        h = offload::checkpoint(block, {h}, {.name = "block" + std::to_string(i), .planned = how == How::planned})[0];
+      }
+    }
+    return h.pow(2).mean();
+  }
+  std::vector<at::Tensor> up, down;
+};
+
+struct Step {
+  std::int64_t peak = 0;
+  std::int64_t forward_peak = 0;
+  float loss = 0;
+  std::vector<at::Tensor> grads;
+};
+
+Step step(const Model& model, std::int64_t batch, How how, const offload::AnyManager* manager) {
+  for (const auto& p : model.params()) const_cast<at::Tensor&>(p).mutable_grad() = at::Tensor();
+  offload::sim::synchronize();
+  offload::sim::reset_peak(0);
+  std::optional<offload::Scope> scope;
+  if (manager != nullptr) scope.emplace(*manager);
+  auto loss = model.loss(batch, how);
+  scope.reset();
+  const auto forward_peak = offload::sim::device_memory(0).peak_bytes;
+  loss.backward();
+  offload::sim::synchronize();
+  Step out;
+  out.forward_peak = forward_peak;
+  out.peak = offload::sim::device_memory(0).peak_bytes;
+  out.loss = loss.item<float>();
+  for (const auto& p : model.params()) out.grads.push_back(p.grad().to(at::kCPU));
+  return out;
+}
+
+bool same(const Step& a, const Step& b) {
+  if (a.loss != b.loss || a.grads.size() != b.grads.size()) return false;
+  for (std::size_t i = 0; i < a.grads.size(); ++i) {
+    if (!at::equal(a.grads[i], b.grads[i])) return false;
+  }
+  return true;
+}
+
+// The peaks the targets are placed between: no offloading, and every block
+// recomputed with its input offloaded.
+struct Bounds {
+  Step plain;
+  std::int64_t recompute_all = 0;
+};
+template <class M>
+Bounds bounds(const Model& model, std::int64_t batch) {
+  Bounds out;
+  out.plain = step(model, batch, How::plain, nullptr);
+  const offload::AnyManager all = M(offload::Options{});
+  (void)step(model, batch, How::checkpoint, &all);
+  out.recompute_all = step(model, batch, How::checkpoint, &all).peak;
+  return out;
+}
+
+std::int64_t between(const Bounds& b, double fraction) {
+  return b.recompute_all + static_cast<std::int64_t>(fraction * static_cast<double>(b.plain.peak - b.recompute_all));
+}
+
+}  // namespace
+
+TEST_CASE_TEMPLATE("plan: the first step recomputes every block, later ones meet the target, bitwise" *
+                       fixture::sim_only{kSuiteOnSim},
+                   M, Blocking, Streamed) {
+  const SlowPoisonedSim sim;
+  const Model model;
+  const auto b = bounds<M>(model, 512);
+  REQUIRE(b.recompute_all < b.plain.peak);
+  for (const double fraction : {0.25, 0.5, 0.75}) {
+    CAPTURE(fraction);
+    const auto target = between(b, fraction);
+    offload::AnyManager manager = M(offload::Options{.device_target_bytes = target});
+    bool not_all_recomputed = false;
+    for (int s = 0; s < 5; ++s) {
+      CAPTURE(s);
+      manager.reset_stats();
+      const auto run = step(model, 512, How::planned, &manager);
+      CHECK(same(run, b.plain));
+      const auto stats = manager.stats();
+      MESSAGE("peak " << run.peak << " (forward " << run.forward_peak << ") target " << target << " plain "
+                      << b.plain.peak << " recompute all " << b.recompute_all << " kept " << stats.blocks_kept
+                      << " offloaded " << stats.blocks_offloaded << " recomputed " << stats.blocks_recomputed
+                      << " moved " << stats.bytes_offloaded << " predicted " << stats.plan_predicted_step_us
+                      << " us measured " << stats.plan_measured_step_us << " us");
+      CHECK(stats.blocks_kept + stats.blocks_offloaded + stats.blocks_recomputed == Model::kBlocks);
+      CHECK(run.peak < b.plain.peak);  // the target is below it: something was offloaded or recomputed
+      CHECK((stats.bytes_offloaded > 0 || stats.blocks_recomputed > 0));
+      if (s == 0) {
+        CHECK(stats.blocks_recomputed == Model::kBlocks);
+        continue;
+      }
+      CHECK(run.peak <= target + target / 50);
+      CHECK(stats.plan_predicted_step_us > 0);
+      if (stats.blocks_recomputed < Model::kBlocks) not_all_recomputed = true;
+    }
+    CHECK(not_all_recomputed);  // the target leaves room: not every block is rebuilt
+  }
+}
+
+TEST_CASE_TEMPLATE("plan: a target above the peak keeps every block and moves nothing from the third step" *
+                       fixture::sim_only{kSuiteOnSim},
+                   M, Blocking, Streamed) {
+  const SlowPoisonedSim sim;
+  const Model model;
+  const auto plain = step(model, 512, How::plain, nullptr);
+  offload::AnyManager manager = M(offload::Options{.device_target_bytes = plain.peak * 2});
+  for (int s = 0; s < 4; ++s) {
+    CAPTURE(s);
+    manager.reset_stats();
+    const auto run = step(model, 512, How::planned, &manager);
+    CHECK(same(run, plain));
+    const auto stats = manager.stats();
+    if (s >= 1) CHECK(stats.blocks_kept == Model::kBlocks);
+    // The second step offloads what no block saves (the loss's input), as
+    // any step after the blocks' choices changed; the third keeps it.
+    if (s >= 2) CHECK(stats.bytes_offloaded == 0);
+  }
+}
+
+TEST_CASE_TEMPLATE("plan: a target below what recomputing every block reaches warns once and recomputes" *
+                       fixture::sim_only{kSuiteOnSim},
+                   M, Blocking, Streamed) {
+  const SlowPoisonedSim sim;
+  const Model model;
+  const auto b = bounds<M>(model, 512);
+  const auto target = b.recompute_all / 2;
+  offload::AnyManager manager = M(offload::Options{.device_target_bytes = target});
+  harness::CollectWarnings warnings;
+  for (int s = 0; s < 3; ++s) {
+    CAPTURE(s);
+    manager.reset_stats();
+    CHECK(same(step(model, 512, How::planned, &manager), b.plain));
+    CHECK(manager.stats().blocks_recomputed == Model::kBlocks);
+  }
+  std::vector<std::string> ours;
+  for (const auto& m : warnings.messages) {
+    if (m.find("recomputing every planned block") != std::string::npos) ours.push_back(m);
+  }
+  REQUIRE(ours.size() == 1);
+  CHECK(ours[0].find("device_target_bytes " + std::to_string(target) + " is below") != std::string::npos);
+}
+
+TEST_CASE_TEMPLATE("plan: a change of shapes recomputes, measures again and re-plans" * fixture::sim_only{kSuiteOnSim},
+                   M, Blocking, Streamed) {
+  const SlowPoisonedSim sim;
+  const Model model;
+  const auto small = bounds<M>(model, 256);
+  const auto large = bounds<M>(model, 512);
+  const auto target = between(large, 0.5);
+  offload::AnyManager manager = M(offload::Options{.device_target_bytes = target});
+  for (int s = 0; s < 7; ++s) {
+    CAPTURE(s);
+    const std::int64_t batch = s < 3 ? 256 : 512;
+    manager.reset_stats();
+    const auto run = step(model, batch, How::planned, &manager);
+    CHECK(same(run, batch == 256 ? small.plain : large.plain));
+    const auto stats = manager.stats();
+    MESSAGE("batch " << batch << " peak " << run.peak << " target " << target << " kept " << stats.blocks_kept
+                     << " offloaded " << stats.blocks_offloaded << " recomputed " << stats.blocks_recomputed);
+    if (s > 0) CHECK(run.peak <= target + target / 50);
+    // Steps 3 (the blocks the plan did not expect) and 4 (measuring)
+    // recompute every block; 5 is planned again.
+    if (s == 0 || s == 3 || s == 4) CHECK(stats.blocks_recomputed == Model::kBlocks);
+    if (s == 2 || s == 5 || s == 6) CHECK(stats.blocks_recomputed < Model::kBlocks);
+  }
+}
+
+TEST_CASE("plan: planned blocks without a target run as they are" * fixture::sim_only{kSuiteOnSim}) {
+  const SlowPoisonedSim sim;
+  const Model model;
+  const auto plain = step(model, 256, How::plain, nullptr);
+  // No scope: nothing offloaded, no checkpoint.
+  CHECK(same(step(model, 256, How::planned, nullptr), plain));
+  // A manager without a target: every block's saved tensors go through it.
+  offload::AnyManager manager = Blocking(offload::Options{});
+  CHECK(same(step(model, 256, How::planned, &manager), plain));
+  const auto stats = manager.stats();
+  CHECK(stats.blocks_kept + stats.blocks_offloaded + stats.blocks_recomputed == 0);
+  CHECK(stats.tensors_offloaded >= Model::kBlocks * 3);  // what the blocks saved, not only their inputs
+}
