@@ -258,6 +258,7 @@ int run_checkpoint(const Args& args);
 int run_overlap(const Args& args);
 int run_gpu(const Args& args);
 int run_target(const Args& args);
+int run_plan(const Args& args);
 int run_host(const Args& args);
 /// "2.11.0": the LibTorch this program was built against.
 std::string torch_version();

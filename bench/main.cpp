@@ -101,6 +101,9 @@ int main(int argc, char** argv) {
   add("target",
       "a device-memory target on sim: the demo GPT, a CNN, the LSTM at 0.5 / 0.7 / 0.9 of the peak vs everything "
       "and none, Blocking and Streamed");
+  add("plan",
+      "the automatic plan vs every fixed strategy (offload all, device target, checkpoint all / first k, with and "
+      "without offloading) on the GPT at width 256 on sim, R = 0.25 / 1 / 3 / 6, three targets");
   add("host",
       "host bytes reserved vs in use, fresh pinned allocations and step time: PinnedHost vs PinnedPool on sim in "
       "CUDA-like mode, Blocking and Streamed");
@@ -121,8 +124,9 @@ int main(int argc, char** argv) {
     return 2;
   }
   if (args.name.empty()) {
-    std::cerr << "offload-bench: name a benchmark: hook, memory, checkpoint, copy, sim, overlap, target, host or gpu "
-                 "(see --help)\n";
+    std::cerr
+        << "offload-bench: name a benchmark: hook, memory, checkpoint, copy, sim, overlap, target, plan, host or gpu "
+           "(see --help)\n";
     return 2;
   }
   try {
@@ -138,6 +142,7 @@ int main(int argc, char** argv) {
     if (args.name == "memory") return bench::run_memory(args);
     if (args.name == "checkpoint") return bench::run_checkpoint(args);
     if (args.name == "target") return bench::run_target(args);
+    if (args.name == "plan") return bench::run_plan(args);
     if (args.name == "host") return bench::run_host(args);
     return bench::run_overlap(args);
   } catch (const std::exception& e) {

@@ -179,6 +179,15 @@ def check_cap_oom(demo):
             fail(f"the table has no column 'offload (target)': {header!r}")
         if "offload (target): trained all 3 steps under the cap" not in proc.stdout:
             fail("the output does not say that the targeted run trained under the cap")
+        # --plan auto, the same target without the cap: the automatic plan's
+        # column, its losses bitwise, every block planned in the last step.
+        a, proc = summary(demo, ["--device-target", str(target), "--plan", "auto"], tmp, "auto", CAP_OOM)
+        r = a["auto_run"]
+        if a["plan"] != "auto" or r is None or r["name"] != "auto" or r["losses"] != s["losses_offload"]:
+            fail(f"--plan auto: the summary's auto_run {r!r} does not have the offloaded run's losses")
+        blocks = r["stats"]["blocks_kept"] + r["stats"]["blocks_offloaded"] + r["stats"]["blocks_recomputed"]
+        if blocks != 2 or "auto plan (target)" not in proc.stdout:
+            fail(f"--plan auto: {blocks} blocks planned in the last step (the model has 2), or no 'auto plan' column")
     print(
         f"ok: cap {cap} bytes: no offload ran out at step {c['oom_step_without_offload']}, offload trained 3 steps; "
         f"target {target}: peak {t['peak_device_bytes']}, moved {moved} of {everything} bytes"

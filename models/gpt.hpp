@@ -24,6 +24,9 @@ struct Config {
   std::int64_t seq = 64;     ///< context length in tokens
   double dropout = 0.0;      ///< dropout probability in [0, 1)
   bool checkpoint = false;   ///< run each block through offload::checkpoint (saves only its input)
+  std::int64_t checkpoint_first = 0;  ///< also checkpoint blocks [0, checkpoint_first) (the rest run as is)
+  bool planned = false;  ///< every block through offload::checkpoint with CheckpointOptions::planned: the
+                         ///< scope's manager (with a device-memory target) keeps, offloads or recomputes it
 };
 
 struct BlockImpl : torch::nn::Module {
@@ -81,8 +84,11 @@ struct ModelImpl : torch::nn::Module {
     auto x = tok(idx) + pos(positions);
     for (std::size_t i = 0; i < blocks->size(); ++i) {
       auto block = blocks->ptr<BlockImpl>(i);
-      x = config.checkpoint ? offload::checkpoint_forward(block, x, {.name = "block " + std::to_string(i)})
-                            : block->forward(x);
+      const auto index = static_cast<std::int64_t>(i);
+      const bool checkpointed = config.checkpoint || config.planned || index < config.checkpoint_first;
+      x = checkpointed ? offload::checkpoint_forward(
+                             block, x, {.name = "block " + std::to_string(i), .planned = config.planned})
+                       : block->forward(x);
     }
     return head(ln(x));
   }

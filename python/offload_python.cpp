@@ -26,6 +26,7 @@
 #include <torch/csrc/autograd/saved_variable_hooks.h>
 #include <torch/csrc/utils/pybind.h>
 
+#include <offload/block_plan.hpp>
 #include <offload/offload.hpp>
 
 #include "errors.hpp"
@@ -435,6 +436,45 @@ PYBIND11_MODULE(_C, m) {
             });
           },
           py::arg("opened"), py::arg("in_order"))
+      // The automatic plan (torch_offload.PlannedCheckpoint): the next
+      // block's turn, (index, choice, measure, probe_link), or None when the
+      // manager has no target.
+      .def(
+          "plan_block",
+          [](offload::AnyManager& self, std::int64_t input_bytes) -> py::object {
+            const auto planner = offload::interface_of(self)->block_planner();
+            if (!planner) return py::none();
+            const auto turn = planner->next_block(input_bytes);
+            const char* choice = turn.choice == offload::BlockChoice::keep      ? "keep"
+                                 : turn.choice == offload::BlockChoice::offload ? "offload"
+                                                                                : "recompute";
+            return py::make_tuple(turn.index, choice, turn.measure, turn.probe_link);
+          },
+          py::arg("input_bytes"))
+      .def(
+          "plan_measured",
+          [](offload::AnyManager& self, std::int32_t index, std::int64_t forward_ns, std::int64_t saved_bytes,
+             std::int64_t saved_storages, std::int64_t input_bytes) {
+            if (const auto planner = offload::interface_of(self)->block_planner()) {
+              planner->measured(index, {forward_ns, saved_bytes, saved_storages, input_bytes});
+            }
+          },
+          py::arg("index"), py::arg("forward_ns"), py::arg("saved_bytes"), py::arg("saved_storages"),
+          py::arg("input_bytes"))
+      .def(
+          "plan_link",
+          [](offload::AnyManager& self, std::int64_t bytes, std::int64_t ns, std::int64_t small_bytes,
+             std::int64_t small_ns) {
+            if (const auto planner = offload::interface_of(self)->block_planner()) {
+              planner->link_measured(bytes, ns, small_bytes, small_ns);
+            }
+          },
+          py::arg("bytes"), py::arg("ns"), py::arg("small_bytes"), py::arg("small_ns"))
+      .def("plan_summary",
+           [](offload::AnyManager& self) {
+             const auto planner = offload::interface_of(self)->block_planner();
+             return planner ? planner->summary() : std::string();
+           })
       .def("stats", [](const offload::AnyManager& self) { return stat_values(self.stats()); })
       .def("reset_stats", &offload::AnyManager::reset_stats)
       .def("exclude", [](offload::AnyManager& self, const std::vector<at::Tensor>& tensors) { self.exclude(tensors); })

@@ -9,6 +9,7 @@
 #include <cstddef>
 #include <limits>
 #include <ostream>
+#include <sstream>
 #include <string>
 #include <utility>
 #include <vector>
@@ -24,40 +25,78 @@ struct Prediction {
   std::int64_t peak = 0;
 };
 
+// The link time of one block's copies in one direction.
+double copy_ns(const LinkCost& link, std::int64_t bytes, std::int64_t copies) {
+  return link.bytes_per_ns > 0 && bytes > 0
+             ? static_cast<double>(copies * link.latency_ns) + static_cast<double>(bytes) / link.bytes_per_ns
+             : 0.0;
+}
+
+// What block i moves each way under its choice.
+double moved_ns(const LinkCost& link, const BlockCost& b, BlockChoice choice) {
+  if (choice == BlockChoice::offload) return copy_ns(link, b.saved_bytes, std::max<std::int64_t>(1, b.saved_storages));
+  if (choice == BlockChoice::recompute) return copy_ns(link, b.input_bytes, 1);
+  return 0.0;
+}
+
+// The step's time beyond its compute that the copies cost, with
+// overlapping copies: each direction is a pipeline. Forward: a block's
+// copies start when it ends, one after another, and what is still
+// copying when forward ends delays backward. Backward (each block's
+// backward taken as twice its forward, plus the forward again when it is
+// recomputed; blocks in reverse order): a block's tensors come back one
+// copy after another from backward's start and it waits for its own.
+double exposed_overlapping(const std::vector<BlockCost>& blocks, const LinkCost& link,
+                           const std::vector<BlockChoice>& choices) {
+  double now = 0, link_free = 0;
+  for (std::size_t i = 0; i < blocks.size(); ++i) {
+    now += static_cast<double>(blocks[i].forward_ns);
+    const auto c = moved_ns(link, blocks[i], choices[i]);
+    if (c > 0) link_free = std::max(link_free, now) + c;
+  }
+  double stalled = std::max(0.0, link_free - now);
+  now = 0;
+  link_free = 0;
+  for (std::size_t i = blocks.size(); i-- > 0;) {
+    link_free += moved_ns(link, blocks[i], choices[i]);
+    if (link_free > now) {
+      stalled += link_free - now;
+      now = link_free;
+    }
+    const auto f = static_cast<double>(blocks[i].forward_ns);
+    now += 2 * f + (choices[i] == BlockChoice::recompute ? f : 0.0);
+  }
+  return stalled;
+}
+
 Prediction predict(const std::vector<BlockCost>& blocks, const LinkCost& link, std::int64_t base_peak,
-                   const std::vector<BlockChoice>& choices) {
-  const bool has_link = link.bytes_per_ns > 0;
-  const auto copy_ns = [&](std::int64_t bytes, std::int64_t copies) {
-    return has_link && bytes > 0
-               ? static_cast<double>(copies * link.latency_ns) + static_cast<double>(bytes) / link.bytes_per_ns
-               : 0.0;
-  };
+                   std::int64_t forward_peak, const std::vector<BlockChoice>& choices) {
   double forward = 0;         // F: every block's forward
   double before_offload = 0;  // forward time before the first offloaded block starts
   bool offloading = false;
-  double recompute = 0;
   double link_ns = 0;
   std::int64_t kept = 0;
+  std::int64_t last_kept = 0;  // the saved bytes of the last kept block
   std::int64_t offloaded = 0;
   std::int64_t largest_offloaded = 0;
   Prediction out;
   for (std::size_t i = 0; i < blocks.size(); ++i) {
     const auto& b = blocks[i];
     const auto f = static_cast<double>(b.forward_ns);
+    link_ns += moved_ns(link, b, choices[i]);
     switch (choices[i]) {
       case BlockChoice::keep:
         kept += b.saved_bytes;
+        last_kept = b.saved_bytes;
         break;
       case BlockChoice::offload:
         offloading = true;
         offloaded += b.saved_bytes;
         largest_offloaded = std::max(largest_offloaded, b.saved_bytes);
-        link_ns += copy_ns(b.saved_bytes, std::max<std::int64_t>(1, b.saved_storages));
         break;
       case BlockChoice::recompute:
-        recompute += f;
+        out.extra_ns += f;
         ++out.recomputed;
-        link_ns += copy_ns(b.input_bytes, 1);
         break;
     }
     if (!offloading) before_offload += f;
@@ -67,17 +106,21 @@ Prediction predict(const std::vector<BlockCost>& blocks, const LinkCost& link, s
   // at least one block's saved tensors (its copies run while the next
   // block computes), and what the link could not move during forward.
   std::int64_t behind = 0;
-  if (link.overlaps && offloaded > 0 && has_link) {
+  if (link.overlaps && offloaded > 0 && link.bytes_per_ns > 0) {
     const double moved_in_forward = link.bytes_per_ns * (forward - before_offload);
     behind = std::max(largest_offloaded,
                       static_cast<std::int64_t>(std::max(0.0, static_cast<double>(offloaded) - moved_in_forward)));
   }
-  const double exposed = link.overlaps
-                             ? std::max(0.0, link_ns - forward) + std::max(0.0, link_ns - (2 * forward + recompute))
-                             : 2 * link_ns;
-  out.extra_ns = recompute + exposed;
+  out.extra_ns += link.overlaps ? exposed_overlapping(blocks, link, choices) : 2 * link_ns;
   out.moved = link_ns;
-  out.peak = base_peak + kept + behind;
+  // Kept blocks' tensors add to both peaks, less the last kept block's:
+  // in forward the measured peak was reached while a block ran, holding
+  // its temporaries (at least what it saves); in backward, at the last
+  // kept block, the measured step held that block's recomputed tensors
+  // (the same bytes). Overlapping copies add what they hold in forward.
+  const auto at_forward_end = (forward_peak >= 0 ? forward_peak : base_peak) + kept - last_kept + behind;
+  const auto in_backward = base_peak + kept - last_kept;
+  out.peak = std::max(at_forward_end, in_backward);
   return out;
 }
 
@@ -111,11 +154,11 @@ std::ostream& operator<<(std::ostream& os, BlockChoice choice) {
 }
 
 BlockPlanResult plan_blocks(const std::vector<BlockCost>& blocks, const LinkCost& link, std::int64_t base_peak,
-                            std::int64_t limit) {
+                            std::int64_t limit, std::int64_t forward_peak) {
   const auto n = blocks.size();
   BlockPlanResult result;
   result.choices.assign(n, BlockChoice::recompute);
-  const auto all = predict(blocks, link, base_peak, result.choices);
+  const auto all = predict(blocks, link, base_peak, forward_peak, result.choices);
   result.extra_ns = static_cast<std::int64_t>(all.extra_ns);
   result.peak_bytes = all.peak;
   result.fits = all.peak <= limit;
@@ -123,7 +166,7 @@ BlockPlanResult plan_blocks(const std::vector<BlockCost>& blocks, const LinkCost
   Prediction best;
   const bool may_offload = link.bytes_per_ns > 0;
   const auto consider = [&](std::vector<BlockChoice> choices) {
-    const auto p = predict(blocks, link, base_peak, choices);
+    const auto p = predict(blocks, link, base_peak, forward_peak, choices);
     if (p.peak > limit || (found && !better(p, best))) return;
     found = true;
     best = p;
@@ -145,7 +188,7 @@ BlockPlanResult plan_blocks(const std::vector<BlockCost>& blocks, const LinkCost
   return result;
 }
 
-bool BlockPlanner::begin_step(std::int64_t needed) {
+bool BlockPlanner::begin_step(std::int64_t needed, std::int64_t allocated) {
   const std::lock_guard lock(mutex_);
   const auto now = Clock::now();
   const auto previous = ran_choices_;
@@ -159,6 +202,7 @@ bool BlockPlanner::begin_step(std::int64_t needed) {
                             std::all_of(have_cost_.begin(), have_cost_.end(), [](bool b) { return b; });
       if (complete) {
         base_peak_ = needed;
+        forward_peak_ = step_forward_peak_ >= 0 && allocated >= 0 ? step_forward_peak_ + allocated : -1;
         correction_ = 0;
         // No choice fits under -1: every block recomputed, and its extra time.
         const auto all = plan_blocks(costs_, link_, 0, -1);
@@ -175,6 +219,7 @@ bool BlockPlanner::begin_step(std::int64_t needed) {
       }
     }
   }
+  step_forward_peak_ = -1;
   const bool remeasure = measure_next_;
   started_ = true;
   step_start_ = now;
@@ -218,6 +263,11 @@ BlockPlanner::Turn BlockPlanner::next_block(std::int64_t input_bytes) {
   return turn;
 }
 
+void BlockPlanner::end_forward(std::int64_t forward_peak) {
+  const std::lock_guard lock(mutex_);
+  step_forward_peak_ = forward_peak;
+}
+
 void BlockPlanner::measured(std::int32_t index, const BlockCost& cost) {
   const std::lock_guard lock(mutex_);
   const auto i = static_cast<std::size_t>(index);
@@ -240,6 +290,22 @@ void BlockPlanner::link_measured(std::int64_t bytes, std::int64_t ns, std::int64
   link_ = link;
 }
 
+std::string BlockPlanner::summary() const {
+  const std::lock_guard lock(mutex_);
+  std::ostringstream out;
+  out << "link " << link_.bytes_per_ns << " GB/s, latency " << link_.latency_ns << " ns; measured peak " << base_peak_
+      << " B (forward " << forward_peak_ << " B, correction " << correction_ << " B); predicted peak "
+      << predicted_peak_ << " B, extra " << extra_ns_ << " ns\n";
+  for (std::size_t i = 0; i < costs_.size(); ++i) {
+    const auto& c = costs_[i];
+    out << "block " << i << ": forward " << c.forward_ns << " ns, saves " << c.saved_bytes << " B in "
+        << c.saved_storages << " storages, input " << c.input_bytes << " B";
+    if (i < choices_.size()) out << ": " << choices_[i];
+    out << "\n";
+  }
+  return out.str();
+}
+
 std::string BlockPlanner::take_warning() {
   const std::lock_guard lock(mutex_);
   return std::exchange(warning_, {});
@@ -259,7 +325,7 @@ void BlockPlanner::add_stats(Stats& stats) const {
   stats.blocks_offloaded += counts[static_cast<int>(BlockChoice::offload)];
   stats.blocks_recomputed += counts[static_cast<int>(BlockChoice::recompute)];
   if (planned_ && base_ns_ >= 0) stats.plan_predicted_step_us += (base_ns_ + extra_ns_) / 1000;
-  stats.plan_measured_step_us += measured_ns_ / 1000;
+  if (!costs_.empty() || !choices_.empty()) stats.plan_measured_step_us += measured_ns_ / 1000;
 }
 
 void BlockPlanner::plan_locked() {
@@ -277,7 +343,8 @@ void BlockPlanner::plan_locked() {
     }
     return;
   }
-  const auto result = plan_blocks(costs_, link_, base_peak_ + correction_, target_);
+  const auto result = plan_blocks(costs_, link_, base_peak_ + correction_, target_,
+                                  forward_peak_ >= 0 ? forward_peak_ + correction_ : -1);
   choices_ = result.choices;
   extra_ns_ = result.extra_ns;
   predicted_peak_ = result.peak_bytes;

@@ -181,9 +181,13 @@ class Frame : public std::enable_shared_from_this<Frame> {
   void check(const Recomputed& out) const;
   void count(const at::Tensor& t) {
     if (!t.defined() || t.is_cpu() || !t.has_storage() || detail::is_parameter(t)) return;
-    const void* key = t.storage().unsafeGetStorageImpl();
-    if (std::find(counted_.begin(), counted_.end(), key) != counted_.end()) return;
-    counted_.push_back(key);
+    auto* impl = t.storage().unsafeGetStorageImpl();
+    for (const auto& seen : counted_) {
+      if (seen._unsafe_get_target() == impl) return;
+    }
+    // A weak reference: the storage's bytes are freed as usual, but its
+    // object (and so its address) is not reused while the block runs.
+    counted_.emplace_back(c10::intrusive_ptr<c10::StorageImpl>::reclaim_copy(impl));
     counted_bytes_ += static_cast<std::int64_t>(t.storage().nbytes());
   }
   // Copies of `tensors`, made with grad mode off.
@@ -217,10 +221,10 @@ class Frame : public std::enable_shared_from_this<Frame> {
   std::vector<Meta> metas_;                   // by pack index, in forward
   std::recursive_mutex mutex_;
   bool recomputing_ = false;
-  std::unordered_map<std::int64_t, Recomputed> passes_;  // by backward pass id
-  bool counting_ = false;                                // count_saved(): forward counts what it saves
-  std::vector<const void*> counted_;                     // the storages counted
-  std::int64_t counted_bytes_ = 0;                       // ... their bytes
+  std::unordered_map<std::int64_t, Recomputed> passes_;             // by backward pass id
+  bool counting_ = false;                                           // count_saved(): forward counts what it saves
+  std::vector<c10::weak_intrusive_ptr<c10::StorageImpl>> counted_;  // the storages counted (weak)
+  std::int64_t counted_bytes_ = 0;                                  // ... their bytes
 };
 
 // What the block's nodes hold for each tensor it saved in forward.

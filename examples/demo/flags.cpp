@@ -293,6 +293,10 @@ void add_offload_flags(CLI::App& app, Flags& flags, Args& a, std::string& offloa
   flags.bytes("--device-target", a.device_target, offload::ranges::device_target_bytes,
               "one more offloaded run, with this device-memory target (Options::device_target_bytes): it offloads "
               "only what keeps each step under it, planned from the step before; 0 = no such run");
+  flags.text("--plan", a.plan,
+             "auto: one more run under --device-target with every block marked CheckpointOptions::planned (the "
+             "automatic plan keeps, offloads or recomputes each block per step; docs/guide.md); off (default): none",
+             one_of({"off", "auto"}), "PLAN", g);
 }
 
 void add_output_flags(Flags& flags, Args& a) {
@@ -350,6 +354,11 @@ void check_combinations(Args& a, const Given& given) {
     throw UsageError("--heads: --model " + a.model + " has no attention heads");
   }
   if (a.checkpoint && !kind.no_checkpoint.empty()) throw UsageError("--checkpoint: " + std::string(kind.no_checkpoint));
+  if (a.plan == "auto" && a.device_target == 0) {
+    throw UsageError("--plan auto: the plan needs a device-memory target; give --device-target");
+  }
+  if (a.plan == "auto" && !kind.no_checkpoint.empty())
+    throw UsageError("--plan auto: " + std::string(kind.no_checkpoint));
 }
 
 }  // namespace

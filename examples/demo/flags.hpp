@@ -53,6 +53,7 @@ struct Args {
   std::int64_t prefetch_bytes = offload::Options{}.prefetch_bytes;
   std::int64_t host_budget_bytes = offload::Options{}.host_budget_bytes;
   std::int64_t device_target = 0;         ///< bytes; > 0: one more offloaded run, with Options::device_target_bytes
+  std::string plan = "off";               ///< "auto": one more run under the target, every block planned
   std::int64_t log_every = 0;             ///< 0 = about ten lines per run when stdout is not a terminal
   std::int64_t ranks = 1;                 ///< data-parallel processes (see parallel.hpp)
   std::int64_t rank = 0;                  ///< this process's rank; > 0 only with --rendezvous

@@ -163,6 +163,8 @@ Runs train_all(const Session& session, const offload::Options& options) {
     auto planned = options;
     planned.device_target_bytes = args.device_target;
     runs.more.push_back(train(session, {mode, planned}));
+    // --plan auto: the same target, every block planned.
+    if (args.plan == "auto") runs.more.push_back(train(session, {mode, planned, false, /*planned=*/true}));
   }
   return runs;
 }

@@ -17,7 +17,8 @@ class Gpt final : public CharModel {
                                                              .width = s.width,
                                                              .heads = s.heads,
                                                              .seq = s.seq,
-                                                             .checkpoint = s.checkpoint}))) {}
+                                                             .checkpoint = s.checkpoint,
+                                                             .planned = s.planned}))) {}
 
   torch::Tensor loss(const torch::Tensor& tokens, const torch::Tensor& targets) override {
     return model_->loss(tokens, targets);

@@ -21,6 +21,7 @@ struct ModelShape {
   std::int64_t heads;       ///< attention heads (models with uses_heads only)
   std::int64_t seq;         ///< context length in tokens
   bool checkpoint = false;  ///< each block through offload::checkpoint (kinds with an empty no_checkpoint)
+  bool planned = false;     ///< each block marked CheckpointOptions::planned (the same kinds)
 };
 
 /// One --model choice.

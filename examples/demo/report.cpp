@@ -40,6 +40,7 @@ std::string column_title(const RunResult& r) {
   if (r.name == "checkpoint") return "checkpoint";
   if (r.name.rfind("checkpoint+", 0) == 0) return "checkpoint + offload (" + r.name.substr(11) + ")";
   if (r.name == "target") return "offload (target)";
+  if (r.name == "auto") return "auto plan (target)";
   return "offload (" + r.name + ")";
 }
 
@@ -172,6 +173,14 @@ void print_report(const Args& args, const RunResult* none, const RunResult* off,
     std::cout << ", kept " << mib(r->stats.target_kept_bytes) << " on the device by the plan, "
               << r->stats.target_guard_offloads << " guard offloads\n";
   }
+  for (const auto* r : more) {
+    if (r->name != "auto" || r->losses.empty()) continue;
+    std::cout << "auto plan, target " << mib(args.device_target) << ": peak " << mib(r->peak_bytes)
+              << "; last step: blocks kept " << r->stats.blocks_kept << ", offloaded " << r->stats.blocks_offloaded
+              << ", recomputed " << r->stats.blocks_recomputed << "; step predicted "
+              << r->stats.plan_predicted_step_us / 1000.0 << " ms, measured " << r->stats.plan_measured_step_us / 1000.0
+              << " ms\n";
+  }
   if (off) std::cout << "offload stats: " << off->stats << "\n";
   for (const auto* r : more) {
     if (r->name != "checkpoint") std::cout << column_title(*r) << " stats: " << r->stats << "\n";
@@ -208,9 +217,12 @@ void write_summary(const std::string& path, const Args& args, const Corpus& corp
   };
   Json runs = args.checkpoint ? Json::array() : Json(nullptr);
   Json target(nullptr);
+  Json automatic(nullptr);
   for (const auto* r : more) {
     if (r->name == "target") {
       target = run_json(r);
+    } else if (r->name == "auto") {
+      automatic = run_json(r);
     } else {
       runs.push_back(run_json(r));
     }
@@ -244,6 +256,8 @@ void write_summary(const std::string& path, const Args& args, const Corpus& corp
   j["checkpoint_runs"] = std::move(runs);
   j["device_target"] = args.device_target;
   j["target_run"] = std::move(target);
+  j["plan"] = args.plan;
+  j["auto_run"] = std::move(automatic);
   std::ofstream out(path, std::ios::trunc);
   out << j.dump(2) << "\n";
   out.close();

@@ -96,11 +96,11 @@ std::string mib(std::int64_t bytes) {
 namespace {
 
 // The run's name in the report: "none", the mode ("checkpoint+" before it
-// if checkpointed), or "target".
+// if checkpointed), "target", or "auto" (the automatic plan).
 std::string run_name(const RunSpec& run) {
   std::string name(mode_name(run.mode));
   if (run.checkpoint) name = run.mode == OffloadMode::none ? "checkpoint" : "checkpoint+" + name;
-  if (run.mode != OffloadMode::none && run.options.device_target_bytes > 0) name = "target";
+  if (run.mode != OffloadMode::none && run.options.device_target_bytes > 0) name = run.planned ? "auto" : "target";
   return name;
 }
 
@@ -191,7 +191,8 @@ RunResult train(const Session& session, const RunSpec& run) {
                                          .width = args.width,
                                          .heads = args.heads,
                                          .seq = args.seq,
-                                         .checkpoint = run.checkpoint}));
+                                         .checkpoint = run.checkpoint,
+                                         .planned = run.planned}));
     if (trainer->manager) r.manager = trainer->manager->describe();
     for (step = 1; step <= args.steps; ++step) {
       const auto [x, y] = batch(args, tokens, session.device.device, rng);

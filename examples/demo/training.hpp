@@ -22,8 +22,8 @@ class DataParallel;
 
 /// What one training run produced.
 struct RunResult {
-  std::string name;                      ///< "none", the mode ("checkpoint+" before it if checkpointed), "target"
-  std::vector<float> losses;             ///< one per completed step
+  std::string name;           ///< "none", the mode ("checkpoint+" before it if checkpointed), "target", "auto"
+  std::vector<float> losses;  ///< one per completed step
   std::optional<std::int64_t> oom_step;  ///< 1-based step that ran out of device memory
   std::string oom_message;
   std::int64_t peak_bytes = -1;
@@ -54,6 +54,7 @@ struct RunSpec {
   OffloadMode mode = OffloadMode::none;  ///< none, or a manager: blocking or streamed
   offload::Options options{};            ///< the manager's options
   bool checkpoint = false;               ///< each block of the model through offload::checkpoint
+  bool planned = false;                  ///< each block marked for the automatic plan (with a target)
 };
 
 /// Trains --model for --steps steps from the initial weights of --seed on

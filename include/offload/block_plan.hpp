@@ -59,15 +59,24 @@ struct BlockPlanResult {
 
 /// Chooses keep, offload or recompute per block. The model:
 /// - Recomputing every block (inputs offloaded) peaks at `base_peak`
-///   bytes (measured); keeping block i adds its saved_bytes; offloading
-///   adds, with overlapping copies, what they hold on the device until
-///   they end: the largest offloaded block's saved bytes, or what the link
-///   cannot have moved by the end of forward if that is more.
-/// - Recomputing costs the block's forward again; offloaded bytes cost
-///   latency x storages + bytes / bandwidth each way, hidden behind
-///   forward compute (F, the sum of the blocks' forward times) and behind
-///   backward compute (taken as 2F plus the recomputation) when copies
-///   overlap, and not hidden at all when they do not.
+///   bytes, and at `forward_peak` by the end of forward (-1: not known,
+///   taken as base_peak); both measured. Keeping blocks adds their
+///   saved_bytes to both, less the last kept block's (the measured forward
+///   peak was reached while a block ran, holding at least what it saves;
+///   at the last kept block's backward the measured step held its
+///   recomputed tensors). Offloading adds to the forward peak, with
+///   overlapping copies, what they hold on the device until they end (the
+///   largest offloaded block's saved bytes, or what the link cannot have
+///   moved by the end of forward if that is more).
+/// - Recomputing costs the block's forward again. Offloaded bytes cost
+///   latency x storages + bytes / bandwidth each way (a recomputed block's
+///   input likewise). Overlapping copies are a pipeline per direction: in
+///   forward a block's copies start when it ends and what is still copying
+///   when forward ends is exposed; in backward (a block's backward taken as
+///   twice its forward, plus the forward when recomputed, in reverse
+///   order) the copies back run one after another from backward's start
+///   and a block waits for its own. Copies that do not overlap are exposed
+///   whole, both ways.
 /// - The candidates are the block orders the field uses, for every split:
 ///   offload the first o, recompute the next r, keep the rest; and
 ///   recompute the first r, offload the next o, keep the rest (earlier
@@ -78,7 +87,7 @@ struct BlockPlanResult {
 /// fewer recomputed). O(n^2) in the number of blocks.
 /// Errors: none; no candidate fits: every block is recomputed, fits = false.
 BlockPlanResult plan_blocks(const std::vector<BlockCost>& blocks, const LinkCost& link, std::int64_t base_peak,
-                            std::int64_t limit);
+                            std::int64_t limit, std::int64_t forward_peak = -1);
 
 /// What a manager with a device-memory target keeps for its planned blocks
 /// across steps. The first step (and the step after the blocks' input
@@ -112,15 +121,25 @@ class BlockPlanner {
   /// device bytes the step before had allocated at once (its own peak, or
   /// where the device's peak does not show it, the per-tensor plan's
   /// model of it with every eligible saved tensor offloaded), or -1.
-  /// Returns true when this step's choices differ from the step before's
-  /// (what the per-tensor plan recorded no longer applies).
-  bool begin_step(std::int64_t needed);
+  /// `allocated`: the device's allocated bytes now, or -1. Returns true
+  /// when this step's choices differ from the step before's (what the
+  /// per-tensor plan recorded no longer applies).
+  bool begin_step(std::int64_t needed, std::int64_t allocated = -1);
 
   /// A marked block is about to run with `input_bytes` of inputs on the
   /// device: its choice in this step. A block the plan did not expect (a
   /// new block, other input sizes) is recomputed and measured, and so is
   /// every block of the next step.
   Turn next_block(std::int64_t input_bytes);
+
+  /// The forward pass of this step ended (its scope closed) with the
+  /// device's peak `forward_peak` bytes above what was allocated when the
+  /// step began, or -1 where that peak is not the step's own (an earlier
+  /// one was higher) or not known.
+  void end_forward(std::int64_t forward_peak);
+
+  /// What the plan was made from and chose, one line per block, for logs.
+  std::string summary() const;
 
   /// What block `index` cost, measured in this (measuring) step.
   void measured(std::int32_t index, const BlockCost& cost);
@@ -160,8 +179,10 @@ class BlockPlanner {
   std::vector<BlockChoice> ran_choices_;  // per block, as run in this step
   LinkCost link_{};
   bool have_link_ = false;
-  std::int64_t base_peak_ = -1;  // what the measuring step needed
-  std::int64_t correction_ = 0;  // what planned steps needed beyond the model
+  std::int64_t base_peak_ = -1;          // what the measuring step needed
+  std::int64_t forward_peak_ = -1;       // ... by the end of its forward (-1: not known)
+  std::int64_t step_forward_peak_ = -1;  // end_forward() of this step
+  std::int64_t correction_ = 0;          // what planned steps needed beyond the model
   std::int64_t predicted_peak_ = 0;
   std::int64_t extra_ns_ = 0;     // the plan's predicted extra time
   std::int64_t base_ns_ = -1;     // measured step time less the model's extra time of that step

@@ -38,7 +38,13 @@ if torch.__version__ != _BUILT_WITH:
     )
 
 from . import torchtune, trl  # noqa: E402,F401  (torch_offload.trl / torch_offload.torchtune)
-from ._checkpoint import CheckpointOffload, enable_gradient_checkpointing, plain_checkpoint  # noqa: E402
+from ._checkpoint import (  # noqa: E402
+    CheckpointOffload,
+    PlannedCheckpoint,
+    PlannedModuleList,
+    enable_gradient_checkpointing,
+    plain_checkpoint,
+)
 from ._manager import Manager, OffloadWarning, Stats, no_offload, pool_stats, pool_trim  # noqa: E402
 from ._peers import NoOpManager, OffloadActivations, get_act_offloading_ctx_manager  # noqa: E402
 
@@ -48,6 +54,8 @@ __all__ = [
     "Stats",
     "no_offload",
     "CheckpointOffload",
+    "PlannedCheckpoint",
+    "PlannedModuleList",
     "enable_gradient_checkpointing",
     "plain_checkpoint",
     "OffloadActivations",

@@ -4,11 +4,13 @@ block inputs go through a torch_offload Manager (Hugging Face's
 ``gradient_checkpointing_func`` convention), and enable_gradient_checkpointing."""
 
 import functools
+import threading
+import time
 
 import torch
 import torch.utils.checkpoint
 
-from ._manager import Manager
+from ._manager import Manager, no_offload
 
 
 class CheckpointOffload:
@@ -58,7 +60,7 @@ class CheckpointOffload:
         return f"CheckpointOffload({self.manager!r})"
 
 
-def enable_gradient_checkpointing(model, manager=None, every_n_layers=1, **checkpoint_kwargs):
+def enable_gradient_checkpointing(model, manager=None, every_n_layers=1, plan=None, **checkpoint_kwargs):
     """Turns on gradient checkpointing of a Hugging Face model with each
     checkpointed layer's input offloaded through ``manager``; returns the
     CheckpointOffload (its ``.manager`` has the stats).
@@ -71,9 +73,17 @@ def enable_gradient_checkpointing(model, manager=None, every_n_layers=1, **check
     every module with a ``gradient_checkpointing`` attribute. A model without
     these methods (plain torch.nn modules following the same convention)
     gets the attributes set directly. ``every_n_layers`` is passed on where
-    the model takes it.
+    the model takes it. ``plan="auto"``: a PlannedCheckpoint of ``manager``
+    (which must have ``device_target_bytes``) instead, so the automatic
+    plan keeps, offloads or recomputes each layer; run each step's forward
+    inside ``with manager:``.
     """
-    func = CheckpointOffload(manager, **checkpoint_kwargs)
+    if plan not in (None, "auto"):
+        raise ValueError(f"enable_gradient_checkpointing: plan must be None or 'auto', got {plan!r}")
+    if plan == "auto":
+        func = PlannedCheckpoint(manager, **checkpoint_kwargs)
+    else:
+        func = CheckpointOffload(manager, **checkpoint_kwargs)
     kwargs = {"use_reentrant": False}
     if hasattr(model, "activation_checkpointing_enable"):
         model.activation_checkpointing_enable(activation_checkpointing_kwargs=kwargs, every_n_layers=every_n_layers)
@@ -99,3 +109,191 @@ def enable_gradient_checkpointing(model, manager=None, every_n_layers=1, **check
 # The same without offloading, for comparisons: what HF's default
 # (use_reentrant=False) gradient_checkpointing_func is.
 plain_checkpoint = functools.partial(torch.utils.checkpoint.checkpoint, use_reentrant=False)
+
+
+# ------------------------------------------------------------ the automatic plan
+
+_MEASURE_KEY = "torch_offload_measure"
+_counting = threading.local()  # the block being measured on this thread: its saved storages
+
+
+def _measure_saved(x):
+    """torch.utils.checkpoint's per-saved-tensor metadata function while a
+    PlannedCheckpoint block is measured: counts the device storage it saves
+    (once per storage, parameters excluded), then gives the default
+    metadata (so the recomputation's check is the usual one)."""
+    count = getattr(_counting, "storages", None)
+    if count is not None and x.device.type != "cpu" and not _is_parameter_like(x):
+        storage = x.untyped_storage()
+        # Held until the block returns, so a freed storage's address is not
+        # taken for a new one within the block.
+        count.setdefault(storage.data_ptr(), storage)
+    return torch.utils.checkpoint._default_meta_extractor(x)
+
+
+def _is_parameter_like(t):
+    base = t._base if t._base is not None else t
+    return isinstance(base, torch.nn.Parameter) or (base.is_leaf and base.requires_grad)
+
+
+def _device_bytes(tensors):
+    """Storage bytes of the tensors on an accelerator, each storage once."""
+    seen = {}
+    for t in tensors:
+        if t.device.type != "cpu" and not _is_parameter_like(t):
+            storage = t.untyped_storage()
+            seen[storage.data_ptr()] = storage.nbytes()
+    return sum(seen.values())
+
+
+def _timed_ns(device, fn):
+    """fn() and its time on `device`'s current stream, nanoseconds (device
+    events where they time, else the wall clock between synchronizations)."""
+    try:
+        start = torch.Event(device=device, enable_timing=True)
+        end = torch.Event(device=device, enable_timing=True)
+        start.record()
+        out = fn()
+        end.record()
+        end.synchronize()
+        return out, int(start.elapsed_time(end) * 1e6)
+    except RuntimeError:
+        torch.accelerator.synchronize(device)
+        begin = time.perf_counter_ns()
+        out = fn()
+        torch.accelerator.synchronize(device)
+        return out, time.perf_counter_ns() - begin
+
+
+def _probe_link(impl, t):
+    """Times blocking copies of t's bytes (all, and a quarter) to pinned host
+    memory, the best of two each, for the plan's link model."""
+    flat = t.detach().contiguous().view(-1).view(torch.uint8)
+    n = flat.numel()
+    if n // 4 == 0:
+        return
+    host = torch.empty(n, dtype=torch.uint8, pin_memory=True)
+
+    def best(m):
+        times = []
+        for _ in range(2):
+            torch.accelerator.synchronize(t.device)
+            begin = time.perf_counter_ns()
+            host[:m].copy_(flat[:m])
+            times.append(time.perf_counter_ns() - begin)
+        return min(times)
+
+    impl.plan_link(n, best(n), n // 4, best(n // 4))
+
+
+class PlannedCheckpoint:
+    """A ``gradient_checkpointing_func`` whose blocks the automatic plan of
+    ``manager`` (one with ``device_target_bytes``) keeps, offloads or
+    recomputes each step (docs/guide.md, "The automatic plan"), as
+    ``offload::checkpoint`` with ``CheckpointOptions::planned`` does in C++.
+
+    Open ``with manager:`` around each step's whole forward (the step the
+    plan counts blocks in); Hugging Face models call this for every layer
+    (``enable_gradient_checkpointing(model, manager, plan="auto")`` installs
+    it), and ``PlannedModuleList`` wraps an ``nn.ModuleList`` of blocks.
+    Per block: **keep** runs it under ``no_offload()``; **offload** runs it
+    as is (its saved tensors go through the manager); **recompute** runs
+    ``torch.utils.checkpoint.checkpoint(function, *args,
+    use_reentrant=False)``, whose saved inputs go through the manager. In a
+    measuring step (the first, and the one after input sizes change) every
+    block is recomputed, timed with device events and what it saves is
+    counted (through checkpoint's ``determinism_check`` metadata hook, the
+    only place PyTorch shows a checkpointed block's saved tensors); the
+    link is timed with two copies of a block's input. Gradients are bitwise
+    those without checkpointing in every case. Outside ``with manager:`` or
+    with grad mode off the function just runs.
+
+    Args:
+        manager: a torch_offload.Manager with ``device_target_bytes > 0``.
+        **checkpoint_kwargs: passed to ``torch.utils.checkpoint.checkpoint``
+            (``preserve_rng_state``, ...); ``use_reentrant`` must be False.
+
+    Raises:
+        TypeError: ``manager`` is not a torch_offload.Manager.
+        ValueError: its ``device_target_bytes`` is 0, or ``use_reentrant=True``.
+    """
+
+    def __init__(self, manager, **checkpoint_kwargs):
+        if not isinstance(manager, Manager):
+            raise TypeError(f"PlannedCheckpoint: manager must be a torch_offload.Manager, got {type(manager).__name__}")
+        if manager.options["device_target_bytes"] <= 0:
+            raise ValueError(
+                "PlannedCheckpoint: the manager's device_target_bytes must be > 0 (the plan meets that target), got 0"
+            )
+        if checkpoint_kwargs.get("use_reentrant", False):
+            raise ValueError("PlannedCheckpoint: use_reentrant must be False, got True")
+        self.manager = manager
+        self._kwargs = {**checkpoint_kwargs, "use_reentrant": False}
+        torch.utils.checkpoint._allowed_determinism_checks_to_fns.setdefault(_MEASURE_KEY, _measure_saved)
+
+    def __call__(self, function, *args, **kwargs):
+        if not torch.is_grad_enabled():
+            return function(*args, **kwargs)
+        tensors = [a for a in args if isinstance(a, torch.Tensor)]
+        impl = self.manager._impl
+        turn = impl.plan_block(_device_bytes(tensors))
+        if turn is None:
+            return function(*args, **kwargs)
+        index, choice, measure, probe = turn
+        if choice == "keep":
+            with no_offload():
+                return function(*args, **kwargs)
+        if choice == "offload":
+            return function(*args, **kwargs)
+        if not measure:
+            return torch.utils.checkpoint.checkpoint(function, *args, **self._kwargs, **kwargs)
+        return self._measured(index, probe, tensors, function, args, kwargs)
+
+    def _measured(self, index, probe, tensors, function, args, kwargs):
+        on_device = [t for t in tensors if t.device.type != "cpu"]
+        device = on_device[0].device if on_device else None
+        run_kwargs = {**self._kwargs, "determinism_check": _MEASURE_KEY}
+        _counting.storages = {}
+        try:
+
+            def run():
+                return torch.utils.checkpoint.checkpoint(function, *args, **run_kwargs, **kwargs)
+
+            if device is None:
+                begin = time.perf_counter_ns()
+                out = run()
+                ns = time.perf_counter_ns() - begin
+            else:
+                out, ns = _timed_ns(device, run)
+            storages = _counting.storages
+        finally:
+            _counting.storages = None
+        saved = sum(s.nbytes() for s in storages.values())
+        self.manager._impl.plan_measured(index, ns, saved, len(storages), _device_bytes(tensors))
+        if probe and on_device:
+            _probe_link(self.manager._impl, on_device[0])
+        return out
+
+    def summary(self):
+        """What the plan was made from and chose, one line per block."""
+        return self.manager._impl.plan_summary()
+
+    def __repr__(self):
+        return f"PlannedCheckpoint({self.manager!r})"
+
+
+class PlannedModuleList(torch.nn.Module):
+    """Runs an ``nn.ModuleList`` of blocks in order (``x = block(x)``), each
+    through a PlannedCheckpoint of ``manager``: the automatic plan for a
+    model that is a stack of blocks. The blocks stay registered under
+    ``.blocks`` (state_dict keys ``blocks.N...``)."""
+
+    def __init__(self, blocks, manager, **checkpoint_kwargs):
+        super().__init__()
+        self.blocks = blocks if isinstance(blocks, torch.nn.ModuleList) else torch.nn.ModuleList(blocks)
+        self.planned = PlannedCheckpoint(manager, **checkpoint_kwargs)
+
+    def forward(self, x, *args, **kwargs):
+        for block in self.blocks:
+            x = self.planned(block, x, *args, **kwargs)
+        return x

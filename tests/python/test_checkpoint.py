@@ -60,11 +60,12 @@ class TinyLM(nn.Module):
         return F.cross_entropy(logits.reshape(-1, logits.size(-1)), labels.reshape(-1))
 
 
-def train(func, steps=3, layers=6, width=64, seq=32):
+def train(func, steps=3, layers=6, width=64, seq=32, scope=None):
     """Losses, last gradients, the device peak above what was allocated
     before, and the layers' checkpoint function, of `steps` AdamW steps with
     each layer checkpointed by `func` (None: no checkpoint; "offload":
-    enable_gradient_checkpointing with a streamed manager)."""
+    enable_gradient_checkpointing with a streamed manager), each forward
+    inside `with scope:` when one is given."""
     testdevice.synchronize(0)
     base = testdevice.device_bytes(0)
     torch.manual_seed(0)
@@ -85,7 +86,11 @@ def train(func, steps=3, layers=6, width=64, seq=32):
     testdevice.reset_peak(0)
     for _ in range(steps):
         optimizer.zero_grad()
-        loss = model(ids, labels)
+        if scope is not None:  # the step a PlannedCheckpoint's plan counts blocks in
+            with scope:
+                loss = model(ids, labels)
+        else:
+            loss = model(ids, labels)
         loss.backward()
         optimizer.step()
         losses.append(loss.item())
@@ -135,3 +140,51 @@ def test_bad_input():
         torch_offload.CheckpointOffload(use_reentrant=True)
     with pytest.raises(TypeError, match="manager must be a torch_offload.Manager, got str"):
         torch_offload.CheckpointOffload("sim")
+
+
+@pytest.mark.parametrize("sync", ["streamed", "blocking"])
+@pytest.mark.parametrize("fraction", [0.8, 4.0])
+def test_planned_checkpoint_is_bitwise_and_plans_every_layer(sync, fraction):
+    plain_peak = train(None, steps=1)[2]
+    none = train(None, steps=4)
+    manager = torch_offload.Manager(DEV, sync=sync, device_target_bytes=int(fraction * plain_peak) + (1 << 20))
+    planned = torch_offload.PlannedCheckpoint(manager)
+    got = train(planned, steps=4, scope=manager)
+    assert_same(none, got)
+    stats = manager.stats()
+    # the last step's choices cover the six layers; the first step measured them all
+    assert stats.blocks_kept + stats.blocks_offloaded + stats.blocks_recomputed == 6, stats
+    summary = planned.summary()
+    assert summary.count("\nblock ") == 6 and "saves" in summary, summary
+    if fraction > 1:  # everything fits: every layer kept
+        assert stats.blocks_kept == 6, summary
+
+
+def test_planned_module_list_and_enable_with_plan_auto():
+    torch.manual_seed(0)
+    blocks = nn.ModuleList(nn.Sequential(nn.Linear(32, 64), nn.GELU(), nn.Linear(64, 32)) for _ in range(4)).to(DEV)
+    x = torch.randn(16, 32, device=DEV)
+    expected = blocks[3](blocks[2](blocks[1](blocks[0](x)))).square().mean()
+    (want,) = torch.autograd.grad(expected, [blocks[0][0].weight])
+    manager = torch_offload.Manager(DEV, device_target_bytes=1 << 30)
+    planned = torch_offload.PlannedModuleList(blocks, manager)
+    for _ in range(3):
+        with manager:
+            loss = planned(x).square().mean()
+        (got,) = torch.autograd.grad(loss, [blocks[0][0].weight])
+        assert torch.equal(loss, expected) and torch.equal(got, want)
+    assert manager.stats().blocks_kept == 4
+    model = TinyLM().to(DEV)
+    func = torch_offload.enable_gradient_checkpointing(model, manager, plan="auto")
+    assert isinstance(func, torch_offload.PlannedCheckpoint)
+
+
+def test_planned_bad_input():
+    with pytest.raises(TypeError, match="manager must be a torch_offload.Manager, got str"):
+        torch_offload.PlannedCheckpoint("sim")
+    with pytest.raises(ValueError, match="device_target_bytes must be > 0"):
+        torch_offload.PlannedCheckpoint(torch_offload.Manager(DEV))
+    with pytest.raises(ValueError, match="use_reentrant must be False"):
+        torch_offload.PlannedCheckpoint(torch_offload.Manager(DEV, device_target_bytes=1 << 20), use_reentrant=True)
+    with pytest.raises(ValueError, match="plan must be None or 'auto', got 'sometimes'"):
+        torch_offload.enable_gradient_checkpointing(TinyLM(), plan="sometimes")

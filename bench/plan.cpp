@@ -1,0 +1,259 @@
+// SPDX-License-Identifier: MIT
+// offload-bench plan: the automatic plan (CheckpointOptions::planned under
+// Options::device_target_bytes) against every fixed strategy that meets the
+// same target, on the demo GPT (models/gpt.hpp) at width 256 on sim, with
+// sim's link bandwidth set so that R = 0.25, 1, 3 and 6, at targets 1/4,
+// 1/2 and 3/4 of the way from the peak of "checkpoint every block + offload
+// its input" to the peak without offloading. All measured in one run.
+
+#include "bench.hpp"
+
+#include <algorithm>
+#include <chrono>
+#include <cstring>
+#include <optional>
+#include <string>
+#include <vector>
+
+#include <torch/optim/adamw.h>
+
+#include <offload/offload.hpp>
+#include <offload/sim.hpp>
+
+#include "../models/gpt.hpp"
+
+namespace bench {
+namespace {
+
+const c10::Device kSim(c10::DeviceType::PrivateUse1, 0);
+using Streamed = offload::Manager<offload::device::Sim, offload::storage::PinnedHost, offload::sync::Streamed>;
+
+// One strategy: how the blocks run and which manager (none: no scope).
+struct Strategy {
+  std::string name;
+  std::int64_t checkpoint_first = 0;  // blocks [0, k) checkpointed
+  bool planned = false;
+  bool manager = false;
+  std::int64_t target = 0;  // Options::device_target_bytes
+};
+
+// What `steps` steps of one strategy measured.
+struct Run {
+  std::vector<std::int64_t> peaks;
+  std::vector<double> seconds;
+  std::vector<double> forward_seconds;
+  std::vector<float> losses;
+  std::vector<std::int64_t> moved;
+  offload::Stats last;  // the last step's counters
+  std::string plan;     // the automatic plan's summary, after the last step
+};
+
+struct Shape {
+  std::int64_t layers, width, seq, batch;
+};
+
+Run train(const Shape& shape, const Strategy& s, int steps) {
+  torch::manual_seed(0);
+  gpt::Model model(gpt::Config{.vocab = 64,
+                               .layers = shape.layers,
+                               .width = shape.width,
+                               .heads = 4,
+                               .seq = shape.seq,
+                               .checkpoint_first = s.checkpoint_first,
+                               .planned = s.planned});
+  model->to(kSim);
+  const auto data = torch::randint(64, {shape.batch, shape.seq + 1}, torch::kLong);
+  const auto x = data.narrow(1, 0, shape.seq).to(kSim);
+  const auto y = data.narrow(1, 1, shape.seq).to(kSim);
+  std::optional<offload::AnyManager> manager;
+  if (s.manager) manager = Streamed(offload::Options{.device_target_bytes = s.target});
+  if (manager) manager->exclude(model->parameters());
+  torch::optim::AdamW optimizer(model->parameters(), torch::optim::AdamWOptions(1e-3));
+  Run run;
+  for (int step = 0; step < steps; ++step) {
+    if (manager) manager->reset_stats();
+    optimizer.zero_grad();
+    offload::sim::synchronize(0);
+    offload::sim::reset_peak(0);
+    const auto t0 = Clock::now();
+    torch::Tensor loss;
+    {
+      std::optional<offload::Scope> scope;
+      if (manager) scope.emplace(*manager);
+      loss = model->loss(x, y);
+    }
+    run.forward_seconds.push_back(std::chrono::duration<double>(Clock::now() - t0).count());
+    loss.backward();
+    offload::sim::synchronize(0);
+    run.peaks.push_back(offload::sim::device_memory(0).peak_bytes);
+    optimizer.step();
+    run.losses.push_back(loss.item<float>());
+    run.seconds.push_back(std::chrono::duration<double>(Clock::now() - t0).count());
+    run.last = manager ? manager->stats() : offload::Stats{};
+    run.moved.push_back(run.last.bytes_offloaded);
+  }
+  if (manager && s.planned) {
+    if (auto planner = offload::interface_of(*manager)->block_planner()) run.plan = planner->summary();
+  }
+  return run;
+}
+
+// Mean of v from step `from` (0-based) on.
+template <class T>
+double mean_from(const std::vector<T>& v, std::size_t from) {
+  double sum = 0;
+  for (std::size_t i = from; i < v.size(); ++i) sum += static_cast<double>(v[i]);
+  return v.size() > from ? sum / static_cast<double>(v.size() - from) : 0.0;
+}
+
+std::int64_t max_from(const std::vector<std::int64_t>& v, std::size_t from) {
+  std::int64_t out = 0;
+  for (std::size_t i = from; i < v.size(); ++i) out = std::max(out, v[i]);
+  return out;
+}
+
+// The fixed strategies whose peak does not depend on a target.
+std::vector<Strategy> fixed_strategies(std::int64_t layers) {
+  std::vector<Strategy> out = {{"offload all", 0, false, true},
+                               {"checkpoint all", layers, false, false},
+                               {"checkpoint all + offload inputs", layers, false, true}};
+  for (std::int64_t k = 1; k < layers; ++k) {
+    out.push_back({"checkpoint first " + std::to_string(k), k, false, false});
+    out.push_back({"checkpoint first " + std::to_string(k) + " + offload rest", k, false, true});
+  }
+  return out;
+}
+
+// One measured strategy in one cell.
+Json row_of(const Strategy& s, const Run& r, const Run& none, std::int64_t target, double r_value) {
+  const bool equal = r.losses.size() == none.losses.size() &&
+                     std::memcmp(r.losses.data(), none.losses.data(), sizeof(float) * r.losses.size()) == 0;
+  const auto peak = max_from(r.peaks, 1);  // from step 2 on
+  return Json::object({{"R", Json(r_value)},
+                       {"target_bytes", Json(target)},
+                       {"strategy", Json(s.name)},
+                       {"peak_bytes", Json(peak)},
+                       {"meets_target", Json(target == 0 || peak <= target + target / 50)},
+                       {"seconds", Json(mean_from(r.seconds, 2))},  // steps 3 on: every plan learned
+                       {"bytes_moved_per_step", Json(mean_from(r.moved, 2))},
+                       {"blocks_kept", Json(r.last.blocks_kept)},
+                       {"blocks_offloaded", Json(r.last.blocks_offloaded)},
+                       {"blocks_recomputed", Json(r.last.blocks_recomputed)},
+                       {"peaks", Json(r.peaks)},
+                       {"step_seconds", Json(r.seconds)},
+                       {"losses_bitwise_equal", Json(equal)},
+                       {"plan", r.plan.empty() ? Json(nullptr) : Json(r.plan)}});
+}
+
+// The cell's verdict: auto against the best fixed strategy that meets the
+// target, and against the better of the device target and checkpoint all
+// + offload inputs.
+Json verdict(const std::vector<Json>& rows, double r_value, std::int64_t target) {
+  double best = 0, baseline = 0, automatic = 0;
+  std::string best_name;
+  bool auto_ok = false;
+  for (const auto& row : rows) {
+    const auto t = integer(row, "target_bytes");
+    if (number(row, "R") != r_value || (t != 0 && t != target)) continue;
+    const auto name = row.at("strategy").get<std::string>();
+    const bool meets = row.at("losses_bitwise_equal").get<bool>() && integer(row, "peak_bytes") <= target + target / 50;
+    const double seconds = number(row, "seconds");
+    if (name == "auto") {
+      automatic = seconds;
+      auto_ok = meets;
+      continue;
+    }
+    if (!meets) continue;
+    if (best == 0 || seconds < best) best = seconds, best_name = name;
+    if ((name == "device target" || name == "checkpoint all + offload inputs") && (baseline == 0 || seconds < baseline))
+      baseline = seconds;
+  }
+  return Json::object({{"R", Json(r_value)},
+                       {"target_bytes", Json(target)},
+                       {"auto_seconds", Json(automatic)},
+                       {"auto_meets_target_bitwise", Json(auto_ok)},
+                       {"best_fixed", Json(best_name)},
+                       {"best_fixed_seconds", Json(best)},
+                       {"auto_over_best", Json(best > 0 ? automatic / best : 0.0)},
+                       {"baseline_seconds", Json(baseline)},
+                       {"auto_faster_than_baseline", Json(baseline > 0 ? 1.0 - automatic / baseline : 0.0)}});
+}
+
+void print_cells(const std::vector<Json>& cells) {
+  std::vector<Column> columns = {
+      fixed_column("R", "", "R", 2),
+      mib_column("target", "target_bytes"),
+      {"auto", "s", [](const Json& c) { return fixed(number(c, "auto_seconds"), 3); }},
+      {"meets, bitwise", "",
+       [](const Json& c) { return c.at("auto_meets_target_bitwise").get<bool>() ? "yes" : "NO"; }},
+      text_column("best fixed", "best_fixed"),
+      {"best", "s", [](const Json& c) { return fixed(number(c, "best_fixed_seconds"), 3); }},
+      {"auto / best", "", [](const Json& c) { return fixed(number(c, "auto_over_best"), 3) + "x"; }},
+      {"auto vs min(target, ckpt+offload)", "",
+       [](const Json& c) { return fixed(100.0 * number(c, "auto_faster_than_baseline"), 1) + " % faster"; }},
+  };
+  print_rows(columns, cells);
+}
+
+}  // namespace
+
+int run_plan(const Args& args) {
+  const Shape shape{4, args.quick ? 128 : 256, args.quick ? 64 : 128, 8};
+  const int steps = 5;
+  std::cout << "## The automatic plan (CheckpointOptions::planned + device_target_bytes) on sim\n\n"
+            << "The demo GPT (" << shape.layers << " blocks, width " << shape.width << ", seq " << shape.seq
+            << ", batch " << shape.batch << "), " << steps
+            << " AdamW steps per strategy, sync::Streamed for every strategy that offloads. R = (bytes offload-all "
+               "moves per step one way / link bandwidth) / forward time without offloading: sim's bandwidth is set "
+               "to bytes / (R x forward), both measured first. Targets: 1/4, 1/2, 3/4 of the way from the peak of "
+               "checkpoint all + offload inputs to the peak without offloading. A fixed strategy counts where its "
+               "peak from step 2 on is within 1.02x of the target and its losses are bitwise those without "
+               "offloading; times are the mean of steps 3 on.\n\n";
+  const Run none = train(shape, {"none"}, steps);
+  const double forward = mean_from(none.forward_seconds, 1);
+  const double moved_all = mean_from(train(shape, {"offload all", 0, false, true}, 2).moved, 1);
+  std::vector<Json> rows;
+  std::vector<Json> cells;
+  for (const double r_value : {0.25, 1.0, 3.0, 6.0}) {
+    const double gbps = std::min(offload::sim::kMaxCopyBandwidthGbps, moved_all / (r_value * forward) / 1e9);
+    offload::sim::set_copy_bandwidth_gbps(gbps);
+    std::cout << "R = " << fixed(r_value, 2) << ": link " << fixed(gbps, 3) << " GB/s\n";
+    rows.push_back(row_of({"none"}, none, none, 0, r_value));
+    std::int64_t low = 0;
+    for (const auto& s : fixed_strategies(shape.layers)) {
+      const auto run = train(shape, s, steps);
+      rows.push_back(row_of(s, run, none, 0, r_value));
+      if (s.name == "checkpoint all + offload inputs") low = max_from(run.peaks, 1);
+    }
+    const auto high = max_from(none.peaks, 0);
+    for (const double fraction : {0.25, 0.5, 0.75}) {
+      const auto target = low + static_cast<std::int64_t>(fraction * static_cast<double>(high - low));
+      const Strategy device{"device target", 0, false, true, target};
+      rows.push_back(row_of(device, train(shape, device, steps), none, target, r_value));
+      const Strategy automatic{"auto", 0, true, true, target};
+      rows.push_back(row_of(automatic, train(shape, automatic, steps), none, target, r_value));
+      cells.push_back(verdict(rows, r_value, target));
+    }
+  }
+  offload::sim::set_copy_bandwidth_gbps(offload::sim::Config{}.copy_bandwidth_gbps);
+  std::cout << "\n";
+  print_cells(cells);
+  int faster = 0, within = 0;
+  for (const auto& c : cells) {
+    if (number(c, "auto_faster_than_baseline") >= 0.10) ++faster;
+    if (c.at("auto_meets_target_bitwise").get<bool>() && number(c, "auto_over_best") <= 1.03) ++within;
+  }
+  std::cout << "\nauto within 1.03x of the best fixed strategy, under the target and bitwise: " << within << " of "
+            << cells.size() << " cells; >= 10 % faster than the better of the device target and checkpoint all + "
+            << "offload inputs: " << faster << " of " << cells.size() << "\n";
+  auto json = header(args, torch_version());
+  json.push_back({"steps", Json(steps)});
+  json.push_back({"forward_seconds", Json(forward)});
+  json.push_back({"offload_all_bytes_per_step", Json(moved_all)});
+  json.push_back({"cells", Json(cells)});
+  json.push_back({"rows", Json(rows)});
+  write_result(args, "plan.json", json);
+  return 0;
+}
+
+}  // namespace bench
