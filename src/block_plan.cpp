@@ -192,6 +192,13 @@ bool BlockPlanner::begin_step(std::int64_t needed, std::int64_t allocated) {
   const std::lock_guard lock(mutex_);
   const auto now = Clock::now();
   const auto previous = ran_choices_;
+  if (started_ && next_index_ == 0) {
+    // No planned block ran since the last begin (an evaluation pass under
+    // no_grad, another model under the scope): not a step of the plan.
+    step_start_ = now;
+    step_forward_peak_ = -1;
+    return false;
+  }
   if (started_) {
     measured_ns_ = std::chrono::duration_cast<std::chrono::nanoseconds>(now - step_start_).count();
     for (auto& c : counts_) c = 0;
@@ -208,6 +215,8 @@ bool BlockPlanner::begin_step(std::int64_t needed, std::int64_t allocated) {
         const auto all = plan_blocks(costs_, link_, 0, -1);
         base_ns_ = std::max<std::int64_t>(0, measured_ns_ - probe_ns_ - all.extra_ns);
         plan_locked();
+      } else {
+        measure_next_ = true;  // a block was not measured (it threw): measure again
       }
     } else {
       if (ran != choices_.size()) measure_next_ = true;  // fewer blocks than planned
@@ -251,9 +260,11 @@ BlockPlanner::Turn BlockPlanner::next_block(std::int64_t input_bytes) {
     }
     turn.probe_link = !probed_ && input_bytes > 0;
     if (turn.probe_link) probed_ = true;
-  } else if (diverged_ || index >= choices_.size() || input_bytes != costs_[index].input_bytes) {
-    // Not the blocks the plan was made for: recompute from here on (it
-    // fits wherever anything does) and measure the next step.
+  } else if (diverged_ || index >= choices_.size() || index >= costs_.size() ||
+             input_bytes > costs_[index].input_bytes) {
+    // Not the blocks the plan was made for (more of them, or larger
+    // inputs: smaller ones need less and follow the plan): recompute from
+    // here on (it fits wherever anything does) and measure the next step.
     diverged_ = true;
     measure_next_ = true;
   } else {

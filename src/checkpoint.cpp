@@ -42,6 +42,17 @@
 namespace offload {
 namespace {
 
+// Planned blocks (and recomputations) running on this thread: a planned
+// block inside one just runs, so a step counts the same blocks whatever
+// the outer one's choice, and a recomputation takes no turn of the plan.
+thread_local int t_planned_depth = 0;
+struct PlannedDepth {
+  PlannedDepth() { ++t_planned_depth; }
+  ~PlannedDepth() { --t_planned_depth; }
+  PlannedDepth(const PlannedDepth&) = delete;
+  PlannedDepth& operator=(const PlannedDepth&) = delete;
+};
+
 // Thrown by the recording hooks once the recomputation saved all it must;
 // caught around the recomputation (nothing else sees it).
 struct StopRecomputation {};
@@ -395,6 +406,7 @@ void Frame::recompute(std::int64_t pass, Recomputed& out) {
   try {
     write_state(state_at_forward_);
     const torch::autograd::AutoGradMode grad(true);
+    const PlannedDepth planned_depth;
     const Scope collecting(any_manager_of(std::make_shared<CollectSource>(shared_from_this(), pass)));
     try {
       (void)block_(inputs);
@@ -517,9 +529,10 @@ void probe_link(BlockPlanner& plan, const at::Tensor& t) {
 // plan chose for it this step.
 std::vector<at::Tensor> run_planned(Block block, const std::vector<at::Tensor>& inputs,
                                     const CheckpointOptions& options) {
-  const auto manager = detail::current_manager();
+  const auto manager = t_planned_depth == 0 ? detail::current_manager() : nullptr;
   const auto plan = manager ? manager->block_planner() : nullptr;
   if (!plan) return block(inputs);
+  const PlannedDepth depth;
   const auto [input_bytes, device] = device_inputs(inputs);
   const auto turn = plan->next_block(input_bytes);
   switch (turn.choice) {

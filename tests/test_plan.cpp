@@ -246,3 +246,38 @@ TEST_CASE("plan: planned blocks without a target run as they are" * fixture::sim
   CHECK(stats.blocks_kept + stats.blocks_offloaded + stats.blocks_recomputed == 0);
   CHECK(stats.tensors_offloaded >= Model::kBlocks * 3);  // what the blocks saved, not only their inputs
 }
+
+TEST_CASE("plan: a scope of the same manager inside the step, and a planned block inside another, count once" *
+          fixture::sim_only{kSuiteOnSim}) {
+  const SlowPoisonedSim sim;
+  const Model model;
+  offload::AnyManager manager = Blocking(offload::Options{.device_target_bytes = std::int64_t{1} << 30});
+  const auto plain_loss = model.loss(64, How::plain).item<float>();
+  for (int s = 0; s < 3; ++s) {
+    CAPTURE(s);
+    at::Tensor loss;
+    {
+      const offload::Scope step(manager);
+      at::manual_seed(1);
+      auto h = at::randn({64, 64}).to(sim0);
+      for (int i = 0; i < Model::kBlocks; ++i) {
+        offload::Block inner = [u = model.up[i], d = model.down[i]](const std::vector<at::Tensor>& in) {
+          return std::vector<at::Tensor>{in[0] + at::matmul(at::tanh(at::matmul(in[0], u)), d)};
+        };
+        // The outer block runs the inner one, also planned, inside a
+        // scope of the same manager: still one block of one step.
+        offload::Block outer = [&manager, inner](const std::vector<at::Tensor>& in) {
+          const offload::Scope nested(manager);
+          return offload::checkpoint(inner, in, {.name = "inner", .planned = true});
+        };
+        h = offload::checkpoint(outer, {h}, {.name = "outer", .planned = true})[0];
+      }
+      loss = h.pow(2).mean();
+    }
+    loss.backward();
+    CHECK(loss.item<float>() == plain_loss);
+    const auto stats = manager.stats();
+    CHECK(stats.blocks_kept + stats.blocks_offloaded + stats.blocks_recomputed == Model::kBlocks);
+    if (s > 0) CHECK(stats.blocks_kept == Model::kBlocks);  // the target leaves room for every block
+  }
+}

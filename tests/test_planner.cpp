@@ -307,3 +307,31 @@ TEST_CASE("BlockPlanner: a step that needed more than predicted re-plans with th
   CHECK(tight.take_warning().empty());
   CHECK(tight.next_block(20).choice == R);
 }
+
+TEST_CASE(
+    "BlockPlanner: a begin with no block run is not a step; smaller inputs follow the plan; a block left "
+    "unmeasured measures again") {
+  offload::BlockPlanner planner(/*target=*/1000, /*overlaps=*/true);
+  planner.begin_step(-1);
+  for (int i = 0; i < 3; ++i) planner.measured(planner.next_block(20).index, BlockCost{1000, 100, 2, 20});
+  planner.link_measured(400, 400, 100, 100);
+  CHECK(planner.begin_step(300));  // planned: all kept
+  for (int i = 0; i < 3; ++i) CHECK(planner.next_block(20).choice == K);
+  // An evaluation pass under the scope runs no planned block: nothing changes.
+  CHECK_FALSE(planner.begin_step(300));
+  CHECK_FALSE(planner.begin_step(300));
+  for (int i = 0; i < 3; ++i) CHECK(planner.next_block(i == 1 ? 10 : 20).choice == K);  // a smaller input
+  CHECK_FALSE(planner.begin_step(300));
+  // A larger input: recomputed from there, then a measuring step in which
+  // one block is never reported (it threw): the step after measures again.
+  CHECK(planner.next_block(20).choice == K);
+  CHECK(planner.next_block(40).choice == R);
+  CHECK(planner.next_block(20).choice == R);
+  CHECK(planner.begin_step(300));
+  planner.measured(planner.next_block(40).index, BlockCost{1000, 100, 2, 40});
+  (void)planner.next_block(20);  // not measured
+  CHECK(planner.begin_step(300));
+  const auto turn = planner.next_block(40);
+  CHECK(turn.measure);
+  CHECK(turn.choice == R);
+}

@@ -117,7 +117,9 @@ class BlockPlanner {
   /// policy copies beside compute.
   BlockPlanner(std::int64_t target, bool overlaps) : target_(target), overlaps_(overlaps) {}
 
-  /// A step begins (the manager's scope opened). `needed`: the most
+  /// A step begins (the manager's outermost scope opened); a begin with no
+  /// planned block run since the last one is not a step (nothing changes,
+  /// returns false). `needed`: the most
   /// device bytes the step before had allocated at once (its own peak, or
   /// where the device's peak does not show it, the per-tensor plan's
   /// model of it with every eligible saved tensor offloaded), or -1.
@@ -128,8 +130,9 @@ class BlockPlanner {
 
   /// A marked block is about to run with `input_bytes` of inputs on the
   /// device: its choice in this step. A block the plan did not expect (a
-  /// new block, other input sizes) is recomputed and measured, and so is
-  /// every block of the next step.
+  /// block beyond those planned, or larger inputs than measured; smaller
+  /// ones follow the plan) is recomputed with every later block of the
+  /// step, and the next step measures.
   Turn next_block(std::int64_t input_bytes);
 
   /// The forward pass of this step ended (its scope closed) with the

@@ -9,6 +9,7 @@ import time
 
 import torch
 import torch.utils.checkpoint
+from torch.multiprocessing.reductions import StorageWeakRef
 
 from ._manager import Manager, no_offload
 
@@ -115,6 +116,7 @@ plain_checkpoint = functools.partial(torch.utils.checkpoint.checkpoint, use_reen
 
 _MEASURE_KEY = "torch_offload_measure"
 _counting = threading.local()  # the block being measured on this thread: its saved storages
+_planned = threading.local()  # planned blocks running on this thread (`depth`): an inner one just runs
 
 
 def _measure_saved(x):
@@ -125,9 +127,11 @@ def _measure_saved(x):
     count = getattr(_counting, "storages", None)
     if count is not None and x.device.type != "cpu" and not _is_parameter_like(x):
         storage = x.untyped_storage()
-        # Held until the block returns, so a freed storage's address is not
-        # taken for a new one within the block.
-        count.setdefault(storage.data_ptr(), storage)
+        # A weak reference until the block returns: the storage's bytes are
+        # freed as usual, but its object (the key) is not reused meanwhile.
+        ref = StorageWeakRef(storage)
+        if ref.cdata not in count:
+            count[ref.cdata] = (ref, storage.nbytes())
     return torch.utils.checkpoint._default_meta_extractor(x)
 
 
@@ -205,8 +209,12 @@ class PlannedCheckpoint:
     counted (through checkpoint's ``determinism_check`` metadata hook, the
     only place PyTorch shows a checkpointed block's saved tensors); the
     link is timed with two copies of a block's input. Gradients are bitwise
-    those without checkpointing in every case. Outside ``with manager:`` or
-    with grad mode off the function just runs.
+    those without checkpointing in every case. Outside ``with manager:`` on
+    this thread, with grad mode off, or inside another planned block, the
+    function just runs. As with ``torch.utils.checkpoint``, a recomputed
+    block that updates state in forward (BatchNorm's running statistics)
+    updates it again when recomputed (the C++ ``offload::checkpoint``
+    restores such state; from Python, keep such blocks out of the plan).
 
     Args:
         manager: a torch_offload.Manager with ``device_target_bytes > 0``.
@@ -232,8 +240,15 @@ class PlannedCheckpoint:
         torch.utils.checkpoint._allowed_determinism_checks_to_fns.setdefault(_MEASURE_KEY, _measure_saved)
 
     def __call__(self, function, *args, **kwargs):
-        if not torch.is_grad_enabled():
+        if not torch.is_grad_enabled() or not self.manager._open_here() or getattr(_planned, "depth", 0):
             return function(*args, **kwargs)
+        _planned.depth = 1
+        try:
+            return self._run(function, args, kwargs)
+        finally:
+            _planned.depth = 0
+
+    def _run(self, function, args, kwargs):
         tensors = [a for a in args if isinstance(a, torch.Tensor)]
         impl = self.manager._impl
         turn = impl.plan_block(_device_bytes(tensors))
@@ -268,7 +283,7 @@ class PlannedCheckpoint:
             storages = _counting.storages
         finally:
             _counting.storages = None
-        saved = sum(s.nbytes() for s in storages.values())
+        saved = sum(nbytes for _, nbytes in storages.values())
         self.manager._impl.plan_measured(index, ns, saved, len(storages), _device_bytes(tensors))
         if probe and on_device:
             _probe_link(self.manager._impl, on_device[0])

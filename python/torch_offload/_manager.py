@@ -325,6 +325,10 @@ class Manager(_HookRegion):
         self._impl.on_scope_exit(self._marks.stack.pop(), True)
         return False
 
+    def _open_here(self):
+        """Whether a ``with`` of this manager is open on this thread."""
+        return bool(getattr(self._marks, "stack", None))
+
     def stats(self):
         """A Stats snapshot (thread-safe)."""
         return Stats(**dict(self._impl.stats()))

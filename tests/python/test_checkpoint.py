@@ -174,6 +174,15 @@ def test_planned_module_list_and_enable_with_plan_auto():
         (got,) = torch.autograd.grad(loss, [blocks[0][0].weight])
         assert torch.equal(loss, expected) and torch.equal(got, want)
     assert manager.stats().blocks_kept == 4
+    # outside `with manager:` the blocks just run: no turn of the plan is taken
+    manager.reset_stats()
+    assert torch.equal(planned(x).square().mean(), expected)
+    assert manager.stats().blocks_kept == 4  # still the last step's choices
+    with manager:
+        pass  # a step without planned blocks changes nothing
+    with manager:
+        planned(x)
+    assert manager.stats().blocks_kept == 4
     model = TinyLM().to(DEV)
     func = torch_offload.enable_gradient_checkpointing(model, manager, plan="auto")
     assert isinstance(func, torch_offload.PlannedCheckpoint)

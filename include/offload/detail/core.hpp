@@ -241,8 +241,10 @@ class Core final : public ManagerInterface, public std::enable_shared_from_this<
       // With planned blocks the automatic plan gives its own warning (the
       // per-tensor plan's reserve then counts a recomputation's block).
       const bool blocks = blocks_->has_blocks();
-      step_start_peak_ = peak_on(target_index_);
-      step_start_allocated_ = allocated_on(target_index_);
+      if (open_scopes_ == 0) {
+        step_start_peak_ = peak_on(target_index_);
+        step_start_allocated_ = allocated_on(target_index_);
+      }
       if (const auto warning = planner_.begin_step(peak_on(target_index_), allocated_on(target_index_));
           !warning.empty() && !blocks)
         warn(warning);
@@ -250,8 +252,13 @@ class Core final : public ManagerInterface, public std::enable_shared_from_this<
       // the per-tensor plan's model of it with every eligible tensor
       // offloaded): where it changes what blocks save, the record the
       // per-tensor plan was made from no longer applies.
+      // Only the outermost scope of this manager starts the plan's step.
       const auto needed = planner_.recorded_peak() >= 0 ? planner_.recorded_peak() : planner_.least_peak();
-      if (blocks_->begin_step(needed, step_start_allocated_)) planner_.forget();
+      try {
+        if (open_scopes_++ == 0 && blocks_->begin_step(needed, step_start_allocated_)) planner_.forget();
+      } catch (...) {  // out of memory for the plan: the per-tensor plan starts over, as the first step
+        planner_.forget();
+      }
       if (const auto warning = blocks_->take_warning(); !warning.empty()) warn(warning);
     }
     return ScopeMark{seen_defined_.load(std::memory_order_relaxed), seen_on_device_.load(std::memory_order_relaxed)};
@@ -263,7 +270,9 @@ class Core final : public ManagerInterface, public std::enable_shared_from_this<
       planner_.end_forward(observe(target_index_));
       note_still_allocated();
       const auto peak = peak_on(target_index_);
-      blocks_->end_forward(peak > step_start_peak_ && step_start_allocated_ >= 0 ? peak - step_start_allocated_ : -1);
+      if (open_scopes_ > 0 && --open_scopes_ == 0) {
+        blocks_->end_forward(peak > step_start_peak_ && step_start_allocated_ >= 0 ? peak - step_start_allocated_ : -1);
+      }
     }
     // Scopes on other threads may pack meanwhile: a tensor on the device
     // seen by any of them silences the first warning (never a false alarm
@@ -657,6 +666,7 @@ class Core final : public ManagerInterface, public std::enable_shared_from_this<
   std::shared_ptr<BlockPlanner> blocks_;    // the automatic plan, with a target; else null
   std::int64_t step_start_peak_ = -1;       // the device's peak when the step's scope opened
   std::int64_t step_start_allocated_ = -1;  // ... and its allocated bytes
+  int open_scopes_ = 0;                     // scopes of this manager open now (the plan's step: the outermost)
   Stats stats_;
   std::atomic<std::int64_t> seen_defined_{0};    // defined saved tensors packed (for the scope warnings)
   std::atomic<std::int64_t> seen_on_device_{0};  // of them, on Device's device type
