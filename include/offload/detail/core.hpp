@@ -166,6 +166,7 @@ class Core final : public ManagerInterface, public std::enable_shared_from_this<
     }
     if (!entry) return pass(t, pass_.budget, std::move(packed));  // the host budget forbids
     ++stats_.tensors_offloaded;
+    relieve_if_over(t.device().index());
     view->entry = std::move(entry);
     packed.offloaded = std::move(view);
     return packed;
@@ -498,6 +499,17 @@ class Core final : public ManagerInterface, public std::enable_shared_from_this<
     const auto allocated = allocated_on(index);
     planner_.observe(allocated, peak_on(index));
     return allocated;
+  }
+  // Forward backpressure under a target: a sync policy whose copies lag
+  // behind compute (a loaded host, a slow link) holds more of its forward
+  // stash than the step the plan was made from showed; when allocated
+  // device memory leaves less than the reserve under the target, its stash
+  // is released now, as at the end of forward (the compute stream waits
+  // for those copies).
+  void relieve_if_over(c10::DeviceIndex index) {
+    if constexpr (steps) {
+      if (planner_.active() && planner_.over(allocated_on(index))) sync_.end_forward();
+    }
   }
   // Device bytes the sync policy brought back ahead of need, not yet used.
   std::int64_t prefetched_bytes() const {

@@ -195,6 +195,14 @@ class Planner {
     return std::max<std::int64_t>(0, target_ - margin - allocated);
   }
 
+  /// Whether `allocated` device bytes (-1: unknown) leave less than the
+  /// reserve under the target: what an operation allocates next could
+  /// cross it (also in a step that offloads everything, the first or one
+  /// after forget()).
+  bool over(std::int64_t allocated) const noexcept {
+    return active() && allocated >= 0 && allocated + scaled(reserve_) > target_;
+  }
+
   /// The most device bytes the step the last plan was made from needed
   /// with every eligible saved tensor offloaded (its highest point less
   /// what was kept, plus the reserve); -1 before a plan or without memory
