@@ -462,6 +462,20 @@ PYBIND11_MODULE(_C, m) {
           py::arg("index"), py::arg("forward_ns"), py::arg("saved_bytes"), py::arg("saved_storages"),
           py::arg("input_bytes"))
       .def(
+          "plan_recomputing",
+          [](offload::AnyManager& self, std::int32_t index, int device_index) {
+            if (const auto planner = offload::interface_of(self)->block_planner()) {
+              planner->recomputing(index, device_index);
+            }
+          },
+          py::arg("index"), py::arg("device_index"))
+      .def(
+          "plan_recomputed",
+          [](offload::AnyManager& self, std::int32_t index, std::int64_t ns) {
+            if (const auto planner = offload::interface_of(self)->block_planner()) planner->recomputed(index, ns);
+          },
+          py::arg("index"), py::arg("ns"))
+      .def(
           "plan_link",
           [](offload::AnyManager& self, std::int64_t bytes, std::int64_t ns, std::int64_t small_bytes,
              std::int64_t small_ns) {

@@ -25,6 +25,12 @@ struct Prediction {
   std::int64_t peak = 0;
 };
 
+// A block's forward time: its measured recomputation where there is one
+// (the allocator warm), else its first forward.
+double forward_ns_of(const BlockCost& b) {
+  return static_cast<double>(b.recompute_ns >= 0 ? b.recompute_ns : b.forward_ns);
+}
+
 // The link time of one block's copies in one direction.
 double copy_ns(const LinkCost& link, std::int64_t bytes, std::int64_t copies) {
   return link.bytes_per_ns > 0 && bytes > 0
@@ -50,7 +56,7 @@ double exposed_overlapping(const std::vector<BlockCost>& blocks, const LinkCost&
                            const std::vector<BlockChoice>& choices) {
   double now = 0, link_free = 0;
   for (std::size_t i = 0; i < blocks.size(); ++i) {
-    now += static_cast<double>(blocks[i].forward_ns);
+    now += forward_ns_of(blocks[i]);
     const auto c = moved_ns(link, blocks[i], choices[i]);
     if (c > 0) link_free = std::max(link_free, now) + c;
   }
@@ -63,10 +69,30 @@ double exposed_overlapping(const std::vector<BlockCost>& blocks, const LinkCost&
       stalled += link_free - now;
       now = link_free;
     }
-    const auto f = static_cast<double>(blocks[i].forward_ns);
+    const auto f = forward_ns_of(blocks[i]);
     now += 2 * f + (choices[i] == BlockChoice::recompute ? f : 0.0);
   }
   return stalled;
+}
+
+// The backward peak from each block's measured stretch (backward_peak,
+// BlockCost), or -1 where one was not measured: block i's plus the kept
+// blocks before it (their backward is still to run) and, with overlapping
+// copies, the largest offloaded block before it (brought back ahead of
+// need).
+std::int64_t backward_peak(const std::vector<BlockCost>& blocks, bool overlaps,
+                           const std::vector<BlockChoice>& choices) {
+  std::int64_t peak = 0;
+  std::int64_t kept_before = 0;
+  std::int64_t offloaded_before = 0;
+  for (std::size_t i = 0; i < blocks.size(); ++i) {
+    const auto& b = blocks[i];
+    if (b.backward_peak < 0) return -1;
+    peak = std::max(peak, b.backward_peak + kept_before + (overlaps ? offloaded_before : 0));
+    if (choices[i] == BlockChoice::keep) kept_before += b.saved_bytes;
+    if (choices[i] == BlockChoice::offload) offloaded_before = std::max(offloaded_before, b.saved_bytes);
+  }
+  return peak;
 }
 
 Prediction predict(const std::vector<BlockCost>& blocks, const LinkCost& link, std::int64_t base_peak,
@@ -82,7 +108,7 @@ Prediction predict(const std::vector<BlockCost>& blocks, const LinkCost& link, s
   Prediction out;
   for (std::size_t i = 0; i < blocks.size(); ++i) {
     const auto& b = blocks[i];
-    const auto f = static_cast<double>(b.forward_ns);
+    const auto f = forward_ns_of(b);
     link_ns += moved_ns(link, b, choices[i]);
     switch (choices[i]) {
       case BlockChoice::keep:
@@ -113,15 +139,23 @@ Prediction predict(const std::vector<BlockCost>& blocks, const LinkCost& link, s
   }
   out.extra_ns += link.overlaps ? exposed_overlapping(blocks, link, choices) : 2 * link_ns;
   out.moved = link_ns;
-  // Kept blocks' tensors add to both peaks, less the last kept block's:
-  // in forward the measured peak was reached while a block ran, holding
-  // its temporaries (at least what it saves); in backward, at the last
-  // kept block, the measured step held that block's recomputed tensors
-  // (the same bytes). Overlapping copies add what they hold in forward.
+  // Kept blocks' tensors add to the forward peak, less the last kept
+  // block's: the measured peak was reached while a block ran, holding its
+  // temporaries (at least what it saves). Overlapping copies add what they
+  // hold in forward. Backward: from each block's measured stretch where
+  // known, else as forward, from the step's peak (at the last kept
+  // block's backward the measured step held its recomputed tensors).
   const auto at_forward_end = (forward_peak >= 0 ? forward_peak : base_peak) + kept - last_kept + behind;
-  const auto in_backward = base_peak + kept - last_kept;
+  const auto measured = backward_peak(blocks, link.overlaps, choices);
+  const auto in_backward = measured >= 0 ? measured : base_peak + kept - last_kept;
   out.peak = std::max(at_forward_end, in_backward);
   return out;
+}
+
+// The predicted extra time of recomputing every block (no choice fits
+// under a limit of -1).
+std::int64_t recompute_all_extra_ns(const std::vector<BlockCost>& blocks, const LinkCost& link) {
+  return plan_blocks(blocks, link, 0, -1).extra_ns;
 }
 
 // Whether a is the better of two predictions that both fit.
@@ -208,12 +242,16 @@ bool BlockPlanner::begin_step(std::int64_t needed, std::int64_t allocated) {
       const bool complete = ran > 0 && costs_.size() == ran && !measure_next_ &&
                             std::all_of(have_cost_.begin(), have_cost_.end(), [](bool b) { return b; });
       if (complete) {
+        growth_ =
+            allocated >= 0 && measure_allocated_ >= 0 ? std::max<std::int64_t>(0, allocated - measure_allocated_) : 0;
+        // The block recomputed last closes its stretch with the step's peak.
+        if (last_recomputed_ >= 0 && needed >= 0) {
+          costs_[static_cast<std::size_t>(last_recomputed_)].backward_peak = needed - growth_;
+        }
         base_peak_ = needed;
         forward_peak_ = step_forward_peak_ >= 0 && allocated >= 0 ? step_forward_peak_ + allocated : -1;
         correction_ = 0;
-        // No choice fits under -1: every block recomputed, and its extra time.
-        const auto all = plan_blocks(costs_, link_, 0, -1);
-        base_ns_ = std::max<std::int64_t>(0, measured_ns_ - probe_ns_ - all.extra_ns);
+        base_ns_ = std::max<std::int64_t>(0, measured_ns_ - probe_ns_ - recompute_all_extra_ns(costs_, link_));
         plan_locked();
       } else {
         measure_next_ = true;  // a block was not measured (it threw): measure again
@@ -236,6 +274,8 @@ bool BlockPlanner::begin_step(std::int64_t needed, std::int64_t allocated) {
   probed_ = false;
   probe_ns_ = 0;
   measuring_ = measure_next_ || !planned_;
+  if (measuring_) measure_allocated_ = allocated;
+  last_recomputed_ = -1;
   if (measure_next_) {
     costs_.clear();
     have_cost_.clear();
@@ -287,6 +327,22 @@ void BlockPlanner::measured(std::int32_t index, const BlockCost& cost) {
   have_cost_[i] = true;
 }
 
+void BlockPlanner::recomputing(std::int32_t index, int device_index) {
+  const auto peak = peak_ ? peak_(device_index) : -1;
+  const std::lock_guard lock(mutex_);
+  const auto i = static_cast<std::size_t>(index);
+  if (!measuring_ || i >= costs_.size()) return;
+  if (last_recomputed_ >= 0) costs_[static_cast<std::size_t>(last_recomputed_)].backward_peak = peak;
+  last_recomputed_ = index;
+}
+
+void BlockPlanner::recomputed(std::int32_t index, std::int64_t ns) {
+  const std::lock_guard lock(mutex_);
+  const auto i = static_cast<std::size_t>(index);
+  if (!measuring_ || i >= costs_.size() || ns < 0) return;
+  costs_[i].recompute_ns = ns;
+}
+
 void BlockPlanner::link_measured(std::int64_t bytes, std::int64_t ns, std::int64_t small_bytes, std::int64_t small_ns) {
   const std::lock_guard lock(mutex_);
   probe_ns_ += ns + small_ns;
@@ -310,7 +366,8 @@ std::string BlockPlanner::summary() const {
   for (std::size_t i = 0; i < costs_.size(); ++i) {
     const auto& c = costs_[i];
     out << "block " << i << ": forward " << c.forward_ns << " ns, saves " << c.saved_bytes << " B in "
-        << c.saved_storages << " storages, input " << c.input_bytes << " B";
+        << c.saved_storages << " storages, input " << c.input_bytes << " B, backward peak " << c.backward_peak
+        << " B, recomputed in " << c.recompute_ns << " ns";
     if (i < choices_.size()) out << ": " << choices_[i];
     out << "\n";
   }
@@ -343,7 +400,7 @@ void BlockPlanner::plan_locked() {
   if (base_peak_ < 0) {
     // No memory statistics: nothing to plan against; keep recomputing.
     choices_.assign(costs_.size(), BlockChoice::recompute);
-    extra_ns_ = plan_blocks(costs_, link_, 0, -1).extra_ns;
+    extra_ns_ = recompute_all_extra_ns(costs_, link_);
     predicted_peak_ = std::numeric_limits<std::int64_t>::max();
     planned_ = true;
     if (!warned_) {
@@ -354,7 +411,13 @@ void BlockPlanner::plan_locked() {
     }
     return;
   }
-  const auto result = plan_blocks(costs_, link_, base_peak_ + correction_, target_,
+  // The measured stretches, on the footing of base_peak: with what was
+  // allocated since (optimizer state) and what planned steps showed.
+  auto costs = costs_;
+  for (auto& c : costs) {
+    if (c.backward_peak >= 0) c.backward_peak += growth_ + correction_;
+  }
+  const auto result = plan_blocks(costs, link_, base_peak_ + correction_, target_,
                                   forward_peak_ >= 0 ? forward_peak_ + correction_ : -1);
   choices_ = result.choices;
   extra_ns_ = result.extra_ns;

@@ -169,6 +169,14 @@ class Frame : public std::enable_shared_from_this<Frame> {
     return out;
   }
 
+  // Backward: `begin` runs when a recomputation begins, `end` when it
+  // ended without an error (the automatic plan's measuring step records
+  // the device's allocated bytes there, and times it).
+  void on_recompute(std::function<void()> begin, std::function<void()> end) {
+    recompute_began_ = std::move(begin);
+    recompute_ended_ = std::move(end);
+  }
+
   // Forward: runs the block (under the recording scope the caller opened).
   std::vector<at::Tensor> run(const std::vector<at::Tensor>& inputs) { return block_(inputs); }
   void forward_done() { forward_done_ = true; }
@@ -236,6 +244,8 @@ class Frame : public std::enable_shared_from_this<Frame> {
   bool counting_ = false;                                           // count_saved(): forward counts what it saves
   std::vector<c10::weak_intrusive_ptr<c10::StorageImpl>> counted_;  // the storages counted (weak)
   std::int64_t counted_bytes_ = 0;                                  // ... their bytes
+  std::function<void()> recompute_began_;                           // on_recompute()
+  std::function<void()> recompute_ended_;
 };
 
 // What the block's nodes hold for each tensor it saved in forward.
@@ -363,6 +373,7 @@ void Frame::recompute(std::int64_t pass, Recomputed& out) {
   TORCH_CHECK(forward_done_, "offload::checkpoint: block '", name_,
               "': its saved tensors were needed before the block returned (backward inside the block); not "
               "supported");
+  if (recompute_began_) recompute_began_();
   out.tensors.resize(metas_.size());
   out.handed.assign(metas_.size(), false);
   std::vector<at::Tensor> inputs;
@@ -422,17 +433,22 @@ void Frame::recompute(std::int64_t pass, Recomputed& out) {
   }
   recomputing_ = false;
   restore();
+  if (recompute_ended_) recompute_ended_();
   TORCH_CHECK(static_cast<std::size_t>(out.count) == metas_.size(), "offload::checkpoint: block '", name_,
               "': the recomputation saved ", out.count, " tensors, the forward ", metas_.size(),
               "; the block must run the same operations each time");
 }
 
-// Runs `block` checkpointed; with `cost`, counts what its forward saves.
+// Runs `block` checkpointed; with `cost`, counts what its forward saves,
+// and with `measure`, tells the plan where its recomputation begins and
+// what it took.
 std::vector<at::Tensor> run_checkpointed(Block block, const std::vector<at::Tensor>& inputs,
-                                         const CheckpointOptions& options, BlockCost* cost) {
+                                         const CheckpointOptions& options, BlockCost* cost,
+                                         const std::function<void(Frame&)>& measure = {}) {
   auto frame = std::make_shared<Frame>(std::move(block), options);
   frame->save_inputs(inputs);
   if (cost != nullptr) frame->count_saved();
+  if (measure) measure(*frame);
   std::vector<at::Tensor> outputs;
   {
     const Scope recording(any_manager_of(std::make_shared<RecordSource>(frame)));
@@ -548,8 +564,26 @@ std::vector<at::Tensor> run_planned(Block block, const std::vector<at::Tensor>& 
   if (!turn.measure) return run_checkpointed(std::move(block), inputs, options, nullptr);
   BlockCost cost;
   cost.input_bytes = input_bytes;
+  // The recomputation in backward: where it begins, and its time (the
+  // cost of recomputing, with the allocator warm).
+  const auto measure_recomputation = [&](Frame& frame) {
+    if (!device) return;
+    auto timer = std::make_shared<std::optional<BlockTimer>>();
+    const std::weak_ptr<BlockPlanner> weak = plan;
+    frame.on_recompute(
+        [weak, timer, index = turn.index, device = *device] {
+          if (const auto p = weak.lock()) p->recomputing(index, device.index());
+          timer->emplace(device);
+        },
+        [weak, timer, index = turn.index] {
+          if (!timer->has_value()) return;
+          const auto ns = (*timer)->stop();
+          timer->reset();
+          if (const auto p = weak.lock()) p->recomputed(index, ns);
+        });
+  };
   BlockTimer timer(device);
-  auto outputs = run_checkpointed(std::move(block), inputs, options, &cost);
+  auto outputs = run_checkpointed(std::move(block), inputs, options, &cost, measure_recomputation);
   cost.forward_ns = timer.stop();
   plan->measured(turn.index, cost);
   if (turn.probe_link) {

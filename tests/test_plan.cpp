@@ -162,6 +162,10 @@ TEST_CASE_TEMPLATE("plan: the first step recomputes every block, later ones meet
       if (stats.blocks_recomputed < Model::kBlocks) not_all_recomputed = true;
     }
     CHECK(not_all_recomputed);  // the target leaves room: not every block is rebuilt
+    // The measuring step recorded each block's point and time in backward.
+    const auto summary = offload::interface_of(manager)->block_planner()->summary();
+    CHECK(summary.find("backward peak -1") == std::string::npos);
+    CHECK(summary.find("recomputed in -1") == std::string::npos);
   }
 }
 

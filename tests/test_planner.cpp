@@ -255,6 +255,35 @@ TEST_CASE("plan_blocks: a limit below the base recomputes every block and says i
   CHECK(no_link.choices == std::vector<BlockChoice>{R, R, K, K});
 }
 
+TEST_CASE("plan_blocks: where each block's backward stretch was measured, kept blocks count from there") {
+  // Gradients grow as backward reaches earlier blocks: block 0's stretch
+  // of the measuring step peaked at 230 bytes, block 3's at 200; 150 in
+  // forward.
+  auto blocks = four_blocks();
+  for (std::size_t i = 0; i < blocks.size(); ++i) blocks[i].backward_peak = 230 - 10 * static_cast<int>(i);
+  // Keeping blocks 2 and 3: block 3's backward holds block 2's tensors too
+  // (200 + 100); block 0's stays 230; forward 150 + 100.
+  const auto plan = offload::plan_blocks(blocks, LinkCost{0.0, 0, true}, 230, 300, 150);
+  CHECK(plan.choices == std::vector<BlockChoice>{R, R, K, K});
+  CHECK(plan.peak_bytes == 300);
+  // Everything kept: block 3's stretch holds the three blocks before it.
+  const auto all = offload::plan_blocks(blocks, LinkCost{0.0, 0, true}, 230, 1000, 150);
+  CHECK(all.choices == std::vector<BlockChoice>{K, K, K, K});
+  CHECK(all.peak_bytes == 500);
+  // A block whose stretch was not measured: the step's peak stands for
+  // every block's (230 + the kept blocks less the last), one block fewer
+  // kept.
+  blocks[1].backward_peak = -1;
+  const auto unmeasured = offload::plan_blocks(blocks, LinkCost{0.0, 0, true}, 230, 300, 150);
+  CHECK(unmeasured.choices == std::vector<BlockChoice>{R, R, R, K});
+  CHECK(unmeasured.peak_bytes == 230);
+  CHECK(unmeasured.extra_ns == 3000);
+  // A measured recomputation is the block's time: 600 ns, not the 1 us of
+  // its first forward.
+  for (auto& b : blocks) b.recompute_ns = 600;
+  CHECK(offload::plan_blocks(blocks, LinkCost{0.0, 0, true}, 230, 300, 150).extra_ns == 1800);
+}
+
 TEST_CASE("BlockPlanner: measures the first step, plans the next, measures again after other input sizes") {
   offload::BlockPlanner planner(/*target=*/1000, /*overlaps=*/true);
   CHECK_FALSE(planner.begin_step(-1));
@@ -282,6 +311,42 @@ TEST_CASE("BlockPlanner: measures the first step, plans the next, measures again
   const auto turn = planner.next_block(40);
   CHECK(turn.measure);
   CHECK(turn.choice == R);
+}
+
+TEST_CASE("BlockPlanner: records each block's stretch of backward, and plans from it") {
+  std::int64_t peak = 0;
+  offload::BlockPlanner planner(/*target=*/305, /*overlaps=*/true,
+                                [&](int device) { return device == 0 ? peak : std::int64_t{-1}; });
+  planner.begin_step(-1, 10);
+  for (int i = 0; i < 2; ++i) planner.measured(planner.next_block(20).index, BlockCost{1000, 100, 2, 20});
+  planner.end_forward(50);
+  // Backward, last block first: the device's peak when block 0's
+  // recomputation begins closes block 1's stretch; the step's peak (at the
+  // next begin) closes block 0's.
+  peak = 120;
+  planner.recomputing(1, 0);
+  peak = 170;
+  planner.recomputing(5, 0);  // no such block: ignored
+  planner.recomputing(0, 0);
+  planner.recomputed(0, 700);
+  // The next step begins with 30 more bytes allocated (optimizer state) and
+  // the step's peak, 210 with them.
+  CHECK(planner.begin_step(210, 40));
+  const auto summary = planner.summary();
+  CHECK(summary.find("block 0: forward 1000 ns, saves 100 B in 2 storages, input 20 B, backward peak 180 B, "
+                     "recomputed in 700 ns") != std::string::npos);
+  CHECK(summary.find("block 1: forward 1000 ns, saves 100 B in 2 storages, input 20 B, backward peak 170 B, "
+                     "recomputed in -1 ns") != std::string::npos);
+  // Both kept: block 1's stretch holds block 0's tensors too (170 + 30 +
+  // 100 = 300), under 305; from the step's peak alone (210 + 2 x 100, less
+  // the last kept block's = 310) they would not fit.
+  CHECK(planner.next_block(20).choice == K);
+  CHECK(planner.next_block(20).choice == K);
+  // Planned steps do not record.
+  peak = 500;
+  planner.recomputing(0, 0);
+  planner.recomputing(1, 0);
+  CHECK(planner.summary().find("backward peak 170 B") != std::string::npos);
 }
 
 TEST_CASE("BlockPlanner: a step that needed more than predicted re-plans with the difference") {

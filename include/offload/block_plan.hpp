@@ -14,9 +14,11 @@
 #include <algorithm>
 #include <chrono>
 #include <cstdint>
+#include <functional>
 #include <iosfwd>
 #include <mutex>
 #include <string>
+#include <utility>
 #include <vector>
 
 #include <offload/stats.hpp>
@@ -39,6 +41,17 @@ struct BlockCost {
   std::int64_t saved_bytes = 0;     ///< storage bytes it saves for backward on the device, parameters excluded
   std::int64_t saved_storages = 0;  ///< how many distinct storages those are (each a copy when offloaded)
   std::int64_t input_bytes = 0;     ///< storage bytes of its inputs on the device (what recomputing saves)
+  /// The most device bytes allocated at once from its recomputation's
+  /// beginning in the measuring step's backward (every block recomputed,
+  /// inputs offloaded) to the next block's (or the step's end): the
+  /// device's running peak there, exact where that stretch raised it, else
+  /// an upper bound. -1: not measured (then the step's peak stands for
+  /// every block's).
+  std::int64_t backward_peak = -1;
+  /// Its recomputation in that backward, nanoseconds, or -1: not measured.
+  /// Where measured, the model takes it for the block's forward time (the
+  /// first forward of a run pays for a cold allocator and first calls).
+  std::int64_t recompute_ns = -1;
 };
 
 /// The link between the device and host memory, measured on the run.
@@ -60,15 +73,24 @@ struct BlockPlanResult {
 /// Chooses keep, offload or recompute per block. The model:
 /// - Recomputing every block (inputs offloaded) peaks at `base_peak`
 ///   bytes, and at `forward_peak` by the end of forward (-1: not known,
-///   taken as base_peak); both measured. Keeping blocks adds their
-///   saved_bytes to both, less the last kept block's (the measured forward
-///   peak was reached while a block ran, holding at least what it saves;
-///   at the last kept block's backward the measured step held its
-///   recomputed tensors). Offloading adds to the forward peak, with
-///   overlapping copies, what they hold on the device until they end (the
-///   largest offloaded block's saved bytes, or what the link cannot have
-///   moved by the end of forward if that is more).
-/// - Recomputing costs the block's forward again. Offloaded bytes cost
+///   taken as base_peak); both measured.
+/// - Backward: where every block's backward_peak is known (on the footing
+///   of base_peak: what was allocated since the measuring step is added),
+///   block i's backward peaks at its backward_peak plus the saved bytes
+///   of the kept blocks before it (their backward is still to run) and,
+///   with overlapping copies, the largest offloaded block before it
+///   (brought back ahead of need); a kept or offloaded block holds its own
+///   tensors there as the measured step held them recomputed. Otherwise
+///   kept blocks add their saved bytes to base_peak, less the last kept
+///   block's.
+/// - Forward: kept blocks add their saved bytes to forward_peak, less the
+///   last kept block's (the measured forward peak was reached while a
+///   block ran, holding at least what it saves); overlapping copies add
+///   what they hold on the device until they end (the largest offloaded
+///   block's saved bytes, or what the link cannot have moved by the end of
+///   forward if that is more).
+/// - Recomputing costs the block's forward again (recompute_ns where
+///   measured, as for every use of a block's forward time). Offloaded bytes cost
 ///   latency x storages + bytes / bandwidth each way (a recomputed block's
 ///   input likewise). Overlapping copies are a pipeline per direction: in
 ///   forward a block's copies start when it ends and what is still copying
@@ -93,8 +115,9 @@ BlockPlanResult plan_blocks(const std::vector<BlockCost>& blocks, const LinkCost
 /// across steps. The first step (and the step after the blocks' input
 /// sizes change) is a measuring step: every block is recomputed, with its
 /// inputs offloaded, which fits wherever anything does; each block's
-/// forward time, saved bytes and input bytes are measured, and the link by
-/// timing copies of a block's input. The step after a measuring step is
+/// forward time, saved bytes and input bytes are measured, the link by
+/// timing copies of a block's input, and in backward each block's
+/// recomputation time and peak (recomputing(), recomputed()). The step after a measuring step is
 /// planned from it (plan_blocks), with the target and the peak the
 /// measuring step needed (begin_step()); a later step that needed more
 /// than the model predicted, and more than the target, re-plans with the
@@ -114,8 +137,11 @@ class BlockPlanner {
   };
 
   /// `target`: Options::device_target_bytes (> 0); `overlaps`: the sync
-  /// policy copies beside compute.
-  BlockPlanner(std::int64_t target, bool overlaps) : target_(target), overlaps_(overlaps) {}
+  /// policy copies beside compute; `peak`: the most bytes the device with
+  /// the given index has had allocated at once so far (-1: not reported),
+  /// read by recomputing(); empty: not read.
+  BlockPlanner(std::int64_t target, bool overlaps, std::function<std::int64_t(int)> peak = {})
+      : target_(target), overlaps_(overlaps), peak_(std::move(peak)) {}
 
   /// A step begins (the manager's outermost scope opened); a begin with no
   /// planned block run since the last one is not a step (nothing changes,
@@ -147,6 +173,17 @@ class BlockPlanner {
   /// What block `index` cost, measured in this (measuring) step.
   void measured(std::int32_t index, const BlockCost& cost);
 
+  /// Block `index`'s recomputation begins in this (measuring) step's
+  /// backward, on the device with index `device_index`: that device's
+  /// running peak now closes the stretch of the block whose recomputation
+  /// began before in this step (BlockCost::backward_peak); the last
+  /// stretch closes at the next begin_step() with the step's peak.
+  void recomputing(std::int32_t index, int device_index);
+
+  /// Block `index`'s recomputation in this (measuring) step's backward
+  /// took `ns` nanoseconds (BlockCost::recompute_ns).
+  void recomputed(std::int32_t index, std::int64_t ns);
+
   /// A timed copy of `bytes` device bytes to pinned host memory took
   /// `ns`, and one of `small_bytes` took `small_ns` (the bandwidth and
   /// latency follow from the two).
@@ -169,6 +206,7 @@ class BlockPlanner {
   mutable std::mutex mutex_;
   std::int64_t target_;
   bool overlaps_;
+  std::function<std::int64_t(int)> peak_;
   bool measuring_ = true;                 // this step recomputes and measures every block
   bool measure_next_ = false;             // a block was unexpected: the next step measures
   bool planned_ = false;                  // choices_ come from a plan
@@ -186,6 +224,9 @@ class BlockPlanner {
   std::int64_t forward_peak_ = -1;       // ... by the end of its forward (-1: not known)
   std::int64_t step_forward_peak_ = -1;  // end_forward() of this step
   std::int64_t correction_ = 0;          // what planned steps needed beyond the model
+  std::int64_t growth_ = 0;              // allocated since the measuring step began (optimizer state)
+  std::int64_t measure_allocated_ = -1;  // allocated when the measuring step began
+  std::int32_t last_recomputed_ = -1;    // the block whose recomputation began last in this step
   std::int64_t predicted_peak_ = 0;
   std::int64_t extra_ns_ = 0;     // the plan's predicted extra time
   std::int64_t base_ns_ = -1;     // measured step time less the model's extra time of that step

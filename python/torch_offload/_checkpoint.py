@@ -207,8 +207,9 @@ class PlannedCheckpoint:
     measuring step (the first, and the one after input sizes change) every
     block is recomputed, timed with device events and what it saves is
     counted (through checkpoint's ``determinism_check`` metadata hook, the
-    only place PyTorch shows a checkpointed block's saved tensors); the
-    link is timed with two copies of a block's input. Gradients are bitwise
+    only place PyTorch shows a checkpointed block's saved tensors), and
+    the device's allocated bytes are recorded where its recomputation
+    begins in backward; the link is timed with two copies of a block's input. Gradients are bitwise
     those without checkpointing in every case. Outside ``with manager:`` on
     this thread, with grad mode off, or inside another planned block, the
     function just runs. As with ``torch.utils.checkpoint``, a recomputed
@@ -268,11 +269,31 @@ class PlannedCheckpoint:
         on_device = [t for t in tensors if t.device.type != "cpu"]
         device = on_device[0].device if on_device else None
         run_kwargs = {**self._kwargs, "determinism_check": _MEASURE_KEY}
+        impl = self.manager._impl
+        calls = 0
+
+        def block(*a, **k):
+            # The second call is the recomputation in backward: the plan
+            # records the device's allocated bytes where it begins, and its
+            # time (checkpoint may stop it early with an exception).
+            nonlocal calls
+            calls += 1
+            if calls != 2 or device is None:
+                return function(*a, **k)
+            impl.plan_recomputing(index, device.index if device.index is not None else 0)
+            torch.accelerator.synchronize(device)
+            begin = time.perf_counter_ns()
+            try:
+                return function(*a, **k)
+            finally:
+                torch.accelerator.synchronize(device)
+                impl.plan_recomputed(index, time.perf_counter_ns() - begin)
+
         _counting.storages = {}
         try:
 
             def run():
-                return torch.utils.checkpoint.checkpoint(function, *args, **run_kwargs, **kwargs)
+                return torch.utils.checkpoint.checkpoint(block, *args, **run_kwargs, **kwargs)
 
             if device is None:
                 begin = time.perf_counter_ns()
@@ -284,9 +305,9 @@ class PlannedCheckpoint:
         finally:
             _counting.storages = None
         saved = sum(nbytes for _, nbytes in storages.values())
-        self.manager._impl.plan_measured(index, ns, saved, len(storages), _device_bytes(tensors))
+        impl.plan_measured(index, ns, saved, len(storages), _device_bytes(tensors))
         if probe and on_device:
-            _probe_link(self.manager._impl, on_device[0])
+            _probe_link(impl, on_device[0])
         return out
 
     def summary(self):

@@ -118,7 +118,9 @@ class Core final : public ManagerInterface, public std::enable_shared_from_this<
         planner_(options_.device_target_bytes, serves_target ? options_.prefetch_depth : 0,
                  serves_target ? options_.prefetch_bytes : 0),
         blocks_(options_.device_target_bytes > 0
-                    ? std::make_shared<BlockPlanner>(options_.device_target_bytes, /*overlaps=*/serves_target)
+                    ? std::make_shared<BlockPlanner>(
+                          options_.device_target_bytes, /*overlaps=*/serves_target,
+                          [](int index) { return peak_on(static_cast<c10::DeviceIndex>(index)); })
                     : nullptr) {}
 
   std::unique_ptr<torch::autograd::SavedVariableHooks> make_hooks() override {
@@ -242,13 +244,13 @@ class Core final : public ManagerInterface, public std::enable_shared_from_this<
       // With planned blocks the automatic plan gives its own warning (the
       // per-tensor plan's reserve then counts a recomputation's block).
       const bool blocks = blocks_->has_blocks();
+      const auto peak = peak_on(target_index_);
+      const auto allocated = allocated_on(target_index_);
       if (open_scopes_ == 0) {
-        step_start_peak_ = peak_on(target_index_);
-        step_start_allocated_ = allocated_on(target_index_);
+        step_start_peak_ = peak;
+        step_start_allocated_ = allocated;
       }
-      if (const auto warning = planner_.begin_step(peak_on(target_index_), allocated_on(target_index_));
-          !warning.empty() && !blocks)
-        warn(warning);
+      if (const auto warning = planner_.begin_step(peak, allocated); !warning.empty() && !blocks) warn(warning);
       // The automatic plan, from the peak of the step before (its own, or
       // the per-tensor plan's model of it with every eligible tensor
       // offloaded): where it changes what blocks save, the record the
