@@ -445,9 +445,10 @@ PYBIND11_MODULE(_C, m) {
             const auto planner = offload::interface_of(self)->block_planner();
             if (!planner) return py::none();
             const auto turn = planner->next_block(input_bytes);
-            const char* choice = turn.choice == offload::BlockChoice::keep      ? "keep"
-                                 : turn.choice == offload::BlockChoice::offload ? "offload"
-                                                                                : "recompute";
+            const char* choice = turn.choice == offload::BlockChoice::keep                   ? "keep"
+                                 : turn.choice == offload::BlockChoice::offload              ? "offload"
+                                 : turn.choice == offload::BlockChoice::recompute_input_kept ? "recompute_input_kept"
+                                                                                             : "recompute";
             return py::make_tuple(turn.index, choice, turn.measure, turn.probe_link);
           },
           py::arg("input_bytes"))

@@ -42,7 +42,11 @@ double copy_ns(const LinkCost& link, std::int64_t bytes, std::int64_t copies) {
 double moved_ns(const LinkCost& link, const BlockCost& b, BlockChoice choice) {
   if (choice == BlockChoice::offload) return copy_ns(link, b.saved_bytes, std::max<std::int64_t>(1, b.saved_storages));
   if (choice == BlockChoice::recompute) return copy_ns(link, b.input_bytes, 1);
-  return 0.0;
+  return 0.0;  // kept, or recomputed with its input kept
+}
+
+bool is_recomputed(BlockChoice choice) {
+  return choice == BlockChoice::recompute || choice == BlockChoice::recompute_input_kept;
 }
 
 // The step's time beyond its compute that the copies cost, with
@@ -70,7 +74,7 @@ double exposed_overlapping(const std::vector<BlockCost>& blocks, const LinkCost&
       now = link_free;
     }
     const auto f = forward_ns_of(blocks[i]);
-    now += 2 * f + (choices[i] == BlockChoice::recompute ? f : 0.0);
+    now += 2 * f + (is_recomputed(choices[i]) ? f : 0.0);
   }
   return stalled;
 }
@@ -90,6 +94,7 @@ std::int64_t backward_peak(const std::vector<BlockCost>& blocks, bool overlaps,
     if (b.backward_peak < 0) return -1;
     peak = std::max(peak, b.backward_peak + kept_before + (overlaps ? offloaded_before : 0));
     if (choices[i] == BlockChoice::keep) kept_before += b.saved_bytes;
+    if (choices[i] == BlockChoice::recompute_input_kept) kept_before += b.input_bytes;
     if (choices[i] == BlockChoice::offload) offloaded_before = std::max(offloaded_before, b.saved_bytes);
   }
   return peak;
@@ -105,6 +110,7 @@ Prediction predict(const std::vector<BlockCost>& blocks, const LinkCost& link, s
   std::int64_t last_kept = 0;  // the saved bytes of the last kept block
   std::int64_t offloaded = 0;
   std::int64_t largest_offloaded = 0;
+  std::int64_t kept_inputs = 0;  // of blocks recomputed with their input kept
   Prediction out;
   for (std::size_t i = 0; i < blocks.size(); ++i) {
     const auto& b = blocks[i];
@@ -120,6 +126,9 @@ Prediction predict(const std::vector<BlockCost>& blocks, const LinkCost& link, s
         offloaded += b.saved_bytes;
         largest_offloaded = std::max(largest_offloaded, b.saved_bytes);
         break;
+      case BlockChoice::recompute_input_kept:
+        kept_inputs += b.input_bytes;
+        [[fallthrough]];
       case BlockChoice::recompute:
         out.extra_ns += f;
         ++out.recomputed;
@@ -145,9 +154,9 @@ Prediction predict(const std::vector<BlockCost>& blocks, const LinkCost& link, s
   // hold in forward. Backward: from each block's measured stretch where
   // known, else as forward, from the step's peak (at the last kept
   // block's backward the measured step held its recomputed tensors).
-  const auto at_forward_end = (forward_peak >= 0 ? forward_peak : base_peak) + kept - last_kept + behind;
+  const auto at_forward_end = (forward_peak >= 0 ? forward_peak : base_peak) + kept - last_kept + kept_inputs + behind;
   const auto measured = backward_peak(blocks, link.overlaps, choices);
-  const auto in_backward = measured >= 0 ? measured : base_peak + kept - last_kept;
+  const auto in_backward = measured >= 0 ? measured : base_peak + kept - last_kept + kept_inputs;
   out.peak = std::max(at_forward_end, in_backward);
   return out;
 }
@@ -183,6 +192,8 @@ std::ostream& operator<<(std::ostream& os, BlockChoice choice) {
       return os << "offload";
     case BlockChoice::recompute:
       return os << "recompute";
+    case BlockChoice::recompute_input_kept:
+      return os << "recompute (input kept)";
   }
   return os << "BlockChoice(" << static_cast<int>(choice) << ')';
 }
@@ -199,12 +210,19 @@ BlockPlanResult plan_blocks(const std::vector<BlockCost>& blocks, const LinkCost
   bool found = false;
   Prediction best;
   const bool may_offload = link.bytes_per_ns > 0;
-  const auto consider = [&](std::vector<BlockChoice> choices) {
+  const auto consider_one = [&](std::vector<BlockChoice> choices) {
     const auto p = predict(blocks, link, base_peak, forward_peak, choices);
     if (p.peak > limit || (found && !better(p, best))) return;
     found = true;
     best = p;
     result.choices = std::move(choices);
+  };
+  // Each candidate with the recomputed blocks' inputs offloaded, and kept.
+  const auto consider = [&](std::vector<BlockChoice> choices) {
+    auto kept = choices;
+    std::replace(kept.begin(), kept.end(), BlockChoice::recompute, BlockChoice::recompute_input_kept);
+    consider_one(std::move(choices));
+    consider_one(std::move(kept));
   };
   for (std::size_t first = 0; first <= n; ++first) {
     for (std::size_t second = 0; first + second <= n; ++second) {
@@ -386,12 +404,13 @@ bool BlockPlanner::has_blocks() const {
 
 void BlockPlanner::add_stats(Stats& stats) const {
   const std::lock_guard lock(mutex_);
-  std::int64_t running[3] = {0, 0, 0};
+  std::int64_t running[4] = {0, 0, 0, 0};
   for (auto c : ran_choices_) ++running[static_cast<int>(c)];
   const auto* counts = ran_choices_.empty() ? counts_ : running;
   stats.blocks_kept += counts[static_cast<int>(BlockChoice::keep)];
   stats.blocks_offloaded += counts[static_cast<int>(BlockChoice::offload)];
-  stats.blocks_recomputed += counts[static_cast<int>(BlockChoice::recompute)];
+  stats.blocks_recomputed +=
+      counts[static_cast<int>(BlockChoice::recompute)] + counts[static_cast<int>(BlockChoice::recompute_input_kept)];
   if (planned_ && base_ns_ >= 0) stats.plan_predicted_step_us += (base_ns_ + extra_ns_) / 1000;
   if (!costs_.empty() || !choices_.empty()) stats.plan_measured_step_us += measured_ns_ / 1000;
 }

@@ -558,6 +558,10 @@ std::vector<at::Tensor> run_planned(Block block, const std::vector<at::Tensor>& 
     }
     case BlockChoice::offload:
       return block(inputs);
+    case BlockChoice::recompute_input_kept: {
+      const NoOffload inputs_kept;  // the recording scope of the block opens inside it
+      return run_checkpointed(std::move(block), inputs, options, nullptr);
+    }
     case BlockChoice::recompute:
       break;
   }

@@ -169,6 +169,31 @@ TEST_CASE_TEMPLATE("plan: the first step recomputes every block, later ones meet
   }
 }
 
+TEST_CASE("plan: over a slow link blocks are recomputed with their inputs kept where they fit, bitwise" *
+          fixture::sim_only{kSuiteOnSim}) {
+  const SlowPoisonedSim sim;
+  const Model model;
+  const auto b = bounds<Blocking>(model, 512);
+  // 0.02 GB/s: a block's saved bytes take 30 ms to copy, its forward about
+  // 1 ms; recomputing is cheaper, and keeping a 128 KiB input saves its
+  // copies (blocking: both exposed). At a quarter of the way to the plain
+  // peak that leaves room for two kept blocks and the other four's inputs.
+  offload::sim::set_copy_bandwidth_gbps(0.02);
+  const auto target = between(b, 0.25);
+  offload::AnyManager manager = Blocking(offload::Options{.device_target_bytes = target});
+  for (int s = 0; s < 4; ++s) {
+    CAPTURE(s);
+    manager.reset_stats();
+    const auto run = step(model, 512, How::planned, &manager);
+    CHECK(same(run, b.plain));
+    if (s == 0) continue;
+    CHECK(run.peak <= target + target / 50);
+    CHECK(manager.stats().blocks_recomputed > 0);
+  }
+  const auto summary = offload::interface_of(manager)->block_planner()->summary();
+  CHECK_MESSAGE(summary.find(": recompute (input kept)") != std::string::npos, summary);
+}
+
 TEST_CASE_TEMPLATE("plan: a target above the peak keeps every block and moves nothing from the third step" *
                        fixture::sim_only{kSuiteOnSim},
                    M, Blocking, Streamed) {

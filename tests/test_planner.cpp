@@ -231,12 +231,20 @@ TEST_CASE("plan_blocks: a link that hides the copies offloads, a slow one recomp
   const auto slow = offload::plan_blocks(four_blocks(), LinkCost{0.01, 0, true}, 50, 250);
   CHECK(slow.choices == std::vector<BlockChoice>{R, K, K, K});
   CHECK(slow.extra_ns == 1000);
-  // Under room for one block less, the first two: their inputs' copies
-  // (2 us each, one after the other from the end of each block) run 1 us
-  // past the end of forward.
+  // Under room for one block less: the first two recomputed, whose
+  // inputs' copies (2 us each, one after the other from the end of each
+  // block) run 1 us past the end of forward, cost 3 us; so do the first
+  // three recomputed with their inputs kept on the device (20 bytes each),
+  // which move nothing: the tie goes to them.
+  constexpr auto RK = BlockChoice::recompute_input_kept;
   const auto slower = offload::plan_blocks(four_blocks(), LinkCost{0.01, 0, true}, 50, 150);
-  CHECK(slower.choices == std::vector<BlockChoice>{R, R, K, K});
+  CHECK(slower.choices == std::vector<BlockChoice>{RK, RK, RK, K});
   CHECK(slower.extra_ns == 3000);
+  // Inputs of 60 bytes leave no room to keep them: offloaded.
+  auto wide_inputs = four_blocks();
+  for (auto& b : wide_inputs) b.input_bytes = 60;
+  CHECK(offload::plan_blocks(wide_inputs, LinkCost{0.01, 0, true}, 50, 150).choices ==
+        std::vector<BlockChoice>{R, R, K, K});
 }
 
 TEST_CASE("plan_blocks: copies that do not overlap cost their link time twice (forward and backward)") {

@@ -30,9 +30,10 @@ enum class BlockChoice : std::uint8_t {
   keep,       ///< run as is; its saved tensors stay on the device (no manager sees them)
   offload,    ///< run as is inside the manager's scope; its saved tensors are offloaded (or kept by the target plan)
   recompute,  ///< checkpointed: only its inputs are saved (through the manager); run again in backward
+  recompute_input_kept,  ///< checkpointed, its inputs kept on the device (no manager sees them); run again in backward
 };
 
-/// Writes "keep", "offload" or "recompute".
+/// Writes "keep", "offload", "recompute" or "recompute (input kept)".
 std::ostream& operator<<(std::ostream& os, BlockChoice choice);
 
 /// What one block costs, measured on the run (a step that recomputed it).
@@ -90,7 +91,10 @@ struct BlockPlanResult {
 ///   block's saved bytes, or what the link cannot have moved by the end of
 ///   forward if that is more).
 /// - Recomputing costs the block's forward again (recompute_ns where
-///   measured, as for every use of a block's forward time). Offloaded bytes cost
+///   measured, as for every use of a block's forward time). A block
+///   recomputed with its input kept holds input_bytes on the device from
+///   its forward to its backward (added to the forward peak and to the
+///   backward of the blocks after it) and moves nothing. Offloaded bytes cost
 ///   latency x storages + bytes / bandwidth each way (a recomputed block's
 ///   input likewise). Overlapping copies are a pipeline per direction: in
 ///   forward a block's copies start when it ends and what is still copying
@@ -103,7 +107,8 @@ struct BlockPlanResult {
 ///   offload the first o, recompute the next r, keep the rest; and
 ///   recompute the first r, offload the next o, keep the rest (earlier
 ///   blocks' tensors are needed last in backward, so they are the ones to
-///   move or rebuild).
+///   move or rebuild); each with the recomputed blocks' inputs offloaded,
+///   and with them kept.
 /// The choice is the candidate with the least predicted extra time whose
 /// predicted peak is at most `limit` bytes (ties: fewer bytes moved, then
 /// fewer recomputed). O(n^2) in the number of blocks.
@@ -235,7 +240,7 @@ class BlockPlanner {
   bool started_ = false;
   bool warned_ = false;
   std::string warning_;
-  std::int64_t counts_[3] = {0, 0, 0};  // by BlockChoice, the step before (or this one while none ended)
+  std::int64_t counts_[4] = {0, 0, 0, 0};  // by BlockChoice, the step before (or this one while none ended)
 };
 
 }  // namespace offload

@@ -129,7 +129,9 @@ inline constexpr std::array stat_fields{
     StatField{"blocks_offloaded", &Stats::blocks_offloaded,
               "planned blocks run with their saved tensors offloaded through the manager, in that step"},
     StatField{"blocks_recomputed", &Stats::blocks_recomputed,
-              "planned blocks checkpointed (recomputed in backward, inputs through the manager), in that step"},
+              "planned blocks checkpointed (recomputed in backward; inputs through the manager, or kept on the "
+              "device), in that "
+              "step"},
     StatField{"plan_predicted_step_us", &Stats::plan_predicted_step_us,
               "the step time the automatic plan predicts for its choices, microseconds (0 before a plan)"},
     StatField{"plan_measured_step_us", &Stats::plan_measured_step_us,

@@ -203,7 +203,8 @@ class PlannedCheckpoint:
     Per block: **keep** runs it under ``no_offload()``; **offload** runs it
     as is (its saved tensors go through the manager); **recompute** runs
     ``torch.utils.checkpoint.checkpoint(function, *args,
-    use_reentrant=False)``, whose saved inputs go through the manager. In a
+    use_reentrant=False)``, whose saved inputs go through the manager (or,
+    where the plan keeps them, under ``no_offload()``). In a
     measuring step (the first, and the one after input sizes change) every
     block is recomputed, timed with device events and what it saves is
     counted (through checkpoint's ``determinism_check`` metadata hook, the
@@ -261,6 +262,9 @@ class PlannedCheckpoint:
                 return function(*args, **kwargs)
         if choice == "offload":
             return function(*args, **kwargs)
+        if choice == "recompute_input_kept":
+            with no_offload():  # checkpoint saves the inputs here; its own hooks record the rest
+                return torch.utils.checkpoint.checkpoint(function, *args, **self._kwargs, **kwargs)
         if not measure:
             return torch.utils.checkpoint.checkpoint(function, *args, **self._kwargs, **kwargs)
         return self._measured(index, probe, tensors, function, args, kwargs)
