@@ -243,13 +243,12 @@ inline void print_rows(const std::vector<Column>& columns, const std::vector<Jso
 }  // namespace bench
 
 namespace bench {
-/// The subcommands (micro.cpp: hook, copy; models.cpp: memory, checkpoint, overlap, gpu;
-/// target.cpp: target).
-/// Each returns the process exit status.
 /// Makes sim's link free (latency 0, the largest bandwidth): for
-/// benchmarks that measure the host's cost, not the link's (micro.cpp).
+/// benchmarks that measure the host's cost, not the link's (bench.cpp).
 void free_link();
 
+/// The subcommands, one file each (NAME.cpp: run_NAME). Each returns the
+/// process exit status.
 int run_hook(const Args& args);
 int run_copy(const Args& args);
 int run_sim(const Args& args);
@@ -260,6 +259,6 @@ int run_gpu(const Args& args);
 int run_target(const Args& args);
 int run_plan(const Args& args);
 int run_host(const Args& args);
-/// "2.11.0": the LibTorch this program was built against.
+/// "2.11.0": the LibTorch this program was built against (bench.cpp).
 std::string torch_version();
 }  // namespace bench

@@ -1,7 +1,7 @@
 # SPDX-License-Identifier: MIT
 """The Python floor for offload-bench's hook benchmark.
 
-Same ops and shapes as bench/micro.cpp (run_hook): leaf float32[16] -> * 1.0
+Same ops and shapes as bench/hook.cpp (run_hook): leaf float32[16] -> * 1.0
 -> 256 x sin() (one saved 64-byte tensor each) -> sum().backward(), with and
 without torch.autograd.graph.saved_tensors_hooks(identity, identity). Per
 round both runs, in alternating order; ns per tensor = (t_hooks - t_none) /

@@ -8,21 +8,21 @@
 #include "bench.hpp"
 
 #include <algorithm>
-#include <chrono>
 #include <cstring>
+#include <iostream>
 #include <memory>
 #include <optional>
 #include <string>
 #include <vector>
 
 #include <torch/nn/module.h>
-#include <torch/optim/adamw.h>
 
 #include <offload/offload.hpp>
 #include <offload/sim.hpp>
 
-#include "../examples/demo/char_model.hpp"
-#include "../examples/demo/models.hpp"
+#include "../models/char_model.hpp"
+#include "../models/registry.hpp"
+#include "sim_training.hpp"
 
 namespace bench {
 namespace {
@@ -64,39 +64,22 @@ struct HostRun {
 // pinned cache.
 HostRun train(std::int64_t seq, int steps, std::optional<offload::AnyManager> manager) {
   torch::manual_seed(0);
-  const demo::ModelShape shape{.vocab = 64, .layers = 4, .width = 256, .heads = 4, .seq = seq};
-  std::shared_ptr<demo::CharModel> model = demo::model_kind("gpt").make(shape);
+  const models::ModelShape shape{.vocab = 64, .layers = 4, .width = 256, .heads = 4, .seq = seq};
+  std::shared_ptr<models::CharModel> model = models::model_kind("gpt").make(shape);
   model->to(kSim);
   const auto data = torch::randint(shape.vocab, {8, shape.seq + 1}, torch::kLong);
   const auto x = data.narrow(1, 0, shape.seq).to(kSim);
   const auto y = data.narrow(1, 1, shape.seq).to(kSim);
-  if (manager) manager->exclude(model->parameters());
-  torch::optim::AdamW optimizer(model->parameters(), torch::optim::AdamWOptions(1e-3));
   offload::sim::synchronize(0);
   offload::sim::empty_cache();
   offload::sim::reset_host_peak();
   HostRun run;
-  for (int s = 0; s < steps; ++s) {
-    if (manager) manager->reset_stats();
-    optimizer.zero_grad();
-    offload::sim::synchronize(0);
-    const auto fresh_before = offload::sim::host_memory().system_allocations;
-    const auto t0 = Clock::now();
-    torch::Tensor loss;
-    {
-      std::optional<offload::Scope> scope;
-      if (manager) scope.emplace(*manager);
-      loss = model->loss(x, y);
-    }
-    loss.backward();
-    offload::sim::synchronize(0);
-    optimizer.step();
-    run.losses.push_back(loss.item<float>());
-    run.seconds.push_back(std::chrono::duration<double>(Clock::now() - t0).count());
-    run.fresh_pinned.push_back(offload::sim::host_memory().system_allocations - fresh_before);
-    const auto stats = manager ? manager->stats() : offload::Stats{};
-    run.in_use_peak.push_back(stats.host_bytes_peak);
-    run.reserved_peak.push_back(stats.host_bytes_reserved_peak);
+  for (const auto& step : train_on_sim(model->parameters(), [&] { return model->loss(x, y); }, manager, steps)) {
+    run.losses.push_back(step.loss);
+    run.seconds.push_back(step.seconds);
+    run.fresh_pinned.push_back(step.fresh_pinned);
+    run.in_use_peak.push_back(step.stats.host_bytes_peak);
+    run.reserved_peak.push_back(step.stats.host_bytes_reserved_peak);
   }
   run.process_pinned_peak = offload::sim::host_memory().peak_reserved_bytes;
   return run;

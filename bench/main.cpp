@@ -59,17 +59,9 @@ void add_text(CLI::App& sub, bench::Args& args, const std::string& name, const s
       ->type_name("TEXT");
 }
 
-}  // namespace
-
-int main(int argc, char** argv) {
-  bench::Args args;
-  CLI::App app(
-      "Benchmarks of torch-offload (not tests): each prints a markdown table with ratios against a "
-      "baseline measured in the same run and writes its raw numbers to OUT/NAME.json.",
-      "offload-bench");
-  app.set_help_flag("-h,--help", "show this text (NAME --help: that benchmark's flags)");
-  app.require_subcommand(0, 1);  // none: the error below, which names the benchmarks
-  app.option_defaults()->multi_option_policy(CLI::MultiOptionPolicy::TakeLast);
+/// The subcommands, each with only the flags it reads; parsing one sets
+/// args.name and the flags given.
+void add_benchmarks(CLI::App& app, bench::Args& args) {
   const auto add = [&](const char* name, const char* what) {
     auto* sub = app.add_subcommand(name, what);
     sub->add_flag("--quick", args.quick, "fewer rounds, smaller sizes");
@@ -114,6 +106,39 @@ int main(int argc, char** argv) {
   add_text(*gpu, args, "gpu-name", "the GPU's name for the JSON file");
   add_text(*gpu, args, "date", "the date for the JSON file");
   add_text(*gpu, args, "file", "the JSON file's name (default gpu.json)");
+}
+
+/// Runs the benchmark args.name names; its exit status.
+int run(const bench::Args& args) {
+  if (args.name == "gpu") {
+    offload::install_hooks();  // before any backward pass; no sim on a GPU run
+    return bench::run_gpu(args);
+  }
+  offload::sim::install();
+  offload::install_hooks();
+  if (args.name == "hook") return bench::run_hook(args);
+  if (args.name == "copy") return bench::run_copy(args);
+  if (args.name == "sim") return bench::run_sim(args);
+  if (args.name == "memory") return bench::run_memory(args);
+  if (args.name == "checkpoint") return bench::run_checkpoint(args);
+  if (args.name == "target") return bench::run_target(args);
+  if (args.name == "plan") return bench::run_plan(args);
+  if (args.name == "host") return bench::run_host(args);
+  return bench::run_overlap(args);
+}
+
+}  // namespace
+
+int main(int argc, char** argv) {
+  bench::Args args;
+  CLI::App app(
+      "Benchmarks of torch-offload (not tests): each prints a markdown table with ratios against a "
+      "baseline measured in the same run and writes its raw numbers to OUT/NAME.json.",
+      "offload-bench");
+  app.set_help_flag("-h,--help", "show this text (NAME --help: that benchmark's flags)");
+  app.require_subcommand(0, 1);  // none: the error below, which names the benchmarks
+  app.option_defaults()->multi_option_policy(CLI::MultiOptionPolicy::TakeLast);
+  add_benchmarks(app, args);
 
   try {
     app.parse(argc, argv);
@@ -130,21 +155,7 @@ int main(int argc, char** argv) {
     return 2;
   }
   try {
-    if (args.name == "gpu") {
-      offload::install_hooks();  // before any backward pass; no sim on a GPU run
-      return bench::run_gpu(args);
-    }
-    offload::sim::install();
-    offload::install_hooks();
-    if (args.name == "hook") return bench::run_hook(args);
-    if (args.name == "copy") return bench::run_copy(args);
-    if (args.name == "sim") return bench::run_sim(args);
-    if (args.name == "memory") return bench::run_memory(args);
-    if (args.name == "checkpoint") return bench::run_checkpoint(args);
-    if (args.name == "target") return bench::run_target(args);
-    if (args.name == "plan") return bench::run_plan(args);
-    if (args.name == "host") return bench::run_host(args);
-    return bench::run_overlap(args);
+    return run(args);
   } catch (const std::exception& e) {
     std::cerr << "offload-bench " << args.name << ": " << e.what() << "\n";
     return 1;

@@ -9,18 +9,17 @@
 #include "bench.hpp"
 
 #include <algorithm>
-#include <chrono>
 #include <cstring>
+#include <iostream>
 #include <optional>
 #include <string>
 #include <vector>
-
-#include <torch/optim/adamw.h>
 
 #include <offload/offload.hpp>
 #include <offload/sim.hpp>
 
 #include "../models/gpt.hpp"
+#include "sim_training.hpp"
 
 namespace bench {
 namespace {
@@ -67,29 +66,13 @@ Run train(const Shape& shape, const Strategy& s, int steps) {
   const auto y = data.narrow(1, 1, shape.seq).to(kSim);
   std::optional<offload::AnyManager> manager;
   if (s.manager) manager = Streamed(offload::Options{.device_target_bytes = s.target});
-  if (manager) manager->exclude(model->parameters());
-  torch::optim::AdamW optimizer(model->parameters(), torch::optim::AdamWOptions(1e-3));
   Run run;
-  for (int step = 0; step < steps; ++step) {
-    if (manager) manager->reset_stats();
-    optimizer.zero_grad();
-    offload::sim::synchronize(0);
-    offload::sim::reset_peak(0);
-    const auto t0 = Clock::now();
-    torch::Tensor loss;
-    {
-      std::optional<offload::Scope> scope;
-      if (manager) scope.emplace(*manager);
-      loss = model->loss(x, y);
-    }
-    run.forward_seconds.push_back(std::chrono::duration<double>(Clock::now() - t0).count());
-    loss.backward();
-    offload::sim::synchronize(0);
-    run.peaks.push_back(offload::sim::device_memory(0).peak_bytes);
-    optimizer.step();
-    run.losses.push_back(loss.item<float>());
-    run.seconds.push_back(std::chrono::duration<double>(Clock::now() - t0).count());
-    run.last = manager ? manager->stats() : offload::Stats{};
+  for (const auto& step : train_on_sim(model->parameters(), [&] { return model->loss(x, y); }, manager, steps)) {
+    run.forward_seconds.push_back(step.forward_seconds);
+    run.peaks.push_back(step.peak);
+    run.losses.push_back(step.loss);
+    run.seconds.push_back(step.seconds);
+    run.last = step.stats;
     run.moved.push_back(run.last.bytes_offloaded);
   }
   if (manager && s.planned) {

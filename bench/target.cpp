@@ -1,6 +1,6 @@
 // SPDX-License-Identifier: MIT
 // offload-bench target: Options::device_target_bytes on sim. For the demo's
-// GPT and LSTM (examples/demo/models.hpp) and a small CNN, under
+// GPT and LSTM (models/registry.hpp) and a small CNN, under
 // sync::Blocking and sync::Streamed: the step peak, the bytes moved and the
 // step time at targets of 0.5, 0.7 and 0.9 of the peak without offloading,
 // against offloading everything and none, all measured in the same run.
@@ -8,9 +8,9 @@
 #include "bench.hpp"
 
 #include <algorithm>
-#include <chrono>
 #include <cstring>
 #include <functional>
+#include <iostream>
 #include <memory>
 #include <optional>
 #include <string>
@@ -21,13 +21,13 @@
 #include <torch/nn/modules/batchnorm.h>
 #include <torch/nn/modules/conv.h>
 #include <torch/nn/modules/linear.h>
-#include <torch/optim/adamw.h>
 
 #include <offload/offload.hpp>
 #include <offload/sim.hpp>
 
-#include "../examples/demo/char_model.hpp"
-#include "../examples/demo/models.hpp"
+#include "../models/char_model.hpp"
+#include "../models/registry.hpp"
+#include "sim_training.hpp"
 
 namespace bench {
 namespace {
@@ -78,12 +78,12 @@ Model make_model(const std::string& name, bool quick) {
   }
   // The demo's defaults (4 GPT blocks or 2 LSTM layers, width 128, seq 128,
   // batch 8); --quick: half the width and the sequence.
-  const demo::ModelShape shape{.vocab = 64,
-                               .layers = demo::model_kind(name).default_layers,
-                               .width = quick ? 64 : 128,
-                               .heads = 4,
-                               .seq = quick ? 64 : 128};
-  std::shared_ptr<demo::CharModel> m = demo::model_kind(name).make(shape);
+  const models::ModelShape shape{.vocab = 64,
+                                 .layers = models::model_kind(name).default_layers,
+                                 .width = quick ? 64 : 128,
+                                 .heads = 4,
+                                 .seq = quick ? 64 : 128};
+  std::shared_ptr<models::CharModel> m = models::model_kind(name).make(shape);
   m->to(kSim);
   const auto data = torch::randint(shape.vocab, {8, shape.seq + 1}, torch::kLong);
   const auto x = data.narrow(1, 0, shape.seq).to(kSim);
@@ -114,33 +114,16 @@ struct Run {
 
 Run train(const std::string& name, bool quick, int steps, std::optional<offload::AnyManager> manager) {
   auto model = make_model(name, quick);
-  if (manager) manager->exclude(model.module->parameters());
-  torch::optim::AdamW optimizer(model.module->parameters(), torch::optim::AdamWOptions(1e-3));
   Run run;
-  for (int s = 0; s < steps; ++s) {
-    if (manager) manager->reset_stats();
-    optimizer.zero_grad();
-    offload::sim::synchronize(0);
-    offload::sim::reset_peak(0);
-    const auto t0 = Clock::now();
-    torch::Tensor loss;
-    {
-      std::optional<offload::Scope> scope;
-      if (manager) scope.emplace(*manager);
-      loss = model.loss();
-    }
-    run.forward_peaks.push_back(offload::sim::device_memory(0).peak_bytes);
-    loss.backward();
-    offload::sim::synchronize(0);
-    run.peaks.push_back(offload::sim::device_memory(0).peak_bytes);
-    optimizer.step();
-    run.losses.push_back(loss.item<float>());
-    run.seconds.push_back(std::chrono::duration<double>(Clock::now() - t0).count());
-    const auto st = manager ? manager->stats() : offload::Stats{};
-    run.moved.push_back(st.bytes_offloaded);
-    run.least.push_back(st.target_min_offload_bytes);
-    run.kept.push_back(st.passed_target);
-    run.guard += st.target_guard_offloads;
+  for (const auto& step : train_on_sim(model.module->parameters(), model.loss, manager, steps)) {
+    run.forward_peaks.push_back(step.forward_peak);
+    run.peaks.push_back(step.peak);
+    run.losses.push_back(step.loss);
+    run.seconds.push_back(step.seconds);
+    run.moved.push_back(step.stats.bytes_offloaded);
+    run.least.push_back(step.stats.target_min_offload_bytes);
+    run.kept.push_back(step.stats.passed_target);
+    run.guard += step.stats.target_guard_offloads;
   }
   return run;
 }
@@ -205,10 +188,111 @@ std::vector<Column> target_columns() {
   };
 }
 
-}  // namespace
+/// The worst steps of a run against its target: from step 2 on, and from
+/// step 4 on (after the steps that follow the first optimizer step, which
+/// adds its state).
+struct Worst {
+  double peak = 0, peak_late = 0;    // peak / target
+  double moved = 0, moved_late = 0;  // moved / minimum
+};
 
-int run_target(const Args& args) {
-  const int steps = args.quick ? 4 : 6;
+Worst worst_of(const Run& r, std::int64_t target) {
+  Worst w;
+  for (std::size_t i = 1; i < r.peaks.size(); ++i) {
+    const double over = static_cast<double>(r.peaks[i]) / static_cast<double>(target);
+    w.peak = std::max(w.peak, over);
+    if (i >= 3) w.peak_late = std::max(w.peak_late, over);
+    if (i + 1 < r.peaks.size() && r.least[i + 1] > 0) {
+      const double x = static_cast<double>(r.moved[i]) / static_cast<double>(r.least[i + 1]);
+      w.moved = std::max(w.moved, x);
+      if (i >= 3) w.moved_late = std::max(w.moved_late, x);
+    }
+  }
+  return w;
+}
+
+/// What the runs of one model and policy are measured against: the run
+/// without offloading and the one that offloads everything.
+struct References {
+  std::string model, sync;
+  const Run& none;
+  std::int64_t peak_none = 0;
+  double time_none = 0;
+  double moved_all = 0, time_all = 0;
+  std::int64_t peak_all = 0;  // from step 2 on
+
+  bool equal(const Run& r) const {
+    return r.losses.size() == none.losses.size() &&
+           std::memcmp(r.losses.data(), none.losses.data(), sizeof(float) * none.losses.size()) == 0;
+  }
+};
+
+/// Whether every cell met the targets from step 2 on, and from step 4 on.
+struct Verdict {
+  bool met = true, met_late = true;
+};
+
+/// The row of `run` (named `name`) at `target` (0: none), and its verdict.
+Json target_row(const std::string& name, const Run& r, std::int64_t target, const References& ref, Verdict& verdict) {
+  const Worst w = worst_of(r, target);
+  const bool feasible = ref.peak_all <= target;
+  const double moved = planned_mean(r.moved);
+  const double floor = static_cast<double>(std::max<std::int64_t>(0, ref.peak_none - target));
+  const bool targeted = target > 0;
+  const bool equal = ref.equal(r);
+  if (!equal || (targeted && ((feasible && w.peak > 1.02) || w.moved > 1.10))) verdict.met = false;
+  if (!equal || (targeted && ((feasible && w.peak_late > 1.02) || w.moved_late > 1.10))) verdict.met_late = false;
+  return Json::object({{"model", Json(ref.model)},
+                       {"sync", name == "none" ? Json(nullptr) : Json(ref.sync)},
+                       {"run", Json(name)},
+                       {"target_bytes", Json(target)},
+                       {"peak_none_bytes", Json(ref.peak_none)},
+                       {"peaks", Json(r.peaks)},
+                       {"forward_peaks", Json(r.forward_peaks)},
+                       {"bytes_moved", Json(r.moved)},
+                       {"minimum_bytes", Json(r.least)},
+                       {"kept_tensors", Json(r.kept)},
+                       {"floor_bytes", Json(floor)},
+                       {"seconds", Json(r.seconds)},
+                       {"max_peak_over_target", targeted ? Json(w.peak) : Json(nullptr)},
+                       {"max_peak_over_target_from_step_4", targeted ? Json(w.peak_late) : Json(nullptr)},
+                       {"feasible", targeted ? Json(feasible) : Json(nullptr)},
+                       {"max_moved_over_minimum", targeted ? Json(w.moved) : Json(nullptr)},
+                       {"max_moved_over_minimum_from_step_4", targeted ? Json(w.moved_late) : Json(nullptr)},
+                       {"moved_over_everything", Json(ref.moved_all > 0 ? moved / ref.moved_all : 0.0)},
+                       {"everything_moved_bytes", Json(ref.moved_all)},
+                       {"everything_seconds", Json(ref.time_all)},
+                       {"none_seconds", Json(ref.time_none)},
+                       {"guard_offloads", Json(r.guard)},
+                       {"losses_bitwise_equal", Json(equal)}});
+}
+
+/// The rows of model `name`: without offloading (once), then per policy
+/// everything and the targets 0.5, 0.7, 0.9 x the peak without offloading.
+void add_model_rows(const std::string& name, bool quick, int steps, std::vector<Json>& rows, Verdict& verdict) {
+  const auto none = train(name, quick, steps, std::nullopt);
+  const auto peak_none = *std::max_element(none.peaks.begin(), none.peaks.end());
+  for (const Policy policy : {Policy::blocking, Policy::streamed}) {
+    const auto all = train(name, quick, steps, make_manager(policy, offload::Options{}));
+    const References ref{.model = name,
+                         .sync = policy == Policy::blocking ? "Blocking" : "Streamed",
+                         .none = none,
+                         .peak_none = peak_none,
+                         .time_none = planned_mean(none.seconds),
+                         .moved_all = planned_mean(all.moved),
+                         .time_all = planned_mean(all.seconds),
+                         .peak_all = *std::max_element(all.peaks.begin() + 1, all.peaks.end())};
+    if (policy == Policy::blocking) rows.push_back(target_row("none", none, 0, ref, verdict));
+    rows.push_back(target_row("everything", all, 0, ref, verdict));
+    for (const double fraction : {0.5, 0.7, 0.9}) {
+      const auto target = static_cast<std::int64_t>(fraction * static_cast<double>(peak_none));
+      const auto run = train(name, quick, steps, make_manager(policy, offload::Options{.device_target_bytes = target}));
+      rows.push_back(target_row(fixed(fraction, 1) + " x peak", run, target, ref, verdict));
+    }
+  }
+}
+
+void print_intro(int steps) {
   std::cout << "## A device-memory target (Options::device_target_bytes) on sim\n\n"
             << "Each model trains " << steps << " AdamW steps per run on sim:0 from the same weights and data "
             << "(library defaults otherwise, parameters excluded); sim's link model as configured. peak: sim's most "
@@ -225,79 +309,17 @@ int run_target(const Args& args) {
                    std::to_string(steps - 1) +
                    "); / floor the mean over peak(none) - target, the bytes that must be off the device at the "
                    "peak without offloading; kept: tensors the plan kept on the device per step.\n\n";
+}
+
+}  // namespace
+
+int run_target(const Args& args) {
+  const int steps = args.quick ? 4 : 6;
+  print_intro(steps);
   std::vector<Json> rows;
-  bool met = true;       // steps 2 on
-  bool met_late = true;  // steps 4 on
-  for (const std::string name : {"gpt", "cnn", "lstm"}) {
-    const auto none = train(name, args.quick, steps, std::nullopt);
-    const auto peak_none = *std::max_element(none.peaks.begin(), none.peaks.end());
-    const double time_none = planned_mean(none.seconds);
-    const auto equal = [&](const Run& r) {
-      return r.losses.size() == none.losses.size() &&
-             std::memcmp(r.losses.data(), none.losses.data(), sizeof(float) * none.losses.size()) == 0;
-    };
-    for (const Policy policy : {Policy::blocking, Policy::streamed}) {
-      const std::string sync = policy == Policy::blocking ? "Blocking" : "Streamed";
-      const auto all = train(name, args.quick, steps, make_manager(policy, offload::Options{}));
-      const double moved_all = planned_mean(all.moved);
-      const double time_all = planned_mean(all.seconds);
-      const auto peak_all = *std::max_element(all.peaks.begin() + 1, all.peaks.end());
-      const auto add = [&](const std::string& run, const Run& r, std::int64_t target) {
-        // The worst step from step 2 on, and from step 4 on (after the
-        // steps that follow the first optimizer step, which adds its state).
-        double worst = 0, worst_late = 0;          // peak / target
-        double worst_min = 0, worst_min_late = 0;  // moved / minimum
-        for (std::size_t i = 1; i < r.peaks.size(); ++i) {
-          const double over = static_cast<double>(r.peaks[i]) / static_cast<double>(target);
-          worst = std::max(worst, over);
-          if (i >= 3) worst_late = std::max(worst_late, over);
-          if (i + 1 < r.peaks.size() && r.least[i + 1] > 0) {
-            const double x = static_cast<double>(r.moved[i]) / static_cast<double>(r.least[i + 1]);
-            worst_min = std::max(worst_min, x);
-            if (i >= 3) worst_min_late = std::max(worst_min_late, x);
-          }
-        }
-        const bool feasible = peak_all <= target;
-        const double moved = planned_mean(r.moved);
-        const double floor = static_cast<double>(std::max<std::int64_t>(0, peak_none - target));
-        const bool targeted = target > 0;
-        if (!equal(r) || (targeted && ((feasible && worst > 1.02) || worst_min > 1.10))) met = false;
-        if (!equal(r) || (targeted && ((feasible && worst_late > 1.02) || worst_min_late > 1.10))) met_late = false;
-        rows.push_back(
-            Json::object({{"model", Json(name)},
-                          {"sync", run == "none" ? Json(nullptr) : Json(sync)},
-                          {"run", Json(run)},
-                          {"target_bytes", Json(target)},
-                          {"peak_none_bytes", Json(peak_none)},
-                          {"peaks", Json(r.peaks)},
-                          {"forward_peaks", Json(r.forward_peaks)},
-                          {"bytes_moved", Json(r.moved)},
-                          {"minimum_bytes", Json(r.least)},
-                          {"kept_tensors", Json(r.kept)},
-                          {"floor_bytes", Json(floor)},
-                          {"seconds", Json(r.seconds)},
-                          {"max_peak_over_target", targeted ? Json(worst) : Json(nullptr)},
-                          {"max_peak_over_target_from_step_4", targeted ? Json(worst_late) : Json(nullptr)},
-                          {"feasible", targeted ? Json(feasible) : Json(nullptr)},
-                          {"max_moved_over_minimum", targeted ? Json(worst_min) : Json(nullptr)},
-                          {"max_moved_over_minimum_from_step_4", targeted ? Json(worst_min_late) : Json(nullptr)},
-                          {"moved_over_everything", Json(moved_all > 0 ? moved / moved_all : 0.0)},
-                          {"everything_moved_bytes", Json(moved_all)},
-                          {"everything_seconds", Json(time_all)},
-                          {"none_seconds", Json(time_none)},
-                          {"guard_offloads", Json(r.guard)},
-                          {"losses_bitwise_equal", Json(equal(r))}}));
-      };
-      if (policy == Policy::blocking) add("none", none, 0);
-      add("everything", all, 0);
-      for (const double fraction : {0.5, 0.7, 0.9}) {
-        const auto target = static_cast<std::int64_t>(fraction * static_cast<double>(peak_none));
-        add(fixed(fraction, 1) + " x peak",
-            train(name, args.quick, steps, make_manager(policy, offload::Options{.device_target_bytes = target})),
-            target);
-      }
-    }
-  }
+  Verdict verdict;
+  for (const std::string name : {"gpt", "cnn", "lstm"}) add_model_rows(name, args.quick, steps, rows, verdict);
+  const bool met = verdict.met, met_late = verdict.met_late;
   print_rows(target_columns(), rows);
   std::cout << "\n"
             << (met ? "every target cell: peak within 1.02 of its target (where it can be met), bytes moved within "

@@ -17,16 +17,17 @@ namespace gpt {
 
 /// Shapes of the model. Every field must be >= 1 and width % heads == 0.
 struct Config {
-  std::int64_t vocab = 96;   ///< distinct tokens
-  std::int64_t layers = 4;   ///< transformer blocks
-  std::int64_t width = 128;  ///< embedding width (d_model)
-  std::int64_t heads = 4;    ///< attention heads; width % heads == 0
-  std::int64_t seq = 64;     ///< context length in tokens
-  double dropout = 0.0;      ///< dropout probability in [0, 1)
-  bool checkpoint = false;   ///< run each block through offload::checkpoint (saves only its input)
+  std::int64_t vocab = 96;            ///< distinct tokens
+  std::int64_t layers = 4;            ///< transformer blocks
+  std::int64_t width = 128;           ///< embedding width (d_model)
+  std::int64_t heads = 4;             ///< attention heads; width % heads == 0
+  std::int64_t seq = 64;              ///< context length in tokens
+  double dropout = 0.0;               ///< dropout probability in [0, 1)
+  bool checkpoint = false;            ///< run each block through offload::checkpoint (saves only its input)
   std::int64_t checkpoint_first = 0;  ///< also checkpoint blocks [0, checkpoint_first) (the rest run as is)
-  bool planned = false;  ///< every block through offload::checkpoint with CheckpointOptions::planned: the
-                         ///< scope's manager (with a device-memory target) keeps, offloads or recomputes it
+  /// Every block through offload::checkpoint with CheckpointOptions::planned: the scope's manager (with a
+  /// device-memory target) keeps, offloads or recomputes it.
+  bool planned = false;
 };
 
 struct BlockImpl : torch::nn::Module {
@@ -86,9 +87,9 @@ struct ModelImpl : torch::nn::Module {
       auto block = blocks->ptr<BlockImpl>(i);
       const auto index = static_cast<std::int64_t>(i);
       const bool checkpointed = config.checkpoint || config.planned || index < config.checkpoint_first;
-      x = checkpointed ? offload::checkpoint_forward(
-                             block, x, {.name = "block " + std::to_string(i), .planned = config.planned})
-                       : block->forward(x);
+      x = checkpointed
+              ? offload::checkpoint_forward(block, x, {.name = "block " + std::to_string(i), .planned = config.planned})
+              : block->forward(x);
     }
     return head(ln(x));
   }

@@ -20,8 +20,8 @@
 
 #include <offload/sim.hpp>
 
+#include "../../models/registry.hpp"
 #include "../flag_checks.hpp"
-#include "models.hpp"
 
 namespace demo {
 
@@ -231,7 +231,7 @@ struct Given {
 void add_model_flags(Flags& flags, Args& a, Given& given) {
   std::vector<std::string> model_names;
   std::string model_help;
-  for (const auto& kind : model_kinds()) {
+  for (const auto& kind : models::model_kinds()) {
     model_names.emplace_back(kind.name);
     model_help += "\n" + std::string(kind.name) + ": " + std::string(kind.help) + " (" +
                   std::to_string(kind.default_layers) + " layers by default)";
@@ -335,7 +335,7 @@ OffloadMode mode_of(const std::string& offload) {
 /// What no single flag's range can say: combinations, and defaults that
 /// depend on the model. Throws UsageError naming the flag.
 void check_combinations(Args& a, const Given& given) {
-  const auto& kind = model_kind(a.model);
+  const auto& kind = models::model_kind(a.model);
   if (given.layers->count() == 0) a.layers = kind.default_layers;
   if (kind.uses_heads && a.width % a.heads != 0) {
     throw UsageError("--width " + std::to_string(a.width) + " must be a multiple of --heads " +

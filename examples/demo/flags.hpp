@@ -30,7 +30,7 @@ std::string_view mode_name(OffloadMode mode);
 /// Everything the command line sets. Defaults are the demo's defaults; they
 /// train both runs in well under 3 minutes on 2 CPU cores on `sim`.
 struct Args {
-  std::string model = "gpt";  ///< a name of demo::model_kinds()
+  std::string model = "gpt";  ///< a name of models::model_kinds()
   std::int64_t layers = 0;    ///< after parsing: --layers, else the model's default
   std::int64_t width = 128;
   std::int64_t heads = 4;  ///< gpt only

@@ -10,8 +10,8 @@
 // over one step.
 //
 // The files, by concern: flags (command line), data (the text), device
-// (device, memory, cap, trace), models + model_*.cpp, training, report
-// (table, JSON), plot. `offload-demo --help` lists every flag.
+// (device, memory, cap, trace), training, report (table, JSON), plot; the
+// models are models/registry.hpp's. `offload-demo --help` lists every flag.
 
 #include <unistd.h>
 
@@ -28,10 +28,10 @@
 #include <offload/options.hpp>
 #include <offload/scope.hpp>
 
+#include "../../models/registry.hpp"
 #include "data.hpp"
 #include "device.hpp"
 #include "flags.hpp"
-#include "models.hpp"
 #include "parallel.hpp"
 #include "plot.hpp"
 #include "report.hpp"
@@ -114,7 +114,7 @@ void prepare_device(const Args& args, DeviceChoice& device, const DeviceMemory& 
 
 /// The lines that say what is trained on what.
 void print_header(const Args& args, const Corpus& corpus, const DeviceChoice& device, const DataParallel* dp) {
-  const auto& kind = model_kind(args.model);
+  const auto& kind = models::model_kind(args.model);
   std::cout << program << " " << OFFLOAD_VERSION << ": " << kind.title << ", layers " << args.layers << ", width "
             << args.width;
   if (kind.uses_heads) std::cout << ", heads " << args.heads;

@@ -19,8 +19,8 @@
 #include <stdexcept>
 #include <system_error>
 
+#include "../../models/registry.hpp"
 #include "demo_config.hpp"  // OFFLOAD_DEMO_VENV_PYTHON, OFFLOAD_DEMO_SOURCE_DIR (examples/meson.build)
-#include "models.hpp"
 
 extern char** environ;
 
@@ -135,8 +135,9 @@ std::string write_plot(const std::string& png, const Args& args, const DeviceCho
     if (!out) throw std::runtime_error("--plot: cannot write '" + csv + "': " + std::strerror(errno));
   }
   std::ostringstream title;
-  title << "Device memory over one training step: " << model_kind(args.model).title << ", layers " << args.layers
-        << ", width " << args.width << ", batch " << args.batch << " x seq " << args.seq << ", on " << device.label;
+  title << "Device memory over one training step: " << models::model_kind(args.model).title << ", layers "
+        << args.layers << ", width " << args.width << ", batch " << args.batch << " x seq " << args.seq << ", on "
+        << device.label;
   const double cap_mib = static_cast<double>(args.device_memory_cap) / (1024.0 * 1024.0);
   const auto python = plot_python();
   const int rc = spawn({python, plot_script(), csv, png, title.str(), number(cap_mib)}, false);

@@ -15,8 +15,8 @@
 
 #include <nlohmann/json.hpp>
 
+#include "../../models/registry.hpp"
 #include "../stats_json.hpp"
-#include "models.hpp"
 
 namespace demo {
 namespace {
@@ -199,7 +199,7 @@ void write_summary(const std::string& path, const Args& args, const Corpus& corp
   std::optional<Comparison> cmp;
   if (none && off) cmp = compare(*none, *off);
   Json model{{"name", args.model}, {"layers", args.layers}, {"width", args.width}};
-  model["heads"] = model_kind(args.model).uses_heads ? Json(args.heads) : Json(nullptr);
+  model["heads"] = models::model_kind(args.model).uses_heads ? Json(args.heads) : Json(nullptr);
   model.update(Json{{"seq", args.seq}, {"batch", args.batch}, {"lr", args.lr}, {"seed", args.seed}});
   const auto run_json = [&](const RunResult* r) {
     const bool offloaded = r->name != "checkpoint";

@@ -1,6 +1,6 @@
 // SPDX-License-Identifier: MIT
 // The demo's one translation unit with the optimizer and the offload
-// managers; the models are in model_*.cpp.
+// managers; the models are models/registry.hpp's.
 
 #include "training.hpp"
 
@@ -18,8 +18,8 @@
 #include <offload/dispatch.hpp>
 #include <offload/offload.hpp>
 
-#include "char_model.hpp"
-#include "models.hpp"
+#include "../../models/char_model.hpp"
+#include "../../models/registry.hpp"
 #include "parallel.hpp"
 
 namespace demo {
@@ -117,12 +117,12 @@ std::size_t parameters_hash(const std::vector<torch::Tensor>& parameters) {
 // One run's model, manager and optimizer, and its trace.
 struct Trainer {
   const Session& session;
-  std::shared_ptr<CharModel> model;
+  std::shared_ptr<models::CharModel> model;
   std::optional<offload::AnyManager> manager;
   torch::optim::AdamW optimizer;
   MemoryTrace tracer;
 
-  Trainer(const Session& s, const RunSpec& run, std::shared_ptr<CharModel> m)
+  Trainer(const Session& s, const RunSpec& run, std::shared_ptr<models::CharModel> m)
       : session(s),
         model(std::move(m)),
         optimizer(prepare(s, run, *model, manager), torch::optim::AdamWOptions(s.args.lr)),
@@ -130,7 +130,7 @@ struct Trainer {
 
   // The model on the device (rank 0's weights with --ranks > 1), the
   // manager made and told the parameters; the parameters to optimize.
-  static std::vector<torch::Tensor> prepare(const Session& s, const RunSpec& run, CharModel& model,
+  static std::vector<torch::Tensor> prepare(const Session& s, const RunSpec& run, models::CharModel& model,
                                             std::optional<offload::AnyManager>& manager) {
     if (run.mode != OffloadMode::none) manager.emplace(make_manager(run.mode, s.device, run.options));
     model.to(s.device.device);
@@ -185,14 +185,14 @@ RunResult train(const Session& session, const RunSpec& run) {
   std::optional<Trainer> trainer;
   try {
     trainer.emplace(session, run,
-                    model_kind(args.model)
-                        .make(ModelShape{.vocab = static_cast<std::int64_t>(session.corpus.vocab.size()),
-                                         .layers = args.layers,
-                                         .width = args.width,
-                                         .heads = args.heads,
-                                         .seq = args.seq,
-                                         .checkpoint = run.checkpoint,
-                                         .planned = run.planned}));
+                    models::model_kind(args.model)
+                        .make(models::ModelShape{.vocab = static_cast<std::int64_t>(session.corpus.vocab.size()),
+                                                 .layers = args.layers,
+                                                 .width = args.width,
+                                                 .heads = args.heads,
+                                                 .seq = args.seq,
+                                                 .checkpoint = run.checkpoint,
+                                                 .planned = run.planned}));
     if (trainer->manager) r.manager = trainer->manager->describe();
     for (step = 1; step <= args.steps; ++step) {
       const auto [x, y] = batch(args, tokens, session.device.device, rng);

@@ -8,9 +8,9 @@
 #include <torch/nn/modules/rnn.h>
 
 #include "char_model.hpp"
-#include "models.hpp"
+#include "registry.hpp"
 
-namespace demo {
+namespace models {
 namespace {
 
 class Lstm final : public CharModel {
@@ -46,4 +46,4 @@ class Lstm final : public CharModel {
 });
 
 }  // namespace
-}  // namespace demo
+}  // namespace models

@@ -1,14 +1,15 @@
 // SPDX-License-Identifier: MIT
 #pragma once
-// The interface every offload-demo model implements (see models.hpp).
+// The interface every character model of the registry (registry.hpp)
+// implements.
 
 #include <torch/nn/module.h>
 
-namespace demo {
+namespace models {
 
 /// A character language model: a torch::nn::Module whose parameters the
-/// demo trains with AdamW and whose loss it computes inside the offload
-/// scope.
+/// demo and the benchmarks train with AdamW and whose loss they compute
+/// inside the offload scope.
 class CharModel : public torch::nn::Module {
  public:
   /// Mean cross-entropy (a scalar) of predicting `targets` from `tokens`;
@@ -16,4 +17,4 @@ class CharModel : public torch::nn::Module {
   virtual torch::Tensor loss(const torch::Tensor& tokens, const torch::Tensor& targets) = 0;
 };
 
-}  // namespace demo
+}  // namespace models

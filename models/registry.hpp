@@ -1,19 +1,20 @@
 // SPDX-License-Identifier: MIT
 #pragma once
-// The models offload-demo can train (--model NAME). A model is one file,
-// model_NAME.cpp, that defines a CharModel and registers its ModelKind;
-// nothing else names it. This header needs no LibTorch.
+// The character models offload-demo (--model NAME) and offload-bench
+// (target, host) train by name. A model is one file, model_NAME.cpp, that
+// defines a CharModel (char_model.hpp) and registers its ModelKind; nothing
+// else names it. This header needs no LibTorch.
 
 #include <cstdint>
 #include <memory>
 #include <string_view>
 #include <vector>
 
-namespace demo {
+namespace models {
 
 class CharModel;  // char_model.hpp
 
-/// Shapes from the command line. Every integer field is >= 1.
+/// Shapes of one model. Every integer field is >= 1.
 struct ModelShape {
   std::int64_t vocab;       ///< distinct tokens (bytes of the text)
   std::int64_t layers;      ///< transformer blocks or recurrent layers
@@ -24,7 +25,7 @@ struct ModelShape {
   bool planned = false;     ///< each block marked CheckpointOptions::planned (the same kinds)
 };
 
-/// One --model choice.
+/// One registered model: one --model choice of the demo.
 struct ModelKind {
   std::string_view name;        ///< the value of --model
   std::string_view title;       ///< e.g. "GPT character LM": the report's and the plot's first words
@@ -46,4 +47,4 @@ const ModelKind& model_kind(std::string_view name);
 /// Adds `kind` (from a model file's static initializer); returns true.
 bool register_model(const ModelKind& kind);
 
-}  // namespace demo
+}  // namespace models

@@ -1,13 +1,13 @@
 // SPDX-License-Identifier: MIT
-// The registry of offload-demo's models (models.hpp).
+// The registry of the character models (registry.hpp).
 
-#include "models.hpp"
+#include "registry.hpp"
 
 #include <algorithm>
 #include <stdexcept>
 #include <string>
 
-namespace demo {
+namespace models {
 namespace {
 std::vector<ModelKind>& registry() {
   static std::vector<ModelKind> kinds;
@@ -32,4 +32,4 @@ bool register_model(const ModelKind& kind) {
   return true;
 }
 
-}  // namespace demo
+}  // namespace models

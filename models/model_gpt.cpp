@@ -1,12 +1,12 @@
 // SPDX-License-Identifier: MIT
-// --model gpt: the GPT-style character LM of models/gpt.hpp (the model
-// the tests and benchmarks use too).
+// --model gpt: the GPT-style character LM of gpt.hpp (the model the tests
+// and benchmarks use too) as a registered CharModel.
 
-#include "../../models/gpt.hpp"
 #include "char_model.hpp"
-#include "models.hpp"
+#include "gpt.hpp"
+#include "registry.hpp"
 
-namespace demo {
+namespace models {
 namespace {
 
 class Gpt final : public CharModel {
@@ -38,4 +38,4 @@ class Gpt final : public CharModel {
 });
 
 }  // namespace
-}  // namespace demo
+}  // namespace models
