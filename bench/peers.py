@@ -6,6 +6,7 @@ torchtune's OffloadActivations; ours Blocking and Streamed (and Streamed
 with storage="pinned_pool").
 
     python3 bench/peers.py --device sim|cuda --out DIR [--quick] [--models NAME,...] [--hooks-only]
+    python3 bench/peers.py --device sim --plan --out DIR [--quick] [--models NAME,...]
 
 Writes DIR/peers.json (sim) or DIR/peers-cuda.json (cuda), with -quick
 before .json for --quick, and prints markdown tables: per (model, layers,
@@ -40,10 +41,26 @@ and 16 without --quick); width 256; AdamW. On sim every tool's copies
 cross the same link, latency + bytes / bandwidth per copy (sim's default
 latency, 10 us; bandwidth 25 GB/s, sim's default, and 1 GB/s); on cuda
 there is no link axis (R from the device's copies is not computed).
+
+--plan (sim; the transformers models, 4 layers, and 16 without --quick):
+the automatic plan, torch_offload.enable_gradient_checkpointing(model,
+Manager(sync="streamed", device_target_bytes=T), plan="auto"), against no
+offloading, transformers' checkpointing and its offload=True, TRL's
+OffloadActivations (use_streams=True) and ours checkpoint streamed, at R =
+1 and 3. As bench/plan.cpp does in C++: a probe first measures the forward
+time of no offloading and the bytes offloading everything (ours streamed)
+copies to the host per step, and sim's bandwidth is set to bytes / (R x
+forward); T is halfway between the peaks of ours checkpoint streamed and of
+no offloading, measured by the same probe. 6 steps per tool (round robin);
+a row's peak_bytes is the most its run had allocated at once (its model,
+gradients and AdamW state, and its step's tensors) from step 2 on,
+median_step_s the median of steps 3 on; meets_target (ours auto only):
+peak_bytes <= 1.02 T. Writes DIR/peers-plan.json (-quick before .json).
 """
 
 import argparse
 import contextlib
+import gc
 import json
 import os
 import platform
@@ -216,6 +233,7 @@ class Run:
         self.device = next(self.model.parameters()).device
         self.ctx = factory(self.model)
         self.losses, self.times, self.forward_times, self.peak, self.counter = [], [], [], 0, None
+        self.step_seconds, self.step_peaks = [], []  # every step's (--plan)
         self.host_peak = 0 if device == "sim" else None
         self.plain = isinstance(self.ctx, contextlib.nullcontext)
 
@@ -241,44 +259,51 @@ class Run:
         dm.synchronize()
         elapsed = time.perf_counter() - t0
         self.losses.append(loss.detach().cpu().numpy().tobytes().hex())
+        # The other tools' models share the device: this run's peak is its
+        # own model and optimizer state plus what the step added; in
+        # step_peaks with the gradients held when the step began (freed by
+        # zero_grad), i.e. the most this run had allocated at once.
+        added = dm.max_memory_allocated() - at_start
+        self.step_seconds.append(elapsed)
+        self.step_peaks.append(self.resident_bytes(grads=True) + added)
         if timed:
-            # The other tools' models share the device: this run's peak is
-            # its own model and optimizer state plus what the step added.
             self.times.append(elapsed)
             if self.plain:
                 self.forward_times.append(forward)
-            self.peak = max(self.peak, self.resident_bytes() + dm.max_memory_allocated() - at_start)
+            self.peak = max(self.peak, self.resident_bytes() + added)
             if self.host_peak is not None:
                 host = torch_offload.sim.host_memory()["peak_bytes"] - host_at_start
                 self.host_peak = max(self.host_peak, host)
 
-    def resident_bytes(self):
+    def resident_bytes(self, grads=False):
         tensors = list(self.model.parameters()) + [
             t for state in self.opt.state.values() for t in state.values() if torch.is_tensor(t)
         ]
+        if grads:
+            tensors += [p.grad for p in self.model.parameters() if p.grad is not None]
         return sum(t.nbytes for t in tensors if t.device == self.device)
 
     def bytes_moved(self):
-        """Bytes ours copied each way so far (None for the other tools)."""
+        """Bytes ours copied so far, (offloaded, reloaded) (None for the other tools)."""
         stats = getattr(self.ctx, "stats", None)
-        return stats().bytes_offloaded + stats().bytes_reloaded if stats else None
+        return (stats().bytes_offloaded, stats().bytes_reloaded) if stats else None
 
     def host_ns_per_saved_tensor(self):
         return self.counter["ns"] / self.counter["packs"] if self.counter and self.counter["packs"] else None
 
 
-def train_all(device, dm, tools, kind, layers, steps, shape):
+def train_all(device, dm, tools, kind, layers, steps, shape, time_hooks=True):
     """Every tool steps in turn (round robin, so that a change in machine
     load hits all of them alike): step 0 warms up, steps 1..steps are timed
-    (median) and give the peak, a last step times the hooks. Returns
-    name -> row."""
+    (median) and give the peak, a last step times the hooks (time_hooks).
+    Returns name -> row."""
     runs, rows = {}, {}
     for name, factory in tools.items():
         try:
             runs[name] = Run(device, factory, kind, layers, shape)
         except Exception as e:
             rows[name] = {"error": first_line(e)}
-    for step in range(steps + 2):
+    for step in range(steps + (2 if time_hooks else 1)):
         for name, run in list(runs.items()):
             try:
                 run.step(dm, timed=1 <= step <= steps, instrumented=step == steps + 1)
@@ -292,12 +317,17 @@ def train_all(device, dm, tools, kind, layers, steps, shape):
             "median_step_s": statistics.median(run.times),
             "losses": run.losses,
             "host_ns_per_saved_tensor": run.host_ns_per_saved_tensor(),
+            "step_seconds": run.step_seconds,
+            "step_peak_bytes": run.step_peaks,
         }
         if run.forward_times:
             rows[name]["median_forward_s"] = statistics.median(run.forward_times)
         moved = run.bytes_moved()
         if moved is not None:
-            rows[name]["bytes_moved_per_step"] = moved / (steps + 2)
+            rows[name]["bytes_moved_per_step"] = sum(moved) / len(run.step_seconds)
+            rows[name]["bytes_offloaded_per_step"] = moved[0] / len(run.step_seconds)
+        if hasattr(run.ctx, "plan_row"):
+            rows[name].update(run.ctx.plan_row())
     return {name: rows[name] for name in tools}
 
 
@@ -381,20 +411,216 @@ def hook_cost(device, quick):
     return rows
 
 
+# --plan: the automatic plan against the tools that checkpoint or offload.
+PLAN_R = (1.0, 3.0)
+PLAN_STEPS = 5  # after the warm-up step: 6 steps per tool
+AUTO = "ours auto"
+
+
+class PlannedTool:
+    """ours auto: enable_gradient_checkpointing(model, manager, plan="auto")
+    with a streamed Manager, made when the tool's first step opens it.
+    device_target_bytes counts all of the device's allocated memory, and
+    the tools' models share the device, so the manager's target is `target`
+    plus what the device held then, less this model's parameters: the other
+    tools' models, gradients and AdamW state (listed last, this tool first
+    steps after each of them has stepped once, so that what they hold stays
+    the same from then on) and this run's batch."""
+
+    def __init__(self, device, dm, model, target):
+        self.device, self.dm, self.model, self.target = device, dm, model, target
+        self.manager = self.planned = None
+
+    def __enter__(self):
+        if self.manager is None:
+            params = sum(p.nbytes for p in self.model.parameters() if p.device.type != "cpu")
+            target = self.dm.memory_allocated() - params + self.target
+            self.manager = torch_offload.Manager(self.device, sync="streamed", device_target_bytes=target)
+            self.manager.exclude(self.model.parameters())
+            self.planned = torch_offload.enable_gradient_checkpointing(self.model, self.manager, plan="auto")
+        return self.manager.__enter__()
+
+    def __exit__(self, *exc):
+        return self.manager.__exit__(*exc)
+
+    def stats(self):
+        return self.manager.stats()
+
+    def plan_row(self):
+        """What the plan did in the last step, for the tool's row."""
+        s = self.manager.stats()
+        return {
+            "device_target_bytes": self.manager.options["device_target_bytes"],
+            "blocks_kept": s.blocks_kept,
+            "blocks_offloaded": s.blocks_offloaded,
+            "blocks_recomputed": s.blocks_recomputed,
+            "plan_predicted_step_us": s.plan_predicted_step_us,
+            "plan_measured_step_us": s.plan_measured_step_us,
+            "plan": self.planned.summary(),
+        }
+
+
+def plan_tools(device, dm, target):
+    """The --plan rows (name -> factory, ours auto last) and name -> why unavailable."""
+    tools, missing = make_tools(device)
+    checkpoint_tools, checkpoint_missing = make_checkpoint_tools(device)
+    chosen = {"none": tools["none"]}
+    chosen.update({n: f for n, f in tools.items() if n.startswith("trl") and not n.endswith("no streams")})
+    chosen.update(checkpoint_tools)
+    chosen[AUTO] = lambda model: PlannedTool(device, dm, model, target)
+    missing = {n: why for n, why in {**missing, **checkpoint_missing}.items() if n != "torchtune"}
+    return chosen, missing
+
+
+def plan_peak(row):
+    """The most this run had allocated at once, steps 2 on (auto's first plan on)."""
+    return max(row["step_peak_bytes"][1:])
+
+
+def plan_seconds(row):
+    """Median step time, steps 3 on (every plan learned)."""
+    return statistics.median(row["step_seconds"][2:])
+
+
+def plan_probe(device, dm, kind, layers, shape):
+    """At sim's default link: the forward time of no offloading, the bytes
+    offloading everything (ours streamed) copies to the host per step, and
+    the peaks of no offloading and of checkpointing every layer with its
+    input offloaded (ours checkpoint streamed)."""
+    tools, _ = make_tools(device)
+    checkpoint_tools, _ = make_checkpoint_tools(device)
+    probe = {
+        "none": tools["none"],
+        "offload all": tools["ours streamed"],
+        "checkpoint + offload inputs": checkpoint_tools["ours checkpoint streamed"],
+    }
+    gc.collect()
+    rows = train_all(device, dm, probe, kind, layers, 3, shape, time_hooks=False)
+    for name, row in rows.items():
+        if "error" in row:
+            sys.exit(f"bench/peers.py --plan: the probe's {name!r} raised: {row['error']}")
+    return {
+        "forward_s": rows["none"]["median_forward_s"],
+        "bytes_offloaded_per_step": rows["offload all"]["bytes_offloaded_per_step"],
+        "none_peak_bytes": plan_peak(rows["none"]),
+        "checkpoint_offload_peak_bytes": plan_peak(rows["checkpoint + offload inputs"]),
+    }
+
+
+def plan_cell(device, dm, kind, layers, shape, probe, r_value):
+    """One (model, layers, R) cell: sim's bandwidth set to bytes / (R x
+    forward), every --plan tool trained in turn. Returns the cell."""
+    gbps = probe["bytes_offloaded_per_step"] / (r_value * probe["forward_s"]) / 1e9
+    torch_offload.sim.set_copy_bandwidth_gbps(gbps)
+    low, high = probe["checkpoint_offload_peak_bytes"], probe["none_peak_bytes"]
+    target = low + (high - low) // 2
+    tools, missing = plan_tools(device, dm, target)
+    gc.collect()  # the last cell's models, before the target counts what the device holds
+    cell = {
+        "model": kind,
+        "layers": layers,
+        "R": r_value,
+        "bandwidth_gbps": gbps,
+        "latency_us": torch_offload.sim.config()["copy_latency_us"],
+        "probe": probe,
+        "target_bytes": target,
+        "device_bytes_before": dm.memory_allocated(),
+        "missing": missing,
+        "tools": train_all(device, dm, tools, kind, layers, PLAN_STEPS, shape, time_hooks=False),
+    }
+    base = cell["tools"]["none"]
+    for name, row in cell["tools"].items():
+        if "error" in row:
+            continue
+        row["peak_bytes"], row["median_step_s"] = plan_peak(row), plan_seconds(row)
+        row["peak_ratio"] = row["peak_bytes"] / plan_peak(base)
+        row["time_ratio"] = row["median_step_s"] / plan_seconds(base)
+        row["losses_equal"] = row["losses"] == base["losses"]
+        row["meets_target"] = row["peak_bytes"] <= 1.02 * target if name == AUTO else None
+    return cell
+
+
+def print_plan_cell(cell):
+    where = f"| {cell['model']} | {cell['layers']} | {cell['R']:g} | {cell['bandwidth_gbps']:.3f} | "
+    where += f"{cell['target_bytes'] / cell['tools']['none']['peak_bytes']:.3f} | "
+    for name, row in cell["tools"].items():
+        if "error" in row:
+            print(f"{where}{name} | raises: {row['error']} | | | | | |")
+            continue
+        meets = "N/A" if row["meets_target"] is None else ("yes" if row["meets_target"] else "**no**")
+        print(
+            f"{where}{name} | {row['peak_bytes'] / 2**20:.2f} MiB | {row['peak_ratio']:.3f} | {meets} | "
+            f"{row['median_step_s'] * 1000:.0f} | {row['time_ratio']:.2f} | "
+            f"{'yes' if row['losses_equal'] else '**no**'} |"
+        )
+    for name, why in cell["missing"].items():
+        print(f"{where}{name} | unavailable: {why} | | | | | |")
+
+
+def run_plan(device, dm, models, shape, quick, out):
+    """--plan: every cell, its table and DIR/peers-plan[-quick].json."""
+    print(
+        f"## The automatic plan against the Python peers on {device} (width {shape['model']['width']}, "
+        f"seq {shape['model']['seq']}, batch {shape['batch']}; {PLAN_STEPS + 1} steps per tool)\n\n"
+        "R = (bytes offloading everything copies to the host per step / link bandwidth) / forward time of "
+        "none; sim's bandwidth is set to bytes / (R x forward), both measured first (at 25 GB/s). Target: "
+        "halfway between the peaks of ours checkpoint streamed and of none, measured then. Peak: the most a "
+        "run had allocated at once (model, gradients, AdamW state, the step's tensors), steps 2 on; step "
+        "time: median of steps 3 on; meets: peak <= 1.02x target (ours auto only).\n"
+    )
+    print(
+        "| model | layers | R | link GB/s | target / none | tool | peak | peak / none | meets target "
+        "| step ms | step / none | losses = none |"
+    )
+    print("|---|---|---|---|---|---|---|---|---|---|---|---|")
+    results = {"device": device, "quick": quick, "steps": PLAN_STEPS + 1, "shape": shape, "R": list(PLAN_R)}
+    results.update(torch=torch.__version__, machine=platform.processor() or platform.machine(), cores=os.cpu_count())
+    results["cells"] = []
+    for kind, layers in ((kind, layers) for kind, counts in models for layers in counts):
+        torch_offload.sim.set_copy_bandwidth_gbps(25.0)
+        probe = plan_probe(device, dm, kind, layers, shape)
+        for r_value in PLAN_R:
+            cell = plan_cell(device, dm, kind, layers, shape, probe, r_value)
+            print_plan_cell(cell)
+            results["cells"].append(cell)
+    torch_offload.sim.set_copy_bandwidth_gbps(25.0)
+    autos = [c["tools"][AUTO] for c in results["cells"] if "error" not in c["tools"][AUTO]]
+    print(
+        f"\nours auto meets the target in {sum(r['meets_target'] for r in autos)}/{len(results['cells'])} cells, "
+        f"losses bitwise those of none in {sum(r['losses_equal'] for r in autos)}/{len(results['cells'])}; "
+        "its last step kept / offloaded / recomputed: "
+        + "; ".join(
+            f"{c['model']} L={c['layers']} R={c['R']:g}: {a['blocks_kept']}/{a['blocks_offloaded']}/"
+            f"{a['blocks_recomputed']}"
+            for c in results["cells"]
+            if "error" not in (a := c["tools"][AUTO])
+        )
+    )
+    write(results, os.path.join(out, f"peers-plan{'-quick' if quick else ''}.json"))
+
+
 def main():
     parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     parser.add_argument("--device", choices=["sim", "cuda"], required=True)
-    parser.add_argument("--out", required=True, help="directory for peers[-cuda][-quick].json")
+    parser.add_argument("--out", required=True, help="directory for peers[-plan|-cuda][-quick].json")
     parser.add_argument("--quick", action="store_true", help="fewer steps, a smaller model")
     parser.add_argument(
-        "--models", default=",".join(MODELS), help=f"comma-separated, from {', '.join(MODELS)} (default: all)"
+        "--models",
+        help=f"comma-separated, from {', '.join(MODELS)} (default: all; with --plan the transformers ones)",
     )
     parser.add_argument(
         "--hooks-only",
         action="store_true",
         help="only the hook cost per saved tensor (writes DIR/peers-hooks[-cuda].json)",
     )
+    parser.add_argument(
+        "--plan",
+        action="store_true",
+        help="the automatic plan against the checkpointing peers at R = 1 and 3 (sim; writes DIR/peers-plan.json)",
+    )
     args = parser.parse_args()
+    if args.plan and args.device != "sim":
+        parser.error("--plan: --device must be sim (R is set through sim's link bandwidth)")
 
     device = args.device
     if device == "sim":
@@ -423,11 +649,15 @@ def main():
         if args.quick
         else {"model": dict(width=256, heads=4, seq=128), "batch": 8}
     )
-    chosen = args.models.split(",")
-    unknown = [m for m in chosen if m not in MODELS]
+    accepted = [m for m in MODELS if m.startswith("transformers")] if args.plan else list(MODELS)
+    chosen = args.models.split(",") if args.models else accepted
+    unknown = [m for m in chosen if m not in accepted]
     if unknown:
-        parser.error(f"--models: unknown {', '.join(map(repr, unknown))} (accepted: {', '.join(MODELS)})")
+        parser.error(f"--models: unknown {', '.join(map(repr, unknown))} (accepted: {', '.join(accepted)})")
     models = [(kind, MODELS[kind][1 if args.quick else 0]) for kind in chosen]
+    if args.plan:
+        run_plan(device, dm, models, shape, args.quick, args.out)
+        return
     tools, missing = make_tools(device)
     peers = [n for n in tools if n != "none" and not n.startswith("ours")]
     checkpoint_tools, checkpoint_missing = make_checkpoint_tools(device)
