@@ -162,6 +162,29 @@ def test_planned_checkpoint_is_bitwise_and_plans_every_layer(sync, fraction):
         assert stats.blocks_kept == 6, summary
 
 
+@testdevice.sim_only("sets sim's link bandwidth so that recomputing beats offloading")
+def test_planned_checkpoint_keeps_recomputed_inputs_over_a_slow_link():
+    # 0.02 GB/s: offloading a layer's tensors or an input costs far more than
+    # recomputing the layer; blocking copies are exposed whole, so the plan
+    # keeps the inputs of the layers it recomputes where the target allows.
+    import torch_offload.sim as sim
+
+    plain_peak = train(None, steps=1)[2]
+    none = train(None, steps=4)
+    bandwidth = sim.config()["copy_bandwidth_gbps"]
+    sim.set_copy_bandwidth_gbps(0.02)
+    try:
+        manager = torch_offload.Manager(DEV, sync="blocking", device_target_bytes=int(0.9 * plain_peak) + (1 << 20))
+        planned = torch_offload.PlannedCheckpoint(manager)
+        got = train(planned, steps=4, scope=manager)
+    finally:
+        sim.set_copy_bandwidth_gbps(bandwidth)
+    assert_same(none, got)
+    summary = planned.summary()
+    assert manager.stats().blocks_recomputed > 0, summary
+    assert ": recompute (input kept)" in summary, summary
+
+
 def test_planned_module_list_and_enable_with_plan_auto():
     torch.manual_seed(0)
     blocks = nn.ModuleList(nn.Sequential(nn.Linear(32, 64), nn.GELU(), nn.Linear(64, 32)) for _ in range(4)).to(DEV)
