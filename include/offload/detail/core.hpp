@@ -523,23 +523,27 @@ class Core final : public ManagerInterface, public std::enable_shared_from_this<
   }
   // With a device-memory target, after the planner recorded a point: tells
   // it which tensors offloaded in this step still have their device
-  // storage allocated (held by the model, not only by the sync policy), and
-  // forgets those that no longer do.
+  // storage allocated, held by the model (Planner::still_allocated) or
+  // only by the sync policy for its copy (Planner::in_flight, their bytes
+  // together), and forgets those whose storage is freed.
   void note_still_allocated() {
-    std::erase_if(planned_offloads_, [this](const auto& planned) {
+    std::int64_t in_flight = 0;
+    std::erase_if(planned_offloads_, [&](const auto& planned) {
       const auto entry = planned.second.lock();
-      if (!entry || !source_allocated(*entry)) return true;
-      planner_.still_allocated(planned.first);
+      if (!entry || !entry->source) return true;
+      const auto uses = entry->source->use_count();
+      std::uint32_t held = 0;  // by the sync policy
+      if constexpr (serves_target) held = sync_.holds_device_bytes(transfer_of(*entry)) ? 1 : 0;
+      if (uses > held) {
+        planner_.still_allocated(planned.first);
+      } else if (uses > 0) {
+        if (const auto storage = entry->source->lock()) in_flight += static_cast<std::int64_t>(storage->nbytes());
+      } else {
+        return true;
+      }
       return false;
     });
-  }
-  // Whether the storage `entry` was offloaded from is still allocated on
-  // the device, held by more than the sync policy.
-  bool source_allocated(Entry& entry) {
-    if (!entry.source) return false;
-    std::uint32_t held = 0;
-    if constexpr (serves_target) held = sync_.holds_device_bytes(transfer_of(entry)) ? 1 : 0;
-    return entry.source->use_count() > held;
+    planner_.in_flight(in_flight);
   }
   // With a device-memory target, for a tensor that would be offloaded:
   // whether it stays on the device (a storage the plan kept earlier in

@@ -140,7 +140,7 @@ class Planner {
       kept_bytes_ += bytes;
     }
     if (allocated >= 0) {
-      current_.points.push_back({-1, allocated, kept_now_, 0});
+      current_.points.push_back({-1, allocated, kept_now_, 0, 0});
       current_.measured = true;
     }
     return {{step_, index}, offload};
@@ -156,9 +156,27 @@ class Planner {
     if (saved.allocated_until >= 0) saved.allocated_until = static_cast<std::int32_t>(current_.points.size() - 1);
   }
 
+  /// Of the allocated bytes at the point recorded last, `bytes` were
+  /// offloaded storages that only the sync policy still held, for their
+  /// copies to the host (a forward stash whose copies lag behind compute:
+  /// a loaded host, a slow link). The point counts them as freed, as they
+  /// are once those copies end: otherwise a step whose copies lagged would
+  /// count them twice in the plan (allocated there, and again as kept).
+  /// Only the step's highest point, which the reserve is measured from,
+  /// still counts them. The manager relieves a step whose copies lag
+  /// (forward backpressure), so the plan need not.
+  void in_flight(std::int64_t bytes) noexcept {
+    if (!active() || bytes <= 0 || current_.points.empty()) return;
+    auto& p = current_.points.back();
+    const auto freed = std::min(bytes, p.allocated - p.kept);
+    if (freed <= 0) return;
+    p.allocated -= freed;
+    p.in_flight += freed;
+  }
+
   /// The forward pass of the step ended (its Scope closed).
   void end_forward(std::int64_t allocated) {
-    current_.points.push_back({-1, allocated >= 0 ? allocated : kept_now_, kept_now_, 0});
+    current_.points.push_back({-1, allocated >= 0 ? allocated : kept_now_, kept_now_, 0, 0});
   }
 
   /// Saved tensor `ticket` was unpacked; `allocated`: the device's
@@ -171,7 +189,7 @@ class Planner {
     for (std::int32_t i = 0; i < ticket.index; ++i) {
       if (current_.saved[i].kept) kept_before += current_.saved[i].bytes;
     }
-    current_.points.push_back({ticket.index, allocated - ahead, kept_before, ahead});
+    current_.points.push_back({ticket.index, allocated - ahead, kept_before, ahead, 0});
   }
 
   /// A backward pass through the step's saved tensors ended; `peak` as for
@@ -254,7 +272,10 @@ class Planner {
     std::int32_t prefix;
     std::int64_t allocated;  // less `ahead`
     std::int64_t kept;
-    std::int64_t ahead;  // buffers brought back ahead of need (backward)
+    std::int64_t ahead;      // buffers brought back ahead of need (backward)
+    std::int64_t in_flight;  // offloaded storages held only for their copies (in_flight()), not in `allocated`
+    // What the device had allocated at the point.
+    std::int64_t measured() const noexcept { return allocated + ahead + in_flight; }
   };
   struct Record {
     std::vector<Saved> saved;
@@ -348,7 +369,7 @@ class Planner {
   // largest eligible storage. Without measurements only kept bytes count.
   void learn_reserve(const Record& r, std::int64_t largest) {
     std::int64_t highest = 0;
-    for (const auto& p : r.points) highest = std::max(highest, p.allocated + p.ahead);
+    for (const auto& p : r.points) highest = std::max(highest, p.measured());
     if (!r.measured) {
       reserve_ = 0;
     } else if (r.raised_peak()) {
@@ -374,7 +395,7 @@ class Planner {
     for (const auto& p : r.points) {
       if (p.prefix < 0 || static_cast<std::size_t>(p.prefix) >= margin_.size()) continue;
       auto& margin = margin_[static_cast<std::size_t>(p.prefix)];
-      margin = std::max(margin, std::max<std::int64_t>(0, r.end_peak - (p.allocated + p.ahead)));
+      margin = std::max(margin, std::max<std::int64_t>(0, r.end_peak - p.measured()));
     }
   }
 
