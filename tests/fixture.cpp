@@ -70,7 +70,10 @@ std::string target_error() {
 }
 
 void prepare_target() {
-  if (target() != Target::cuda) return;
+  if (target() != Target::cuda) {
+    offload::sim::install();
+    return;
+  }
   setenv("CUBLAS_WORKSPACE_CONFIG", ":4096:8", 0);
   // warn_only: an operation without a deterministic kernel warns, and the
   // bitwise comparison of the case that ran it decides.

@@ -7,6 +7,7 @@
 // latency and poisoning of freed memory for one test, restored after).
 
 #include <cstdint>
+#include <optional>
 #include <string>
 #include <string_view>
 #include <vector>
@@ -38,10 +39,19 @@ std::string_view target_name();
 /// the accepted ones; `cuda` in a build without device::Cuda or with no
 /// CUDA device visible). main() prints it and runs nothing.
 std::string target_error();
-/// Prepares the target before any test runs: on CUDA, deterministic
-/// kernels (bitwise comparisons need them: embedding backward uses atomics
-/// otherwise, cuBLAS a fixed workspace).
+/// Prepares the target before any test runs: on sim, installs the sim
+/// backend; on CUDA, deterministic kernels (bitwise comparisons need them:
+/// embedding backward uses atomics otherwise, cuBLAS a fixed workspace),
+/// and sim is not installed: a PrivateUse1 backend registered in a process
+/// becomes LibTorch's accelerator (at::getAccelerator()), and autograd
+/// then finds no stream for CUDA nodes (the engine's `opt_ready_stream &&
+/// opt_parent_stream` assertion at the first CUDA backward).
 void prepare_target();
+/// The suites that run on CUDA (doctest source-file filters): the
+/// device-parametrised ones and the cuda suite. The others use sim, which
+/// a CUDA run does not install; main() runs only these there.
+inline constexpr const char* kCudaSuites =
+    "*test_parity.cpp,*test_streamed.cpp,*test_views.cpp,*test_zoo.cpp,*test_cuda.cpp";
 
 /// Device index 0 of target(), and a second device: sim:1, or the last
 /// visible CUDA device (cuda:0 on a machine with one GPU).
@@ -66,19 +76,22 @@ struct on_target {
 /// The sim-only cases skipped in this run: "name (reason)".
 std::vector<std::string> skipped_sim_only();
 
-/// The copy latency and poisoning of sim (a no-op for another target's
-/// tensors): installs the sim backend (once per process) and, while it
-/// lives, makes every copy between host and sim cost `latency_us`
-/// microseconds on its stream (plus bytes over sim's bandwidth) and (with
-/// `poison`) fills freed device memory with NaN, so a missing wait or an
-/// early free shows up as wrong numbers. Restores the knobs after.
+/// The copy latency and poisoning of sim (nothing on another target, where
+/// sim is not installed: sim_installed()): installs the sim backend (once
+/// per process) and, while it lives, makes every copy between host and sim
+/// cost `latency_us` microseconds on its stream (plus bytes over sim's
+/// bandwidth) and (with `poison`) fills freed device memory with NaN, so a
+/// missing wait or an early free shows up as wrong numbers. Restores the
+/// knobs after.
 struct Substrate {
   explicit Substrate(std::int64_t latency_us, bool poison = true) {
+    if (target() != Target::sim) return;
     offload::sim::install();
+    restore.emplace();
     offload::sim::set_copy_latency_us(latency_us);
     offload::sim::set_poison_freed(poison);
   }
-  offload::sim::ScopedKnobs restore;
+  std::optional<offload::sim::ScopedKnobs> restore;
 };
 
 /// The substrate of the suites that race copies on purpose: 1 ms per copy

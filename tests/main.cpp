@@ -5,11 +5,14 @@
 // later has no worker queue (the same holds for any real backend). The
 // parametrised suites run on the device OFFLOAD_TEST_DEVICE names (sim by
 // default; tests/fixture.hpp): a value they cannot run on stops the run
-// before any test, with one line saying why.
+// before any test, with one line saying why. On CUDA sim is not installed
+// (fixture::prepare_target) and only the suites that run there do, unless
+// the command line names source files itself.
 #define DOCTEST_CONFIG_IMPLEMENT
 #include "doctest.hpp"
 
 #include <iostream>
+#include <string_view>
 
 #include <offload/config.hpp>
 #if OFFLOAD_HAS_SIM
@@ -24,10 +27,24 @@ int main(int argc, char** argv) {
     std::cerr << "offload_tests: " << error << "\n";
     return 2;
   }
-  offload::sim::install();
   fixture::prepare_target();
 #endif
   doctest::Context context(argc, argv);
+#if OFFLOAD_HAS_SIM
+  if (fixture::target() == fixture::Target::cuda) {
+    bool named = false;
+    for (int i = 1; i < argc; ++i) {
+      const std::string_view arg = argv[i];
+      named = named || arg.starts_with("-sf") || arg.starts_with("--source-file") ||
+              arg.starts_with("--dt-source-file") || arg.starts_with("-dt-sf");
+    }
+    if (!named) {
+      context.addFilter("source-file", fixture::kCudaSuites);
+      std::cout << "offload_tests: on cuda, the suites " << fixture::kCudaSuites
+                << " (the others use sim, which a CUDA run does not install)\n";
+    }
+  }
+#endif
   const int status = context.run();
 #if OFFLOAD_HAS_SIM
   if (const auto skipped = fixture::skipped_sim_only(); !skipped.empty() && !context.shouldExit()) {
