@@ -65,6 +65,7 @@ def memory_returns_to_baseline(request):
     import gc
 
     gc.collect()
+    testdevice.release_workspaces()
     testdevice.synchronize(0)
     device0 = testdevice.device_bytes(0)
     host0 = testdevice.host_bytes()
@@ -74,6 +75,7 @@ def memory_returns_to_baseline(request):
     if getattr(request.node, "call_failed", False):
         return
     gc.collect()
+    testdevice.release_workspaces()
     for i in range(testdevice.device_count()):
         testdevice.synchronize(i)
     assert testdevice.device_bytes(0) == device0

@@ -50,6 +50,28 @@ def synchronize(index=0):
         torch.cuda.empty_cache()
 
 
+def warm_up():
+    """On CUDA, creates cuBLAS's workspaces, which the caching allocator
+    serves at the first matrix product of each thread and stream and keeps
+    (this thread's and autograd's device thread's), then synchronizes:
+    device bytes counted from after this call leave them out. On sim,
+    synchronizes."""
+    if DEV == "cuda":
+        x = torch.ones(8, 8, device="cuda", requires_grad=True)
+        (x @ x).sum().backward()
+    synchronize(0)
+
+
+def release_workspaces():
+    """On CUDA, frees cuBLAS's workspaces (the next matrix product takes
+    them again), so that device bytes compare equal across a case that
+    made them; nothing on sim."""
+    if DEV == "cuda":
+        clear = getattr(torch._C, "_cuda_clearCublasWorkspaces", None)
+        if clear is not None:
+            clear()
+
+
 def device_bytes(index=0):
     """Bytes allocated on device `index` now."""
     if DEV == "sim":
