@@ -10,6 +10,7 @@
 #include "doctest.hpp"
 
 #include <ATen/ATen.h>
+#include <c10/core/DeviceGuard.h>
 
 #include <optional>
 #include <string>
@@ -41,11 +42,11 @@ enum class How { plain, checkpoint, planned };
 // 256] floats); the weights are parameters.
 struct Model {
   static constexpr int kBlocks = 6;
-  Model() {
+  explicit Model(c10::Device on = sim0) : device(on) {
     at::manual_seed(0);
     for (int i = 0; i < kBlocks; ++i) {
-      up.push_back((at::randn({64, 256}) / 8).to(sim0).requires_grad_());
-      down.push_back((at::randn({256, 64}) / 16).to(sim0).requires_grad_());
+      up.push_back((at::randn({64, 256}) / 8).to(device).requires_grad_());
+      down.push_back((at::randn({256, 64}) / 16).to(device).requires_grad_());
     }
   }
   std::vector<at::Tensor> params() const {
@@ -55,7 +56,7 @@ struct Model {
   }
   at::Tensor loss(std::int64_t batch, How how) const {
     at::manual_seed(1);
-    auto h = at::randn({batch, 64}).to(sim0);
+    auto h = at::randn({batch, 64}).to(device);
     for (int i = 0; i < kBlocks; ++i) {
       offload::Block block = [u = up[i], d = down[i]](const std::vector<at::Tensor>& in) {
         return std::vector<at::Tensor>{in[0] + at::matmul(at::tanh(at::matmul(in[0], u)), d)};
@@ -68,6 +69,7 @@ struct Model {
     }
     return h.pow(2).mean();
   }
+  c10::Device device;
   std::vector<at::Tensor> up, down;
 };
 
@@ -80,18 +82,19 @@ struct Step {
 
 Step step(const Model& model, std::int64_t batch, How how, const offload::AnyManager* manager) {
   for (const auto& p : model.params()) const_cast<at::Tensor&>(p).mutable_grad() = at::Tensor();
+  const auto index = model.device.index();
   offload::sim::synchronize();
-  offload::sim::reset_peak(0);
+  offload::sim::reset_peak(index);
   std::optional<offload::Scope> scope;
   if (manager != nullptr) scope.emplace(*manager);
   auto loss = model.loss(batch, how);
   scope.reset();
-  const auto forward_peak = offload::sim::device_memory(0).peak_bytes;
+  const auto forward_peak = offload::sim::device_memory(index).peak_bytes;
   loss.backward();
   offload::sim::synchronize();
   Step out;
   out.forward_peak = forward_peak;
-  out.peak = offload::sim::device_memory(0).peak_bytes;
+  out.peak = offload::sim::device_memory(index).peak_bytes;
   out.loss = loss.item<float>();
   for (const auto& p : model.params()) out.grads.push_back(p.grad().to(at::kCPU));
   return out;
@@ -166,6 +169,39 @@ TEST_CASE_TEMPLATE("plan: the first step recomputes every block, later ones meet
     const auto summary = offload::interface_of(manager)->block_planner()->summary();
     CHECK(summary.find("backward peak -1") == std::string::npos);
     CHECK(summary.find("recomputed in -1") == std::string::npos);
+  }
+}
+
+TEST_CASE_TEMPLATE("plan: a model on sim:1 is planned from sim:1's memory, whatever sim:0 holds" *
+                       fixture::sim_only{kSuiteOnSim},
+                   M, Blocking, Streamed) {
+  // One process per accelerator: the current device is the model's, and
+  // another device of the process holds more than the whole step.
+  const SlowPoisonedSim sim;
+  const c10::DeviceGuard current(fixture::sim1);
+  const Model model(fixture::sim1);
+  const auto b = bounds<M>(model, 512);
+  const auto target = between(b, 0.5);
+  // sim:0 peaked at twice the step's peak and holds a quarter of it now.
+  offload::sim::reset_peak(0);
+  const auto byte_on_sim0 = at::TensorOptions().dtype(at::kByte).device(sim0);
+  (void)at::empty({2 * b.plain.peak}, byte_on_sim0);
+  const auto elsewhere = at::empty({b.plain.peak / 4}, byte_on_sim0);
+  offload::AnyManager manager = M(offload::Options{.device_target_bytes = target});
+  for (int s = 0; s < 4; ++s) {
+    CAPTURE(s);
+    manager.reset_stats();
+    const auto run = step(model, 512, How::planned, &manager);
+    CHECK(same(run, b.plain));
+    const auto stats = manager.stats();
+    MESSAGE("peak " << run.peak << " target " << target << " plain " << b.plain.peak << " kept " << stats.blocks_kept
+                    << " recomputed " << stats.blocks_recomputed);
+    if (s == 0) continue;
+    // The measuring step's peaks were sim:1's (its forward's own, not -1).
+    const auto summary = offload::interface_of(manager)->block_planner()->summary();
+    CHECK_MESSAGE(summary.find("(forward -1 B") == std::string::npos, summary);
+    CHECK(run.peak <= target + target / 50);
+    CHECK(stats.blocks_recomputed < Model::kBlocks);  // planned from sim:1's peaks: the target leaves room
   }
 }
 

@@ -24,6 +24,7 @@
 #include <c10/core/DeviceGuard.h>
 #include <c10/core/ScalarType.h>
 #include <c10/core/StorageImpl.h>
+#include <c10/core/impl/DeviceGuardImplInterface.h>
 #include <c10/util/ArrayRef.h>
 #include <c10/util/Exception.h>
 #include <c10/util/SmallVector.h>
@@ -244,8 +245,9 @@ class Core final : public ManagerInterface, public std::enable_shared_from_this<
       // With planned blocks the automatic plan gives its own warning (the
       // per-tensor plan's reserve then counts a recomputation's block).
       const bool blocks = blocks_->has_blocks();
-      const auto peak = peak_on(target_index_);
-      const auto allocated = allocated_on(target_index_);
+      const auto index = target_index();
+      const auto peak = peak_on(index);
+      const auto allocated = allocated_on(index);
       if (open_scopes_ == 0) {
         step_start_peak_ = peak;
         step_start_allocated_ = allocated;
@@ -270,9 +272,9 @@ class Core final : public ManagerInterface, public std::enable_shared_from_this<
     const std::lock_guard lock(mutex_);
     if constexpr (steps) sync_.end_forward();
     if (planner_.active()) {
-      planner_.end_forward(observe(target_index_));
+      planner_.end_forward(observe(target_index()));
       note_still_allocated();
-      const auto peak = peak_on(target_index_);
+      const auto peak = peak_on(target_index());
       if (open_scopes_ > 0 && --open_scopes_ == 0) {
         blocks_->end_forward(peak > step_start_peak_ && step_start_allocated_ >= 0 ? peak - step_start_allocated_ : -1);
       }
@@ -471,8 +473,8 @@ class Core final : public ManagerInterface, public std::enable_shared_from_this<
         }
         if constexpr (steps) core->sync_.end_backward();
         if (core->planner_.active()) {
-          core->observe(core->target_index_);
-          core->planner_.end_backward(peak_on(core->target_index_));
+          core->observe(core->target_index());
+          core->planner_.end_backward(peak_on(core->target_index()));
         }
       }
     });
@@ -511,6 +513,19 @@ class Core final : public ManagerInterface, public std::enable_shared_from_this<
   void relieve_if_over(c10::DeviceIndex index) {
     if constexpr (steps) {
       if (planner_.active() && planner_.over(allocated_on(index))) sync_.end_forward();
+    }
+  }
+  // The device whose memory the target counts: that of the tensors this
+  // manager planned last, else (before its first planned tensor) the
+  // current device of its type: a step that begins on another device
+  // (one process per accelerator, `set_device(rank)`) must not read
+  // device 0's memory.
+  c10::DeviceIndex target_index() const {
+    if (target_index_ >= 0) return target_index_;
+    try {
+      return c10::impl::getDeviceGuardImpl(Device::device_type)->getDevice().index();
+    } catch (...) {
+      return 0;
     }
   }
   // Device bytes the sync policy brought back ahead of need, not yet used.
@@ -698,7 +713,7 @@ class Core final : public ManagerInterface, public std::enable_shared_from_this<
   // Storages the plan kept on the device in this step (another saved view
   // of one stays too), and the device index of the planned tensors.
   std::unordered_map<const c10::StorageImpl*, c10::weak_intrusive_ptr<c10::StorageImpl>> kept_;
-  c10::DeviceIndex target_index_ = 0;
+  c10::DeviceIndex target_index_ = -1;  // target_index(): -1 until a tensor is planned
   // Tensors offloaded in this step whose device storage may still be
   // allocated (Planner::still_allocated).
   std::vector<std::pair<PlanTicket, std::weak_ptr<Entry>>> planned_offloads_;
