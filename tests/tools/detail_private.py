@@ -42,7 +42,8 @@ else:
 
 for directory, dirs, files in os.walk(root):
     rel_dir = os.path.relpath(directory, root)
-    dirs[:] = sorted(d for d in dirs if d not in SKIP_DIRS and not d.startswith("build"))
+    # Hidden folders (.venv-thirdparty, .device-deps, ...) hold tools and third-party code, not ours.
+    dirs[:] = sorted(d for d in dirs if d not in SKIP_DIRS and not d.startswith(("build", ".")))
     if rel_dir != "." and (rel_dir.split(os.sep)[0] in ALLOWED[:3] or rel_dir.startswith(ALLOWED[3])):
         dirs[:] = []
         continue
