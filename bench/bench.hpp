@@ -258,6 +258,8 @@ int run_overlap(const Args& args);
 int run_gpu(const Args& args);
 int run_target(const Args& args);
 int run_plan(const Args& args);
+/// The sim devices `plan` needs: one per strategy of an R, stepped in turn.
+inline constexpr int kPlanDevices = 16;
 int run_host(const Args& args);
 /// "2.11.0": the LibTorch this program was built against (bench.cpp).
 std::string torch_version();

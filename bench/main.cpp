@@ -114,7 +114,9 @@ int run(const bench::Args& args) {
     offload::install_hooks();  // before any backward pass; no sim on a GPU run
     return bench::run_gpu(args);
   }
-  offload::sim::install();
+  offload::sim::Config sim;
+  if (args.name == "plan") sim.num_devices = bench::kPlanDevices;  // a device per strategy (plan.cpp)
+  offload::sim::install(sim);
   offload::install_hooks();
   if (args.name == "hook") return bench::run_hook(args);
   if (args.name == "copy") return bench::run_copy(args);

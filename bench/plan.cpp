@@ -11,6 +11,7 @@
 #include <algorithm>
 #include <cstring>
 #include <iostream>
+#include <memory>
 #include <optional>
 #include <string>
 #include <vector>
@@ -24,7 +25,6 @@
 namespace bench {
 namespace {
 
-const c10::Device kSim(c10::DeviceType::PrivateUse1, 0);
 using Streamed = offload::Manager<offload::device::Sim, offload::storage::PinnedHost, offload::sync::Streamed>;
 
 // One strategy: how the blocks run and which manager (none: no scope).
@@ -51,35 +51,70 @@ struct Shape {
   std::int64_t layers, width, seq, batch;
 };
 
-Run train(const Shape& shape, const Strategy& s, int steps) {
-  torch::manual_seed(0);
-  gpt::Model model(gpt::Config{.vocab = 64,
-                               .layers = shape.layers,
-                               .width = shape.width,
-                               .heads = 4,
-                               .seq = shape.seq,
-                               .checkpoint_first = s.checkpoint_first,
-                               .planned = s.planned});
-  model->to(kSim);
-  const auto data = torch::randint(64, {shape.batch, shape.seq + 1}, torch::kLong);
-  const auto x = data.narrow(1, 0, shape.seq).to(kSim);
-  const auto y = data.narrow(1, 1, shape.seq).to(kSim);
+// One strategy's model (the same weights and data for every strategy),
+// manager and trainer on its own sim device, and what its steps measured.
+struct Trainee {
+  Strategy strategy;
+  gpt::Model model{nullptr};
   std::optional<offload::AnyManager> manager;
-  if (s.manager) manager = Streamed(offload::Options{.device_target_bytes = s.target});
+  std::unique_ptr<SimTrainer> trainer;
   Run run;
-  for (const auto& step : train_on_sim(model->parameters(), [&] { return model->loss(x, y); }, manager, steps)) {
-    run.forward_seconds.push_back(step.forward_seconds);
-    run.peaks.push_back(step.peak);
-    run.losses.push_back(step.loss);
-    run.seconds.push_back(step.seconds);
-    run.last = step.stats;
-    run.moved.push_back(run.last.bytes_offloaded);
-  }
-  if (manager && s.planned) {
-    if (auto planner = offload::interface_of(*manager)->block_planner()) run.plan = planner->summary();
-  }
-  return run;
+};
+
+std::unique_ptr<Trainee> make_trainee(const Shape& shape, const Strategy& s, c10::DeviceIndex device) {
+  const c10::Device on(c10::DeviceType::PrivateUse1, device);
+  auto t = std::make_unique<Trainee>();
+  t->strategy = s;
+  torch::manual_seed(0);
+  t->model = gpt::Model(gpt::Config{.vocab = 64,
+                                    .layers = shape.layers,
+                                    .width = shape.width,
+                                    .heads = 4,
+                                    .seq = shape.seq,
+                                    .checkpoint_first = s.checkpoint_first,
+                                    .planned = s.planned});
+  t->model->to(on);
+  const auto data = torch::randint(64, {shape.batch, shape.seq + 1}, torch::kLong);
+  const auto x = data.narrow(1, 0, shape.seq).to(on);
+  const auto y = data.narrow(1, 1, shape.seq).to(on);
+  if (s.manager) t->manager = Streamed(offload::Options{.device_target_bytes = s.target});
+  t->trainer = std::make_unique<SimTrainer>(
+      t->model->parameters(), [model = t->model, x, y]() mutable { return model->loss(x, y); }, t->manager, device);
+  return t;
 }
+
+void record(Trainee& t, const SimStep& step) {
+  t.run.forward_seconds.push_back(step.forward_seconds);
+  t.run.peaks.push_back(step.peak);
+  t.run.losses.push_back(step.loss);
+  t.run.seconds.push_back(step.seconds);
+  t.run.last = step.stats;
+  t.run.moved.push_back(step.stats.bytes_offloaded);
+}
+
+// Each strategy on its own sim device (0, 1, ...; at most kPlanDevices), stepped in
+// turn for `steps` steps: what each measured, in the order given.
+std::vector<Run> round_robin(const Shape& shape, const std::vector<Strategy>& strategies, int steps) {
+  TORCH_CHECK(strategies.size() <= static_cast<std::size_t>(kPlanDevices), "offload-bench plan: ", strategies.size(),
+              " strategies, sim has ", kPlanDevices, " devices");
+  std::vector<std::unique_ptr<Trainee>> trainees;
+  for (std::size_t i = 0; i < strategies.size(); ++i)
+    trainees.push_back(make_trainee(shape, strategies[i], static_cast<c10::DeviceIndex>(i)));
+  for (int s = 0; s < steps; ++s) {
+    for (auto& t : trainees) record(*t, t->trainer->step());
+  }
+  std::vector<Run> out;
+  for (auto& t : trainees) {
+    if (t->manager && t->strategy.planned) {
+      if (auto planner = offload::interface_of(*t->manager)->block_planner()) t->run.plan = planner->summary();
+    }
+    out.push_back(std::move(t->run));
+  }
+  return out;
+}
+
+// One strategy alone, on sim:0.
+Run train(const Shape& shape, const Strategy& s, int steps) { return round_robin(shape, {s}, steps).front(); }
 
 // Mean of v from step `from` (0-based) on.
 template <class T>
@@ -182,41 +217,45 @@ void print_cells(const std::vector<Json>& cells) {
 
 int run_plan(const Args& args) {
   const Shape shape{4, args.quick ? 128 : 256, args.quick ? 64 : 128, 8};
-  const int steps = 5;
+  const int steps = 6;
   std::cout << "## The automatic plan (CheckpointOptions::planned + device_target_bytes) on sim\n\n"
             << "The demo GPT (" << shape.layers << " blocks, width " << shape.width << ", seq " << shape.seq
             << ", batch " << shape.batch << "), " << steps
-            << " AdamW steps per strategy, sync::Streamed for every strategy that offloads. R = (bytes offload-all "
+            << " AdamW steps per strategy, every strategy of one R on its own sim device, stepped in turn (round "
+               "robin: a loaded machine slows them alike), sync::Streamed for every strategy that offloads. R = (bytes "
+               "offload-all "
                "moves per step one way / link bandwidth) / forward time without offloading: sim's bandwidth is set "
                "to bytes / (R x forward), both measured first. Targets: 1/4, 1/2, 3/4 of the way from the peak of "
                "checkpoint all + offload inputs to the peak without offloading. A fixed strategy counts where its "
                "peak from step 2 on is within 1.02x of the target and its losses are bitwise those without "
                "offloading; times are the mean of steps 3 on.\n\n";
-  const Run none = train(shape, {"none"}, steps);
-  const double forward = mean_from(none.forward_seconds, 1);
+  const Run probe_none = train(shape, {"none"}, steps);
+  const double forward = mean_from(probe_none.forward_seconds, 1);
   const double moved_all = mean_from(train(shape, {"offload all", 0, false, true}, 2).moved, 1);
+  const auto high = max_from(probe_none.peaks, 0);
   std::vector<Json> rows;
   std::vector<Json> cells;
   for (const double r_value : {0.25, 1.0, 3.0, 6.0}) {
     const double gbps = std::min(offload::sim::kMaxCopyBandwidthGbps, moved_all / (r_value * forward) / 1e9);
     offload::sim::set_copy_bandwidth_gbps(gbps);
     std::cout << "R = " << fixed(r_value, 2) << ": link " << fixed(gbps, 3) << " GB/s\n";
-    rows.push_back(row_of({"none"}, none, none, 0, r_value));
-    std::int64_t low = 0;
-    for (const auto& s : fixed_strategies(shape.layers)) {
-      const auto run = train(shape, s, steps);
-      rows.push_back(row_of(s, run, none, 0, r_value));
-      if (s.name == "checkpoint all + offload inputs") low = max_from(run.peaks, 1);
-    }
-    const auto high = max_from(none.peaks, 0);
+    // The targets' low end, from a short run of its own; then every
+    // strategy of this R stepped in turn.
+    const auto low = max_from(train(shape, {"checkpoint all + offload inputs", shape.layers, false, true}, 2).peaks, 1);
+    std::vector<Strategy> strategies = {{"none"}};
+    for (const auto& s : fixed_strategies(shape.layers)) strategies.push_back(s);
+    std::vector<std::int64_t> targets;
     for (const double fraction : {0.25, 0.5, 0.75}) {
       const auto target = low + static_cast<std::int64_t>(fraction * static_cast<double>(high - low));
-      const Strategy device{"device target", 0, false, true, target};
-      rows.push_back(row_of(device, train(shape, device, steps), none, target, r_value));
-      const Strategy automatic{"auto", 0, true, true, target};
-      rows.push_back(row_of(automatic, train(shape, automatic, steps), none, target, r_value));
-      cells.push_back(verdict(rows, r_value, target));
+      targets.push_back(target);
+      strategies.push_back({"device target", 0, false, true, target});
+      strategies.push_back({"auto", 0, true, true, target});
     }
+    const auto runs = round_robin(shape, strategies, steps);
+    const Run& none = runs.front();
+    for (std::size_t i = 0; i < strategies.size(); ++i)
+      rows.push_back(row_of(strategies[i], runs[i], none, strategies[i].target, r_value));
+    for (const auto target : targets) cells.push_back(verdict(rows, r_value, target));
   }
   offload::sim::set_copy_bandwidth_gbps(offload::sim::Config{}.copy_bandwidth_gbps);
   std::cout << "\n";
