@@ -273,6 +273,10 @@ class Run:
             self.peak = max(self.peak, self.resident_bytes() + added)
             if self.host_peak is not None:
                 host = torch_offload.sim.host_memory()["peak_bytes"] - host_at_start
+                if "pinned_pool" in getattr(self.ctx, "describe", str)():
+                    # The pool's slabs stay pinned across steps (reused), so the step adds
+                    # nothing once they exist: what it holds is the pool's reserve.
+                    host = max(host, torch_offload.pool_stats(str(self.device))["reserved_bytes"])
                 self.host_peak = max(self.host_peak, host)
 
     def resident_bytes(self, grads=False):
