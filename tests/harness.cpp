@@ -150,6 +150,33 @@ CustomFunctionResult custom_function_saving_cpu(c10::Device device, const Wrap& 
 }
 
 #if OFFLOAD_HAS_SIM
+Step train_step(const std::vector<at::Tensor>& params, c10::Device device, const Forward& loss,
+                const offload::AnyManager* manager) {
+  for (const auto& p : params) const_cast<at::Tensor&>(p).mutable_grad() = at::Tensor();
+  synchronize(device);
+  reset_peak(device);
+  std::optional<offload::Scope> scope;
+  if (manager != nullptr) scope.emplace(*manager);
+  auto value = loss();
+  scope.reset();
+  Step out;
+  out.forward_peak = peak_bytes(device);
+  value.backward();
+  synchronize(device);
+  out.peak = peak_bytes(device);
+  out.loss = value.item<float>();
+  for (const auto& p : params) out.grads.push_back(p.grad().to(at::kCPU));
+  return out;
+}
+
+bool same(const Step& a, const Step& b) {
+  if (a.loss != b.loss || a.grads.size() != b.grads.size()) return false;
+  for (std::size_t i = 0; i < a.grads.size(); ++i) {
+    if (!at::equal(a.grads[i], b.grads[i])) return false;
+  }
+  return true;
+}
+
 void synchronize(c10::Device device) {
   if (device.type() == c10::DeviceType::PrivateUse1) {
     offload::sim::synchronize();

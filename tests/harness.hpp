@@ -15,6 +15,7 @@
 #include <c10/core/Device.h>
 #include <c10/core/Stream.h>
 
+#include <offload/any_manager.hpp>
 #include <offload/config.hpp>
 #include <offload/scope.hpp>
 #include <offload/stats.hpp>
@@ -93,6 +94,23 @@ void reset_peak(c10::Device device);
 /// first: when it completes, the thread has finished every earlier
 /// iteration. Covers that device's thread only. Calls synchronize(device).
 std::int64_t settled_device_bytes(c10::Device device = c10::Device(c10::DeviceType::PrivateUse1, 0));
+
+/// One training step's results: the most bytes allocated on its device
+/// over forward and backward, and over forward alone (to the Scope's end);
+/// its loss; the parameters' gradients (on the CPU).
+struct Step {
+  std::int64_t peak = 0;
+  std::int64_t forward_peak = 0;
+  float loss = 0;
+  std::vector<at::Tensor> grads;
+};
+/// Clears the gradients of `params`, then (`device` synchronized and its
+/// peak reset) computes `loss()` inside a Scope of `manager` (none: no
+/// Scope) and runs its backward; what it measured.
+Step train_step(const std::vector<at::Tensor>& params, c10::Device device, const Forward& loss,
+                const offload::AnyManager* manager);
+/// Whether two steps' losses and gradients are bitwise equal.
+bool same(const Step& a, const Step& b);
 #endif
 
 /// A Wrap that runs the forward pass inside an offload::Scope of `manager`

@@ -20,6 +20,7 @@
 #include <offload/sim.hpp>
 
 #include "fixture.hpp"
+#include "harness.hpp"
 #include "warnings.hpp"
 
 namespace {
@@ -73,39 +74,13 @@ struct Model {
   std::vector<at::Tensor> up, down;
 };
 
-struct Step {
-  std::int64_t peak = 0;
-  std::int64_t forward_peak = 0;
-  float loss = 0;
-  std::vector<at::Tensor> grads;
-};
+using harness::same;
+using harness::Step;
 
+// One step of `model` on its device (harness::train_step), inside a Scope
+// of `manager` when one is given.
 Step step(const Model& model, std::int64_t batch, How how, const offload::AnyManager* manager) {
-  for (const auto& p : model.params()) const_cast<at::Tensor&>(p).mutable_grad() = at::Tensor();
-  const auto index = model.device.index();
-  offload::sim::synchronize();
-  offload::sim::reset_peak(index);
-  std::optional<offload::Scope> scope;
-  if (manager != nullptr) scope.emplace(*manager);
-  auto loss = model.loss(batch, how);
-  scope.reset();
-  const auto forward_peak = offload::sim::device_memory(index).peak_bytes;
-  loss.backward();
-  offload::sim::synchronize();
-  Step out;
-  out.forward_peak = forward_peak;
-  out.peak = offload::sim::device_memory(index).peak_bytes;
-  out.loss = loss.item<float>();
-  for (const auto& p : model.params()) out.grads.push_back(p.grad().to(at::kCPU));
-  return out;
-}
-
-bool same(const Step& a, const Step& b) {
-  if (a.loss != b.loss || a.grads.size() != b.grads.size()) return false;
-  for (std::size_t i = 0; i < a.grads.size(); ++i) {
-    if (!at::equal(a.grads[i], b.grads[i])) return false;
-  }
-  return true;
+  return harness::train_step(model.params(), model.device, [&] { return model.loss(batch, how); }, manager);
 }
 
 // The peaks the targets are placed between: no offloading, and every block

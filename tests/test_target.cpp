@@ -71,41 +71,16 @@ struct Stack {
   bool hold = false;
 };
 
-// One step's results: its peak of allocated sim:0 bytes over forward and
-// backward, its loss and the weights' gradients (CPU).
-struct Step {
-  std::int64_t peak = 0;
-  std::int64_t forward_peak = 0;  // of forward alone
-  float loss = 0;
-  std::vector<at::Tensor> grads;
-};
+using harness::same;
+using harness::Step;
 
+// One step of `stack` on sim:0 (harness::train_step), inside a Scope of
+// `manager` when one is given.
 template <class M>
 Step step(const Stack& stack, std::int64_t batch, const M* manager) {
-  for (const auto& w : stack.weights) const_cast<at::Tensor&>(w).mutable_grad() = at::Tensor();
-  offload::sim::synchronize();
-  offload::sim::reset_peak(0);
-  std::optional<offload::Scope> scope;
-  if (manager != nullptr) scope.emplace(*manager);
-  auto loss = stack.loss(batch);
-  scope.reset();
-  const auto forward_peak = offload::sim::device_memory(0).peak_bytes;
-  loss.backward();
-  offload::sim::synchronize();
-  Step out;
-  out.forward_peak = forward_peak;
-  out.peak = offload::sim::device_memory(0).peak_bytes;
-  out.loss = loss.item<float>();
-  for (const auto& w : stack.weights) out.grads.push_back(w.grad().to(at::kCPU));
-  return out;
-}
-
-bool same(const Step& a, const Step& b) {
-  if (a.loss != b.loss || a.grads.size() != b.grads.size()) return false;
-  for (std::size_t i = 0; i < a.grads.size(); ++i) {
-    if (!at::equal(a.grads[i], b.grads[i])) return false;
-  }
-  return true;
+  std::optional<offload::AnyManager> any;
+  if (manager != nullptr) any = *manager;
+  return harness::train_step(stack.weights, sim0, [&] { return stack.loss(batch); }, any ? &*any : nullptr);
 }
 
 }  // namespace
