@@ -222,9 +222,9 @@ int run_plan(const Args& args) {
             << "The demo GPT (" << shape.layers << " blocks, width " << shape.width << ", seq " << shape.seq
             << ", batch " << shape.batch << "), " << steps
             << " AdamW steps per strategy, every strategy of one R on its own sim device, stepped in turn (round "
-               "robin: a loaded machine slows them alike), sync::Streamed for every strategy that offloads. R = (bytes "
-               "offload-all "
-               "moves per step one way / link bandwidth) / forward time without offloading: sim's bandwidth is set "
+               "robin: a loaded machine slows them alike), sync::Streamed for every strategy that offloads. R = "
+               "(bytes offload-all moves per step one way / link bandwidth) / forward time without offloading: "
+               "sim's bandwidth is set "
                "to bytes / (R x forward), both measured first. Targets: 1/4, 1/2, 3/4 of the way from the peak of "
                "checkpoint all + offload inputs to the peak without offloading. A fixed strategy counts where its "
                "peak from step 2 on is within 1.02x of the target and its losses are bitwise those without "

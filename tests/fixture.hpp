@@ -77,7 +77,7 @@ struct on_target {
 std::vector<std::string> skipped_sim_only();
 
 /// The copy latency and poisoning of sim (nothing on another target, where
-/// sim is not installed: sim_installed()): installs the sim backend (once
+/// sim is not installed: prepare_target()): installs the sim backend (once
 /// per process) and, while it lives, makes every copy between host and sim
 /// cost `latency_us` microseconds on its stream (plus bytes over sim's
 /// bandwidth) and (with `poison`) fills freed device memory with NaN, so a
