@@ -93,9 +93,10 @@ void add_benchmarks(CLI::App& app, bench::Args& args) {
   add("target",
       "a device-memory target on sim: the demo GPT, a CNN, the LSTM at 0.5 / 0.7 / 0.9 of the peak vs everything "
       "and none, Blocking and Streamed");
-  add("plan",
-      "the automatic plan vs every fixed strategy (offload all, device target, checkpoint all / first k, with and "
-      "without offloading) on the GPT at width 256 on sim, R = 0.25 / 1 / 3 / 6, three targets");
+  auto* plan = add("plan",
+                   "the automatic plan vs every fixed strategy (offload all, device target, checkpoint all / first k, "
+                   "with and without offloading) on the GPT at width 256 on sim, R = 0.25 / 1 / 3 / 6, three targets");
+  add_text(*plan, args, "r", "the values of R to run, comma-separated, each in (0, 100] (default 0.25,1,3,6)");
   add("host",
       "host bytes reserved vs in use, fresh pinned allocations and step time: PinnedHost vs PinnedPool on sim in "
       "CUDA-like mode, Blocking and Streamed");

@@ -9,7 +9,9 @@
 #include "bench.hpp"
 
 #include <algorithm>
+#include <cstddef>
 #include <cstring>
+#include <exception>
 #include <iostream>
 #include <memory>
 #include <optional>
@@ -124,6 +126,16 @@ double mean_from(const std::vector<T>& v, std::size_t from) {
   return v.size() > from ? sum / static_cast<double>(v.size() - from) : 0.0;
 }
 
+// Median of v from step `from` (0-based) on: a step slowed by the machine
+// (a loaded moment) moves it less than the mean.
+double median_from(const std::vector<double>& v, std::size_t from) {
+  if (v.size() <= from) return 0.0;
+  std::vector<double> tail(v.begin() + static_cast<std::ptrdiff_t>(from), v.end());
+  std::sort(tail.begin(), tail.end());
+  const auto n = tail.size();
+  return n % 2 == 1 ? tail[n / 2] : (tail[n / 2 - 1] + tail[n / 2]) / 2;
+}
+
 std::int64_t max_from(const std::vector<std::int64_t>& v, std::size_t from) {
   std::int64_t out = 0;
   for (std::size_t i = from; i < v.size(); ++i) out = std::max(out, v[i]);
@@ -152,7 +164,7 @@ Json row_of(const Strategy& s, const Run& r, const Run& none, std::int64_t targe
                        {"strategy", Json(s.name)},
                        {"peak_bytes", Json(peak)},
                        {"meets_target", Json(target == 0 || peak <= target + target / 50)},
-                       {"seconds", Json(mean_from(r.seconds, 2))},  // steps 3 on: every plan learned
+                       {"seconds", Json(median_from(r.seconds, 2))},  // steps 3 on: every plan learned
                        {"bytes_moved_per_step", Json(mean_from(r.moved, 2))},
                        {"blocks_kept", Json(r.last.blocks_kept)},
                        {"blocks_offloaded", Json(r.last.blocks_offloaded)},
@@ -213,11 +225,35 @@ void print_cells(const std::vector<Json>& cells) {
   print_rows(columns, cells);
 }
 
+// The values of R of `--r` ("0.25,1,3,6" by default).
+std::vector<double> r_values(const Args& args) {
+  const auto text = args.get("r", "0.25,1,3,6");
+  std::vector<double> out;
+  std::size_t begin = 0;
+  while (begin <= text.size()) {
+    const auto end = std::min(text.find(',', begin), text.size());
+    const auto item = text.substr(begin, end - begin);
+    std::size_t used = 0;
+    double value = 0;
+    try {
+      value = std::stod(item, &used);
+    } catch (const std::exception&) {
+      used = 0;
+    }
+    TORCH_CHECK_VALUE(used == item.size() && used > 0 && value > 0 && value <= 100,
+                      "offload-bench plan: --r must be numbers in (0, 100] separated by commas, got '", text, "'");
+    out.push_back(value);
+    begin = end + 1;
+  }
+  return out;
+}
+
 }  // namespace
 
 int run_plan(const Args& args) {
+  const auto r_list = r_values(args);
   const Shape shape{4, args.quick ? 128 : 256, args.quick ? 64 : 128, 8};
-  const int steps = 6;
+  const int steps = 8;
   std::cout << "## The automatic plan (CheckpointOptions::planned + device_target_bytes) on sim\n\n"
             << "The demo GPT (" << shape.layers << " blocks, width " << shape.width << ", seq " << shape.seq
             << ", batch " << shape.batch << "), " << steps
@@ -228,14 +264,14 @@ int run_plan(const Args& args) {
                "to bytes / (R x forward), both measured first. Targets: 1/4, 1/2, 3/4 of the way from the peak of "
                "checkpoint all + offload inputs to the peak without offloading. A fixed strategy counts where its "
                "peak from step 2 on is within 1.02x of the target and its losses are bitwise those without "
-               "offloading; times are the mean of steps 3 on.\n\n";
+               "offloading; times are the median of steps 3 on.\n\n";
   const Run probe_none = train(shape, {"none"}, steps);
   const double forward = mean_from(probe_none.forward_seconds, 1);
   const double moved_all = mean_from(train(shape, {"offload all", 0, false, true}, 2).moved, 1);
   const auto high = max_from(probe_none.peaks, 0);
   std::vector<Json> rows;
   std::vector<Json> cells;
-  for (const double r_value : {0.25, 1.0, 3.0, 6.0}) {
+  for (const double r_value : r_list) {
     const double gbps = std::min(offload::sim::kMaxCopyBandwidthGbps, moved_all / (r_value * forward) / 1e9);
     offload::sim::set_copy_bandwidth_gbps(gbps);
     std::cout << "R = " << fixed(r_value, 2) << ": link " << fixed(gbps, 3) << " GB/s\n";

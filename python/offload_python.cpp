@@ -452,16 +452,23 @@ PYBIND11_MODULE(_C, m) {
             return py::make_tuple(turn.index, choice, turn.measure, turn.probe_link);
           },
           py::arg("input_bytes"))
+      // The block begun by the last plan_block returned (or raised).
+      .def("plan_block_done",
+           [](offload::AnyManager& self) {
+             if (const auto planner = offload::interface_of(self)->block_planner()) planner->block_done();
+           })
       .def(
           "plan_measured",
           [](offload::AnyManager& self, std::int32_t index, std::int64_t forward_ns, std::int64_t saved_bytes,
-             std::int64_t saved_storages, std::int64_t input_bytes) {
+             std::int64_t saved_storages, std::int64_t input_bytes, std::int64_t largest_storage) {
             if (const auto planner = offload::interface_of(self)->block_planner()) {
-              planner->measured(index, {forward_ns, saved_bytes, saved_storages, input_bytes});
+              offload::BlockCost cost{forward_ns, saved_bytes, saved_storages, input_bytes};
+              cost.largest_storage = largest_storage;
+              planner->measured(index, cost);
             }
           },
           py::arg("index"), py::arg("forward_ns"), py::arg("saved_bytes"), py::arg("saved_storages"),
-          py::arg("input_bytes"))
+          py::arg("input_bytes"), py::arg("largest_storage") = -1)
       .def(
           "plan_recomputing",
           [](offload::AnyManager& self, std::int32_t index, int device_index) {

@@ -49,59 +49,124 @@ bool is_recomputed(BlockChoice choice) {
   return choice == BlockChoice::recompute || choice == BlockChoice::recompute_input_kept;
 }
 
+// The link time of what is saved outside blocks at gap k (before block
+// k), when it is offloaded.
+double outside_ns(const LinkCost& link, const OutsideCost* outside, std::size_t k) {
+  if (outside == nullptr || k >= outside->bytes.size()) return 0.0;
+  return copy_ns(link, outside->bytes[k], std::max<std::int64_t>(1, outside->storages[k]));
+}
+
 // The step's time beyond its compute that the copies cost, with
 // overlapping copies: each direction is a pipeline. Forward: a block's
-// copies start when it ends, one after another, and what is still
-// copying when forward ends delays backward. Backward (each block's
-// backward taken as twice its forward, plus the forward again when it is
-// recomputed; blocks in reverse order): a block's tensors come back one
-// copy after another from backward's start and it waits for its own.
+// copies start when it ends (those saved outside blocks, where they were
+// saved), one after another, and what is still copying when forward ends
+// delays backward. Backward (each block's backward taken as twice its
+// forward, plus the forward again when it is recomputed; blocks in
+// reverse order, what was saved after a block needed before it): a
+// block's tensors come back one copy after another from backward's start
+// and it waits for its own. `outside`: null where it is kept.
 double exposed_overlapping(const std::vector<BlockCost>& blocks, const LinkCost& link,
-                           const std::vector<BlockChoice>& choices) {
-  double now = 0, link_free = 0;
-  for (std::size_t i = 0; i < blocks.size(); ++i) {
+                           const std::vector<BlockChoice>& choices, const OutsideCost* outside) {
+  const auto n = blocks.size();
+  double now = 0, link_free = outside_ns(link, outside, 0);
+  for (std::size_t i = 0; i < n; ++i) {
     now += forward_ns_of(blocks[i]);
-    const auto c = moved_ns(link, blocks[i], choices[i]);
+    const auto c = moved_ns(link, blocks[i], choices[i]) + outside_ns(link, outside, i + 1);
     if (c > 0) link_free = std::max(link_free, now) + c;
   }
   double stalled = std::max(0.0, link_free - now);
   now = 0;
   link_free = 0;
-  for (std::size_t i = blocks.size(); i-- > 0;) {
-    link_free += moved_ns(link, blocks[i], choices[i]);
+  const auto wait_for = [&](double copies) {
+    link_free += copies;
     if (link_free > now) {
       stalled += link_free - now;
       now = link_free;
     }
+  };
+  wait_for(outside_ns(link, outside, n));
+  for (std::size_t i = n; i-- > 0;) {
+    wait_for(moved_ns(link, blocks[i], choices[i]));
     const auto f = forward_ns_of(blocks[i]);
     now += 2 * f + (is_recomputed(choices[i]) ? f : 0.0);
+    wait_for(outside_ns(link, outside, i));
   }
   return stalled;
+}
+
+// What a prefetch window of `window` bytes holds of `units` (nearest
+// first, whole ones while they fit).
+std::int64_t window_holds(const std::vector<std::int64_t>& units, std::int64_t window) {
+  std::int64_t held = 0;
+  for (auto it = units.rbegin(); it != units.rend(); ++it) {
+    if (*it <= 0) continue;
+    if (held + *it > window) break;
+    held += *it;
+  }
+  return held;
+}
+
+// The prefetch window of overlapping copies whose largest offloaded
+// storage is `largest` bytes (0 without overlapping copies).
+std::int64_t prefetch_window(const LinkCost& link, std::int64_t largest) {
+  if (!link.overlaps) return 0;
+  return link.prefetch_bytes > 0 ? link.prefetch_bytes : link.prefetch_depth * largest;
 }
 
 // The backward peak from each block's measured stretch (backward_peak,
 // BlockCost), or -1 where one was not measured: block i's plus the kept
 // blocks before it (their backward is still to run) and, with overlapping
-// copies, the largest offloaded block before it (brought back ahead of
-// need).
-std::int64_t backward_peak(const std::vector<BlockCost>& blocks, bool overlaps,
-                           const std::vector<BlockChoice>& choices) {
+// copies, what the prefetch window brings back ahead of need (at most the
+// bytes offloaded before it) instead of what the measuring step's window
+// held (the inputs before it, nearest first); `kept_outside`: what is
+// saved outside blocks, where it is kept.
+std::int64_t backward_peak(const std::vector<BlockCost>& blocks, const LinkCost& link,
+                           const std::vector<BlockChoice>& choices, const OutsideCost* kept_outside) {
+  std::int64_t largest_input = 0;
+  std::int64_t largest_moved = 0;  // this plan's largest offloaded storage
+  for (std::size_t i = 0; i < blocks.size(); ++i) {
+    const auto& b = blocks[i];
+    largest_input = std::max(largest_input, b.input_bytes);
+    if (choices[i] == BlockChoice::recompute) largest_moved = std::max(largest_moved, b.input_bytes);
+    if (choices[i] == BlockChoice::offload)
+      largest_moved = std::max(largest_moved, b.largest_storage > 0 ? b.largest_storage : b.saved_bytes);
+  }
+  const auto measured_window = prefetch_window(link, largest_input);
+  const auto window = prefetch_window(link, largest_moved);
   std::int64_t peak = 0;
   std::int64_t kept_before = 0;
-  std::int64_t offloaded_before = 0;
+  std::int64_t moved_before = 0;            // this plan's offloaded bytes (blocks and inputs)
+  std::vector<std::int64_t> inputs_before;  // the measuring step's offloaded inputs
   for (std::size_t i = 0; i < blocks.size(); ++i) {
     const auto& b = blocks[i];
     if (b.backward_peak < 0) return -1;
-    peak = std::max(peak, b.backward_peak + kept_before + (overlaps ? offloaded_before : 0));
-    if (choices[i] == BlockChoice::keep) kept_before += b.saved_bytes;
-    if (choices[i] == BlockChoice::recompute_input_kept) kept_before += b.input_bytes;
-    if (choices[i] == BlockChoice::offload) offloaded_before = std::max(offloaded_before, b.saved_bytes);
+    if (kept_outside != nullptr && i < kept_outside->bytes.size()) kept_before += kept_outside->bytes[i];
+    const auto ahead_measured = window_holds(inputs_before, measured_window);
+    peak = std::max(peak, b.backward_peak - ahead_measured + kept_before + std::min(window, moved_before));
+    inputs_before.push_back(b.input_bytes);
+    switch (choices[i]) {
+      case BlockChoice::keep:
+        kept_before += b.saved_bytes;
+        break;
+      case BlockChoice::recompute_input_kept:
+        kept_before += b.input_bytes;
+        break;
+      case BlockChoice::offload:
+        moved_before += b.saved_bytes;
+        break;
+      case BlockChoice::recompute:
+        moved_before += b.input_bytes;
+        break;
+    }
   }
   return peak;
 }
 
+// `outside`: what is saved outside blocks; `outside_kept`: it stays on
+// the device (else it is offloaded, as measured).
 Prediction predict(const std::vector<BlockCost>& blocks, const LinkCost& link, std::int64_t base_peak,
-                   std::int64_t forward_peak, const std::vector<BlockChoice>& choices) {
+                   std::int64_t forward_peak, const std::vector<BlockChoice>& choices, const OutsideCost& outside,
+                   bool outside_kept) {
   double forward = 0;         // F: every block's forward
   double before_offload = 0;  // forward time before the first offloaded block starts
   bool offloading = false;
@@ -146,7 +211,9 @@ Prediction predict(const std::vector<BlockCost>& blocks, const LinkCost& link, s
     behind = std::max(largest_offloaded,
                       static_cast<std::int64_t>(std::max(0.0, static_cast<double>(offloaded) - moved_in_forward)));
   }
-  out.extra_ns += link.overlaps ? exposed_overlapping(blocks, link, choices) : 2 * link_ns;
+  const auto* offloaded_outside = outside_kept ? nullptr : &outside;
+  for (std::size_t k = 0; k < outside.bytes.size(); ++k) link_ns += outside_ns(link, offloaded_outside, k);
+  out.extra_ns += link.overlaps ? exposed_overlapping(blocks, link, choices, offloaded_outside) : 2 * link_ns;
   out.moved = link_ns;
   // Kept blocks' tensors add to the forward peak, less the last kept
   // block's: the measured peak was reached while a block ran, holding its
@@ -154,17 +221,22 @@ Prediction predict(const std::vector<BlockCost>& blocks, const LinkCost& link, s
   // hold in forward. Backward: from each block's measured stretch where
   // known, else as forward, from the step's peak (at the last kept
   // block's backward the measured step held its recomputed tensors).
-  const auto at_forward_end = (forward_peak >= 0 ? forward_peak : base_peak) + kept - last_kept + kept_inputs + behind;
-  const auto measured = backward_peak(blocks, link.overlaps, choices);
-  const auto in_backward = measured >= 0 ? measured : base_peak + kept - last_kept + kept_inputs;
+  // What is saved outside blocks and kept counts at the end of forward;
+  // in backward, before each block where measured, else all of it.
+  const auto outside_bytes = outside_kept ? outside.total() : 0;
+  const auto at_forward_end =
+      (forward_peak >= 0 ? forward_peak : base_peak) + kept - last_kept + kept_inputs + behind + outside_bytes;
+  const auto measured = backward_peak(blocks, link, choices, outside_kept ? &outside : nullptr);
+  const auto in_backward = measured >= 0 ? measured : base_peak + kept - last_kept + kept_inputs + outside_bytes;
   out.peak = std::max(at_forward_end, in_backward);
   return out;
 }
 
 // The predicted extra time of recomputing every block (no choice fits
 // under a limit of -1).
-std::int64_t recompute_all_extra_ns(const std::vector<BlockCost>& blocks, const LinkCost& link) {
-  return plan_blocks(blocks, link, 0, -1).extra_ns;
+std::int64_t recompute_all_extra_ns(const std::vector<BlockCost>& blocks, const LinkCost& link,
+                                    const OutsideCost& outside) {
+  return plan_blocks(blocks, link, 0, -1, -1, outside).extra_ns;
 }
 
 // Whether a is the better of two predictions that both fit.
@@ -199,30 +271,35 @@ std::ostream& operator<<(std::ostream& os, BlockChoice choice) {
 }
 
 BlockPlanResult plan_blocks(const std::vector<BlockCost>& blocks, const LinkCost& link, std::int64_t base_peak,
-                            std::int64_t limit, std::int64_t forward_peak) {
+                            std::int64_t limit, std::int64_t forward_peak, const OutsideCost& outside) {
   const auto n = blocks.size();
   BlockPlanResult result;
   result.choices.assign(n, BlockChoice::recompute);
-  const auto all = predict(blocks, link, base_peak, forward_peak, result.choices);
+  const auto all = predict(blocks, link, base_peak, forward_peak, result.choices, outside, false);
   result.extra_ns = static_cast<std::int64_t>(all.extra_ns);
   result.peak_bytes = all.peak;
   result.fits = all.peak <= limit;
   bool found = false;
   Prediction best;
   const bool may_offload = link.bytes_per_ns > 0;
-  const auto consider_one = [&](std::vector<BlockChoice> choices) {
-    const auto p = predict(blocks, link, base_peak, forward_peak, choices);
-    if (p.peak > limit || (found && !better(p, best))) return;
-    found = true;
-    best = p;
-    result.choices = std::move(choices);
+  const bool outside_too = outside.total() > 0;
+  const auto consider_one = [&](const std::vector<BlockChoice>& choices) {
+    for (const bool outside_kept : {false, true}) {
+      if (outside_kept && !outside_too) break;
+      const auto p = predict(blocks, link, base_peak, forward_peak, choices, outside, outside_kept);
+      if (p.peak > limit || (found && !better(p, best))) continue;
+      found = true;
+      best = p;
+      result.choices = choices;
+      result.outside_kept = outside_kept;
+    }
   };
   // Each candidate with the recomputed blocks' inputs offloaded, and kept.
   const auto consider = [&](std::vector<BlockChoice> choices) {
     auto kept = choices;
     std::replace(kept.begin(), kept.end(), BlockChoice::recompute, BlockChoice::recompute_input_kept);
-    consider_one(std::move(choices));
-    consider_one(std::move(kept));
+    consider_one(choices);
+    consider_one(kept);
   };
   for (std::size_t first = 0; first <= n; ++first) {
     for (std::size_t second = 0; first + second <= n; ++second) {
@@ -249,6 +326,7 @@ bool BlockPlanner::begin_step(std::int64_t needed, std::int64_t allocated) {
     // no_grad, another model under the scope): not a step of the plan.
     step_start_ = now;
     step_forward_peak_ = -1;
+    if (measuring_) outside_ = OutsideCost{};
     return false;
   }
   if (started_) {
@@ -269,7 +347,10 @@ bool BlockPlanner::begin_step(std::int64_t needed, std::int64_t allocated) {
         base_peak_ = needed;
         forward_peak_ = step_forward_peak_ >= 0 && allocated >= 0 ? step_forward_peak_ + allocated : -1;
         correction_ = 0;
-        base_ns_ = std::max<std::int64_t>(0, measured_ns_ - probe_ns_ - recompute_all_extra_ns(costs_, link_));
+        outside_.bytes.resize(ran + 1, 0);
+        outside_.storages.resize(ran + 1, 0);
+        base_ns_ =
+            std::max<std::int64_t>(0, measured_ns_ - probe_ns_ - recompute_all_extra_ns(costs_, link_, outside_));
         plan_locked();
       } else {
         measure_next_ = true;  // a block was not measured (it threw): measure again
@@ -286,14 +367,19 @@ bool BlockPlanner::begin_step(std::int64_t needed, std::int64_t allocated) {
   }
   step_forward_peak_ = -1;
   const bool remeasure = measure_next_;
+  const bool outside_was_kept = ran_outside_kept_;
   started_ = true;
   step_start_ = now;
   next_index_ = 0;
   probed_ = false;
   probe_ns_ = 0;
   measuring_ = measure_next_ || !planned_;
-  if (measuring_) measure_allocated_ = allocated;
+  if (measuring_) {
+    measure_allocated_ = allocated;
+    outside_ = OutsideCost{};
+  }
   last_recomputed_ = -1;
+  open_blocks_ = 0;
   if (measure_next_) {
     costs_.clear();
     have_cost_.clear();
@@ -301,12 +387,14 @@ bool BlockPlanner::begin_step(std::int64_t needed, std::int64_t allocated) {
   }
   diverged_ = false;
   ran_choices_.clear();
+  ran_outside_kept_ = !measuring_ && outside_kept_;
   const auto& now_choices = measuring_ ? std::vector<BlockChoice>(previous.size(), BlockChoice::recompute) : choices_;
-  return remeasure || now_choices != previous;
+  return remeasure || now_choices != previous || ran_outside_kept_ != outside_was_kept;
 }
 
 BlockPlanner::Turn BlockPlanner::next_block(std::int64_t input_bytes) {
   const std::lock_guard lock(mutex_);
+  ++open_blocks_;
   Turn turn;
   turn.index = next_index_++;
   const auto index = static_cast<std::size_t>(turn.index);
@@ -330,6 +418,33 @@ BlockPlanner::Turn BlockPlanner::next_block(std::int64_t input_bytes) {
   }
   ran_choices_.push_back(turn.choice);
   return turn;
+}
+
+void BlockPlanner::block_done() {
+  const std::lock_guard lock(mutex_);
+  if (open_blocks_ > 0) --open_blocks_;
+}
+
+bool BlockPlanner::outside_block() const {
+  const std::lock_guard lock(mutex_);
+  return open_blocks_ == 0 && started_;
+}
+
+void BlockPlanner::saved_outside(std::int64_t bytes) {
+  const std::lock_guard lock(mutex_);
+  if (!measuring_ || open_blocks_ > 0 || bytes <= 0) return;
+  const auto gap = static_cast<std::size_t>(next_index_);
+  if (outside_.bytes.size() <= gap) {
+    outside_.bytes.resize(gap + 1, 0);
+    outside_.storages.resize(gap + 1, 0);
+  }
+  outside_.bytes[gap] += bytes;
+  ++outside_.storages[gap];
+}
+
+bool BlockPlanner::keeps_outside() const {
+  const std::lock_guard lock(mutex_);
+  return ran_outside_kept_ && open_blocks_ == 0 && !diverged_;
 }
 
 void BlockPlanner::end_forward(std::int64_t forward_peak) {
@@ -365,7 +480,9 @@ void BlockPlanner::link_measured(std::int64_t bytes, std::int64_t ns, std::int64
   const std::lock_guard lock(mutex_);
   probe_ns_ += ns + small_ns;
   if (bytes <= 0 || ns <= 0) return;
-  LinkCost link{static_cast<double>(bytes) / static_cast<double>(ns), 0, overlaps_};
+  LinkCost link = link_;
+  link.bytes_per_ns = static_cast<double>(bytes) / static_cast<double>(ns);
+  link.latency_ns = 0;
   if (small_bytes > 0 && small_bytes < bytes && small_ns > 0 && ns > small_ns) {
     // Two points on time = latency + bytes / bandwidth.
     link.bytes_per_ns = static_cast<double>(bytes - small_bytes) / static_cast<double>(ns - small_ns);
@@ -381,11 +498,15 @@ std::string BlockPlanner::summary() const {
   out << "link " << link_.bytes_per_ns << " GB/s, latency " << link_.latency_ns << " ns; measured peak " << base_peak_
       << " B (forward " << forward_peak_ << " B, correction " << correction_ << " B); predicted peak "
       << predicted_peak_ << " B, extra " << extra_ns_ << " ns\n";
+  out << "outside blocks: " << outside_.total() << " B in";
+  for (std::size_t k = 0; k < outside_.bytes.size(); ++k)
+    out << (k == 0 ? " " : ", ") << outside_.bytes[k] << " B (" << outside_.storages[k] << ")";
+  out << ": " << (outside_kept_ ? "keep" : "offload") << "\n";
   for (std::size_t i = 0; i < costs_.size(); ++i) {
     const auto& c = costs_[i];
     out << "block " << i << ": forward " << c.forward_ns << " ns, saves " << c.saved_bytes << " B in "
         << c.saved_storages << " storages, input " << c.input_bytes << " B, backward peak " << c.backward_peak
-        << " B, recomputed in " << c.recompute_ns << " ns";
+        << " B, recomputed in " << c.recompute_ns << " ns, largest storage " << c.largest_storage << " B";
     if (i < choices_.size()) out << ": " << choices_[i];
     out << "\n";
   }
@@ -419,7 +540,8 @@ void BlockPlanner::plan_locked() {
   if (base_peak_ < 0) {
     // No memory statistics: nothing to plan against; keep recomputing.
     choices_.assign(costs_.size(), BlockChoice::recompute);
-    extra_ns_ = recompute_all_extra_ns(costs_, link_);
+    outside_kept_ = false;
+    extra_ns_ = recompute_all_extra_ns(costs_, link_, outside_);
     predicted_peak_ = std::numeric_limits<std::int64_t>::max();
     planned_ = true;
     if (!warned_) {
@@ -437,8 +559,9 @@ void BlockPlanner::plan_locked() {
     if (c.backward_peak >= 0) c.backward_peak += growth_ + correction_;
   }
   const auto result = plan_blocks(costs, link_, base_peak_ + correction_, target_,
-                                  forward_peak_ >= 0 ? forward_peak_ + correction_ : -1);
+                                  forward_peak_ >= 0 ? forward_peak_ + correction_ : -1, outside_);
   choices_ = result.choices;
+  outside_kept_ = result.outside_kept;
   extra_ns_ = result.extra_ns;
   predicted_peak_ = result.peak_bytes;
   planned_ = true;

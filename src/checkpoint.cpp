@@ -161,10 +161,11 @@ class Frame : public std::enable_shared_from_this<Frame> {
   // Forward: count the device storages the block saves (what keeping it
   // would hold), for the automatic plan.
   void count_saved() { counting_ = true; }
-  std::pair<std::int64_t, std::int64_t> counted() {
+  // What was counted: bytes, storages, the largest storage's bytes.
+  std::tuple<std::int64_t, std::int64_t, std::int64_t> counted() {
     const std::lock_guard lock(mutex_);
     counting_ = false;
-    const auto out = std::make_pair(counted_bytes_, static_cast<std::int64_t>(counted_.size()));
+    const auto out = std::make_tuple(counted_bytes_, static_cast<std::int64_t>(counted_.size()), counted_largest_);
     counted_ = {};
     return out;
   }
@@ -207,7 +208,9 @@ class Frame : public std::enable_shared_from_this<Frame> {
     // A weak reference: the storage's bytes are freed as usual, but its
     // object (and so its address) is not reused while the block runs.
     counted_.emplace_back(c10::intrusive_ptr<c10::StorageImpl>::reclaim_copy(impl));
-    counted_bytes_ += static_cast<std::int64_t>(t.storage().nbytes());
+    const auto nbytes = static_cast<std::int64_t>(t.storage().nbytes());
+    counted_bytes_ += nbytes;
+    counted_largest_ = std::max(counted_largest_, nbytes);
   }
   // Copies of `tensors`, made with grad mode off.
   static std::vector<at::Tensor> copies(const std::vector<at::Tensor>& tensors) {
@@ -244,6 +247,7 @@ class Frame : public std::enable_shared_from_this<Frame> {
   bool counting_ = false;                                           // count_saved(): forward counts what it saves
   std::vector<c10::weak_intrusive_ptr<c10::StorageImpl>> counted_;  // the storages counted (weak)
   std::int64_t counted_bytes_ = 0;                                  // ... their bytes
+  std::int64_t counted_largest_ = 0;                                // ... the largest one's
   std::function<void()> recompute_began_;                           // on_recompute()
   std::function<void()> recompute_ended_;
 };
@@ -455,7 +459,7 @@ std::vector<at::Tensor> run_checkpointed(Block block, const std::vector<at::Tens
     outputs = frame->run(inputs);
   }
   frame->forward_done();
-  if (cost != nullptr) std::tie(cost->saved_bytes, cost->saved_storages) = frame->counted();
+  if (cost != nullptr) std::tie(cost->saved_bytes, cost->saved_storages, cost->largest_storage) = frame->counted();
   return outputs;
 }
 
@@ -551,6 +555,10 @@ std::vector<at::Tensor> run_planned(Block block, const std::vector<at::Tensor>& 
   const PlannedDepth depth;
   const auto [input_bytes, device] = device_inputs(inputs);
   const auto turn = plan->next_block(input_bytes);
+  const struct Done {
+    BlockPlanner& plan;
+    ~Done() { plan.block_done(); }
+  } done{*plan};
   switch (turn.choice) {
     case BlockChoice::keep: {
       const NoOffload kept;

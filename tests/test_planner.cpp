@@ -316,6 +316,10 @@ TEST_CASE("plan_blocks: where each block's backward stretch was measured, kept b
   const auto all = offload::plan_blocks(blocks, LinkCost{0.0, 0, true}, 230, 1000, 150);
   CHECK(all.choices == std::vector<BlockChoice>{K, K, K, K});
   CHECK(all.peak_bytes == 500);
+  // With a prefetch window of two inputs (prefetch_depth 2), each measured
+  // stretch held the two inputs before its block, brought back ahead of
+  // need; kept blocks are not brought back: 40 bytes less at block 3.
+  CHECK(offload::plan_blocks(blocks, LinkCost{0.0, 0, true, 2, 0}, 230, 1000, 150).peak_bytes == 460);
   // A block whose stretch was not measured: the step's peak stands for
   // every block's (230 + the kept blocks less the last), one block fewer
   // kept.
@@ -328,6 +332,70 @@ TEST_CASE("plan_blocks: where each block's backward stretch was measured, kept b
   // its first forward.
   for (auto& b : blocks) b.recompute_ns = 600;
   CHECK(offload::plan_blocks(blocks, LinkCost{0.0, 0, true}, 230, 300, 150).extra_ns == 1800);
+}
+
+TEST_CASE("plan_blocks: what is saved outside blocks is kept where it fits, else its copies are counted") {
+  // 200 bytes saved after the last block (an output head's), in one storage.
+  const offload::OutsideCost head{{0, 0, 0, 0, 200}, {0, 0, 0, 0, 1}};
+  // Room for all of it: every block and the head kept, nothing moved.
+  const auto roomy = offload::plan_blocks(four_blocks(), LinkCost{10.0, 0, true}, 50, 1000, -1, head);
+  CHECK(roomy.choices == std::vector<BlockChoice>{K, K, K, K});
+  CHECK(roomy.outside_kept);
+  CHECK(roomy.extra_ns == 0);
+  CHECK(roomy.peak_bytes == 550);  // 350 + the head's 200
+  // Under 400 the head stays while the first three blocks are offloaded:
+  // their copies hide behind the blocks after them, the head's would not.
+  const auto tight = offload::plan_blocks(four_blocks(), LinkCost{10.0, 0, true}, 50, 400, -1, head);
+  CHECK(tight.choices == std::vector<BlockChoice>{O, O, O, K});
+  CHECK(tight.outside_kept);
+  CHECK(tight.extra_ns == 0);
+  // A head of 400 bytes never fits: offloaded, its copy runs after forward
+  // with nothing left to hide behind (40 ns) and comes back before
+  // backward can begin (40 ns).
+  const offload::OutsideCost big_head{{0, 0, 0, 0, 400}, {0, 0, 0, 0, 1}};
+  const auto offloaded = offload::plan_blocks(four_blocks(), LinkCost{10.0, 0, true}, 50, 400, -1, big_head);
+  CHECK(offloaded.choices == std::vector<BlockChoice>{K, K, K, K});
+  CHECK_FALSE(offloaded.outside_kept);
+  CHECK(offloaded.extra_ns == 80);
+  CHECK(offloaded.peak_bytes == 350);
+  // Over a slow link (0.01 bytes/ns: 20 us each way) two recomputed blocks
+  // are cheaper, and the head stays.
+  const auto slow = offload::plan_blocks(four_blocks(), LinkCost{0.01, 0, true}, 50, 400, -1, head);
+  CHECK(slow.outside_kept);
+  CHECK(slow.choices ==
+        std::vector<BlockChoice>{BlockChoice::recompute_input_kept, BlockChoice::recompute_input_kept, K, K});
+  CHECK(slow.extra_ns == 2000);
+  // Saved before the first block (an embedding's), it counts in every
+  // block's backward too: 20 bytes more on each measured stretch.
+  auto blocks = four_blocks();
+  for (auto& b : blocks) b.backward_peak = 230;
+  const offload::OutsideCost embedding{{20, 0, 0, 0, 0}, {1, 0, 0, 0, 0}};
+  const auto early = offload::plan_blocks(blocks, LinkCost{10.0, 0, true}, 230, 1000, 150, embedding);
+  CHECK(early.outside_kept);
+  CHECK(early.peak_bytes == 530 + 20);  // block 3's stretch with the three kept before it
+}
+
+TEST_CASE(
+    "plan_blocks: offloaded blocks come back ahead of need by the prefetch window, sized by their largest storage") {
+  // Four storages per block, the largest 30 bytes; a window of one storage
+  // (prefetch_depth 1). Offloading blocks 0 and 1 brings 30 bytes back
+  // ahead of block 3's backward: 200 - 20 (the measuring step's input) +
+  // 100 (block 2 kept) + 30 = 310, under forward's 350.
+  auto blocks = four_blocks();
+  for (std::size_t i = 0; i < blocks.size(); ++i) {
+    blocks[i].backward_peak = 230 - 10 * static_cast<int>(i);
+    blocks[i].saved_storages = 4;
+    blocks[i].largest_storage = 30;
+  }
+  const LinkCost link{10.0, 0, true, 1, 0};
+  const auto plan = offload::plan_blocks(blocks, link, 230, 360, 150);
+  CHECK(plan.choices == std::vector<BlockChoice>{O, O, K, K});
+  CHECK(plan.peak_bytes == 350);
+  CHECK(plan.extra_ns == 0);
+  // Storages not measured: a block counts as one, and the window holds a
+  // whole block (380 at block 3): one more block is offloaded.
+  for (auto& b : blocks) b.largest_storage = -1;
+  CHECK(offload::plan_blocks(blocks, link, 230, 360, 150).choices == std::vector<BlockChoice>{O, O, O, K});
 }
 
 TEST_CASE("BlockPlanner: measures the first step, plans the next, measures again after other input sizes") {
@@ -393,6 +461,39 @@ TEST_CASE("BlockPlanner: records each block's stretch of backward, and plans fro
   planner.recomputing(0, 0);
   planner.recomputing(1, 0);
   CHECK(planner.summary().find("backward peak 170 B") != std::string::npos);
+}
+
+TEST_CASE("BlockPlanner: counts what is saved outside blocks while measuring, and keeps it where the plan says") {
+  offload::BlockPlanner planner(/*target=*/1000, /*overlaps=*/true);
+  CHECK_FALSE(planner.outside_block());  // no step yet
+  planner.begin_step(-1);
+  CHECK(planner.outside_block());
+  planner.saved_outside(10);  // before the first block
+  for (int i = 0; i < 2; ++i) {
+    const auto turn = planner.next_block(20);
+    CHECK_FALSE(planner.outside_block());
+    planner.saved_outside(99);  // inside a block: not counted
+    planner.measured(turn.index, BlockCost{1000, 100, 2, 20});
+    planner.block_done();
+  }
+  planner.saved_outside(30);  // after the last
+  planner.saved_outside(30);
+  CHECK_FALSE(planner.keeps_outside());  // a measuring step offloads it
+  planner.link_measured(400, 400, 100, 100);
+  CHECK(planner.begin_step(300));
+  const auto summary = planner.summary();
+  CHECK_MESSAGE(summary.find("outside blocks: 70 B in 10 B (1), 0 B (0), 60 B (2): keep") != std::string::npos,
+                summary);
+  CHECK(planner.keeps_outside());
+  (void)planner.next_block(20);
+  CHECK_FALSE(planner.keeps_outside());  // inside a block: the block's choice
+  planner.saved_outside(500);            // planned steps do not count
+  planner.block_done();
+  CHECK(planner.keeps_outside());
+  (void)planner.next_block(20);
+  planner.block_done();
+  CHECK_FALSE(planner.begin_step(300));  // the same choices, the outside kept again
+  CHECK(planner.summary() == summary);
 }
 
 TEST_CASE("BlockPlanner: a step that needed more than predicted re-plans with the difference") {

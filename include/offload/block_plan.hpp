@@ -53,6 +53,10 @@ struct BlockCost {
   /// Where measured, the model takes it for the block's forward time (the
   /// first forward of a run pays for a cold allocator and first calls).
   std::int64_t recompute_ns = -1;
+  /// The largest of the storages it saves, bytes (what sizes a prefetch
+  /// window: LinkCost), or -1: not measured (then the block's saved bytes
+  /// count as one storage).
+  std::int64_t largest_storage = -1;
 };
 
 /// The link between the device and host memory, measured on the run.
@@ -60,12 +64,34 @@ struct LinkCost {
   double bytes_per_ns = 0;      ///< achieved bandwidth, bytes per nanosecond (= GB/s); > 0
   std::int64_t latency_ns = 0;  ///< fixed time per copy, nanoseconds
   bool overlaps = true;  ///< copies run beside compute (sync::Streamed); false: the compute stream waits for them
+  /// With overlapping copies, what backward brings back ahead of need
+  /// (Options::prefetch_bytes and prefetch_depth): prefetch_bytes where
+  /// > 0, else prefetch_depth x the largest offloaded storage; both 0: none.
+  std::int64_t prefetch_depth = 0;
+  std::int64_t prefetch_bytes = 0;
+};
+
+/// What the manager offloads outside every marked block (the embedding's
+/// and the output head's saved tensors), by where in the step: entry k is
+/// what was saved after block k - 1 ended and before block k began (k = 0:
+/// before the first block; k = n: after the last), measured on the run.
+/// Empty: nothing outside blocks.
+struct OutsideCost {
+  std::vector<std::int64_t> bytes;     ///< storage bytes offloaded there
+  std::vector<std::int64_t> storages;  ///< how many copies those are (same size as bytes)
+  /// Every entry's bytes.
+  std::int64_t total() const noexcept {
+    std::int64_t sum = 0;
+    for (auto b : bytes) sum += b;
+    return sum;
+  }
 };
 
 /// The result of plan_blocks(): a choice per block and what the model
 /// predicts for them.
 struct BlockPlanResult {
   std::vector<BlockChoice> choices;
+  bool outside_kept = false;    ///< the tensors saved outside blocks stay on the device (OutsideCost)
   std::int64_t extra_ns = 0;    ///< predicted time over keeping every block (recomputation + link time not hidden)
   std::int64_t peak_bytes = 0;  ///< predicted peak device bytes
   bool fits = true;             ///< false: no choice meets the limit; every block is recomputed
@@ -79,8 +105,10 @@ struct BlockPlanResult {
 ///   of base_peak: what was allocated since the measuring step is added),
 ///   block i's backward peaks at its backward_peak plus the saved bytes
 ///   of the kept blocks before it (their backward is still to run) and,
-///   with overlapping copies, the largest offloaded block before it
-///   (brought back ahead of need); a kept or offloaded block holds its own
+///   with overlapping copies, what the prefetch window brings back ahead
+///   of need: at most the bytes offloaded before it (blocks and inputs)
+///   (the measuring step's stretch held its window of the inputs before
+///   it, nearest first: taken out); a kept or offloaded block holds its own
 ///   tensors there as the measured step held them recomputed. Otherwise
 ///   kept blocks add their saved bytes to base_peak, less the last kept
 ///   block's.
@@ -109,20 +137,28 @@ struct BlockPlanResult {
 ///   blocks' tensors are needed last in backward, so they are the ones to
 ///   move or rebuild); each with the recomputed blocks' inputs offloaded,
 ///   and with them kept.
+/// - What is saved outside blocks (`outside`; measured offloaded, like
+///   the recomputed blocks' inputs) is offloaded or kept as a whole. Kept,
+///   it adds its bytes to the forward peak and, to block i's backward, the
+///   bytes saved before block i (what comes after the last block is freed
+///   when backward begins); offloaded, its copies join the pipelines where
+///   it was saved (what follows the last block is the first needed back).
 /// The choice is the candidate with the least predicted extra time whose
 /// predicted peak is at most `limit` bytes (ties: fewer bytes moved, then
-/// fewer recomputed). O(n^2) in the number of blocks.
+/// fewer recomputed), each with what is saved outside blocks offloaded and
+/// kept. O(n^2) in the number of blocks.
 /// Errors: none; no candidate fits: every block is recomputed, fits = false.
 BlockPlanResult plan_blocks(const std::vector<BlockCost>& blocks, const LinkCost& link, std::int64_t base_peak,
-                            std::int64_t limit, std::int64_t forward_peak = -1);
+                            std::int64_t limit, std::int64_t forward_peak = -1, const OutsideCost& outside = {});
 
 /// What a manager with a device-memory target keeps for its planned blocks
 /// across steps. The first step (and the step after the blocks' input
 /// sizes change) is a measuring step: every block is recomputed, with its
 /// inputs offloaded, which fits wherever anything does; each block's
 /// forward time, saved bytes and input bytes are measured, the link by
-/// timing copies of a block's input, and in backward each block's
-/// recomputation time and peak (recomputing(), recomputed()). The step after a measuring step is
+/// timing copies of a block's input, in backward each block's
+/// recomputation time and peak (recomputing(), recomputed()), and what the
+/// manager offloads outside blocks (saved_outside()). The step after a measuring step is
 /// planned from it (plan_blocks), with the target and the peak the
 /// measuring step needed (begin_step()); a later step that needed more
 /// than the model predicted, and more than the target, re-plans with the
@@ -144,9 +180,15 @@ class BlockPlanner {
   /// `target`: Options::device_target_bytes (> 0); `overlaps`: the sync
   /// policy copies beside compute; `peak`: the most bytes the device with
   /// the given index has had allocated at once so far (-1: not reported),
-  /// read by recomputing(); empty: not read.
-  BlockPlanner(std::int64_t target, bool overlaps, std::function<std::int64_t(int)> peak = {})
-      : target_(target), overlaps_(overlaps), peak_(std::move(peak)) {}
+  /// read by recomputing(); empty: not read. `prefetch_depth`,
+  /// `prefetch_bytes`: the options' prefetch window of an overlapping sync
+  /// policy (LinkCost).
+  BlockPlanner(std::int64_t target, bool overlaps, std::function<std::int64_t(int)> peak = {},
+               std::int64_t prefetch_depth = 0, std::int64_t prefetch_bytes = 0)
+      : target_(target),
+        overlaps_(overlaps),
+        peak_(std::move(peak)),
+        link_{0, 0, overlaps, overlaps ? prefetch_depth : 0, overlaps ? prefetch_bytes : 0} {}
 
   /// A step begins (the manager's outermost scope opened); a begin with no
   /// planned block run since the last one is not a step (nothing changes,
@@ -163,8 +205,26 @@ class BlockPlanner {
   /// device: its choice in this step. A block the plan did not expect (a
   /// block beyond those planned, or larger inputs than measured; smaller
   /// ones follow the plan) is recomputed with every later block of the
-  /// step, and the next step measures.
+  /// step, and the next step measures. Each call is paired with
+  /// block_done() when the block returns (or throws).
   Turn next_block(std::int64_t input_bytes);
+
+  /// The block begun by the matching next_block() returned or threw: what
+  /// is saved from now until the next block begins is outside blocks.
+  void block_done();
+
+  /// Whether no marked block is running: a tensor saved now is saved
+  /// outside blocks (saved_outside(), keeps_outside()).
+  bool outside_block() const;
+
+  /// The manager offloaded a storage of `bytes` saved outside blocks
+  /// (counted in a measuring step: OutsideCost).
+  void saved_outside(std::int64_t bytes);
+
+  /// Whether this step keeps what is saved outside blocks on the device
+  /// (the plan chose so: BlockPlanResult::outside_kept); false in a
+  /// measuring step, which offloads it.
+  bool keeps_outside() const;
 
   /// The forward pass of this step ended (its scope closed) with the
   /// device's peak `forward_peak` bytes above what was allocated when the
@@ -223,6 +283,10 @@ class BlockPlanner {
   std::vector<bool> have_cost_;           // costs_[i] was measured
   std::vector<BlockChoice> choices_;      // per block, this step
   std::vector<BlockChoice> ran_choices_;  // per block, as run in this step
+  OutsideCost outside_;                   // from the measuring step
+  bool outside_kept_ = false;             // the plan keeps what is saved outside blocks
+  bool ran_outside_kept_ = false;         // ... and this step does
+  std::int32_t open_blocks_ = 0;          // blocks begun and not done
   LinkCost link_{};
   bool have_link_ = false;
   std::int64_t base_peak_ = -1;          // what the measuring step needed

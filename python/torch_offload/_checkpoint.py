@@ -256,6 +256,12 @@ class PlannedCheckpoint:
         turn = impl.plan_block(_device_bytes(tensors))
         if turn is None:
             return function(*args, **kwargs)
+        try:
+            return self._turn(turn, tensors, function, args, kwargs)
+        finally:
+            impl.plan_block_done()
+
+    def _turn(self, turn, tensors, function, args, kwargs):
         index, choice, measure, probe = turn
         if choice == "keep":
             with no_offload():
@@ -308,8 +314,8 @@ class PlannedCheckpoint:
             storages = _counting.storages
         finally:
             _counting.storages = None
-        saved = sum(nbytes for _, nbytes in storages.values())
-        impl.plan_measured(index, ns, saved, len(storages), _device_bytes(tensors))
+        sizes = [nbytes for _, nbytes in storages.values()]
+        impl.plan_measured(index, ns, sum(sizes), len(sizes), _device_bytes(tensors), max(sizes, default=0))
         if probe and on_device:
             _probe_link(impl, on_device[0])
         return out

@@ -160,8 +160,12 @@ def test_planned_checkpoint_is_bitwise_and_plans_every_layer(sync, fraction):
     assert summary.count("\nblock ") == 6 and "saves" in summary, summary
     # the measuring step recorded where each recomputation began, and its time
     assert "backward peak -1" not in summary and "recomputed in -1" not in summary, summary
-    if fraction > 1:  # everything fits: every layer kept
+    # what the model saves outside its layers (the head's and the loss's tensors) was measured in step 1
+    outside = summary.split("outside blocks: ")[1].split("\n")[0]
+    assert not outside.startswith("0 B"), summary
+    if fraction > 1:  # everything fits: every layer kept, and what is saved outside them
         assert stats.blocks_kept == 6, summary
+        assert outside.endswith(": keep"), summary
 
 
 @testdevice.sim_only("sets sim's link bandwidth so that recomputing beats offloading")

@@ -121,7 +121,8 @@ class Core final : public ManagerInterface, public std::enable_shared_from_this<
         blocks_(options_.device_target_bytes > 0
                     ? std::make_shared<BlockPlanner>(
                           options_.device_target_bytes, /*overlaps=*/serves_target,
-                          [](int index) { return peak_on(static_cast<c10::DeviceIndex>(index)); })
+                          [](int index) { return peak_on(static_cast<c10::DeviceIndex>(index)); },
+                          options_.prefetch_depth, options_.prefetch_bytes)
                     : nullptr) {}
 
   std::unique_ptr<torch::autograd::SavedVariableHooks> make_hooks() override {
@@ -160,10 +161,15 @@ class Core final : public ManagerInterface, public std::enable_shared_from_this<
     const Piece piece = piece_for(t);
 
     const std::lock_guard lock(mutex_);
+    // Saved outside the automatic plan's blocks: kept where the plan says
+    // so, else counted where the plan measures.
+    const bool outside = blocks_ && blocks_->outside_block();
+    if (outside && blocks_->keeps_outside()) return pass(t, pass_.target, std::move(packed));
     if (planner_.active() && keep_for_target(t, version, packed)) return pass(t, pass_.target, std::move(packed));
     auto entry = offloaded_already(t, version);
     if (!entry) {
       entry = copy_to_host(t, piece, version, packed.ticket);
+      if (entry && outside) blocks_->saved_outside(piece.nbytes());
     } else if (!add_view(entry, t, piece)) {
       entry = nullptr;
     }
