@@ -19,10 +19,13 @@ step in turn (round robin), so a change in machine load hits all alike; a
 tool's peak is its model and AdamW state plus the most its step added above
 what was allocated when the step began; its pinned host peak (sim only) is
 the most page-locked host bytes its step held above what was held when the
-step began, counted in the blocks sim's pinned allocator hands out, which
-round each request up to a power of two as CUDA's caching host allocator
-does (sim is installed with host_power_of_two=True): a tool that pins per
-tensor pays that rounding. Then the hook cost per saved tensor
+step began, counted in the sizes requested (sim's host_memory()
+peak_bytes: the power-of-two rounding of sim's pinned allocator, installed
+with host_power_of_two=True as CUDA's caching host allocator rounds, is not
+in it; the blocks it sets aside show in reserved_bytes, which also holds
+what earlier tools left cached, so it is not a per-tool figure), except
+for our pinned pool, whose column is its reserve (its slabs stay pinned
+across steps). Then the hook cost per saved tensor
 of the Python route against identity hooks (a CPU tensor passed through,
 and a sim tensor offloaded over a free link), and the
 correctness matrix (tests/python/cases.py x tool: exact / differs / raises).
