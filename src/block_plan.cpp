@@ -95,12 +95,14 @@ double exposed_overlapping(const std::vector<BlockCost>& blocks, const LinkCost&
 }
 
 // What a prefetch window of `window` bytes holds of `units` (nearest
-// first, whole ones while they fit).
+// first, whole ones while they fit; the nearest one even where it does
+// not, as sync::Streamed brings one storage back ahead whatever its size).
 std::int64_t window_holds(const std::vector<std::int64_t>& units, std::int64_t window) {
+  if (window <= 0) return 0;
   std::int64_t held = 0;
   for (auto it = units.rbegin(); it != units.rend(); ++it) {
     if (*it <= 0) continue;
-    if (held + *it > window) break;
+    if (held > 0 && held + *it > window) break;
     held += *it;
   }
   return held;
@@ -117,33 +119,39 @@ std::int64_t prefetch_window(const LinkCost& link, std::int64_t largest) {
 // BlockCost), or -1 where one was not measured: block i's plus the kept
 // blocks before it (their backward is still to run) and, with overlapping
 // copies, what the prefetch window brings back ahead of need (at most the
-// bytes offloaded before it) instead of what the measuring step's window
-// held (the inputs before it, nearest first); `kept_outside`: what is
-// saved outside blocks, where it is kept.
+// bytes offloaded before it, at least the largest storage offloaded
+// before it) instead of what the measuring step's window held (what was
+// offloaded before block i, nearest first: inputs and what was saved
+// outside blocks; the window sized by the largest input before it);
+// `outside`: what is saved outside blocks, `outside_kept`: it is kept.
 std::int64_t backward_peak(const std::vector<BlockCost>& blocks, const LinkCost& link,
-                           const std::vector<BlockChoice>& choices, const OutsideCost* kept_outside) {
-  std::int64_t largest_input = 0;
+                           const std::vector<BlockChoice>& choices, const OutsideCost& outside, bool outside_kept) {
   std::int64_t largest_moved = 0;  // this plan's largest offloaded storage
   for (std::size_t i = 0; i < blocks.size(); ++i) {
     const auto& b = blocks[i];
-    largest_input = std::max(largest_input, b.input_bytes);
     if (choices[i] == BlockChoice::recompute) largest_moved = std::max(largest_moved, b.input_bytes);
     if (choices[i] == BlockChoice::offload)
       largest_moved = std::max(largest_moved, b.largest_storage > 0 ? b.largest_storage : b.saved_bytes);
   }
-  const auto measured_window = prefetch_window(link, largest_input);
   const auto window = prefetch_window(link, largest_moved);
+  const auto outside_at = [&outside](std::size_t k) { return k < outside.bytes.size() ? outside.bytes[k] : 0; };
   std::int64_t peak = 0;
   std::int64_t kept_before = 0;
-  std::int64_t moved_before = 0;            // this plan's offloaded bytes (blocks and inputs)
-  std::vector<std::int64_t> inputs_before;  // the measuring step's offloaded inputs
+  std::int64_t moved_before = 0;          // this plan's offloaded bytes (blocks and inputs)
+  std::int64_t largest_moved_before = 0;  // ... its largest storage
+  std::int64_t largest_input_before = 0;
+  std::vector<std::int64_t> measured_before;  // what the measuring step offloaded, in order
   for (std::size_t i = 0; i < blocks.size(); ++i) {
     const auto& b = blocks[i];
     if (b.backward_peak < 0) return -1;
-    if (kept_outside != nullptr && i < kept_outside->bytes.size()) kept_before += kept_outside->bytes[i];
-    const auto ahead_measured = window_holds(inputs_before, measured_window);
-    peak = std::max(peak, b.backward_peak - ahead_measured + kept_before + std::min(window, moved_before));
-    inputs_before.push_back(b.input_bytes);
+    measured_before.push_back(outside_at(i));
+    if (outside_kept) kept_before += outside_at(i);
+    const auto ahead_measured = window_holds(measured_before, prefetch_window(link, largest_input_before));
+    const auto ahead =
+        window > 0 && moved_before > 0 ? std::max(std::min(window, moved_before), largest_moved_before) : 0;
+    peak = std::max(peak, b.backward_peak - ahead_measured + kept_before + ahead);
+    measured_before.push_back(b.input_bytes);
+    largest_input_before = std::max(largest_input_before, b.input_bytes);
     switch (choices[i]) {
       case BlockChoice::keep:
         kept_before += b.saved_bytes;
@@ -153,9 +161,12 @@ std::int64_t backward_peak(const std::vector<BlockCost>& blocks, const LinkCost&
         break;
       case BlockChoice::offload:
         moved_before += b.saved_bytes;
+        largest_moved_before =
+            std::max(largest_moved_before, b.largest_storage > 0 ? b.largest_storage : b.saved_bytes);
         break;
       case BlockChoice::recompute:
         moved_before += b.input_bytes;
+        largest_moved_before = std::max(largest_moved_before, b.input_bytes);
         break;
     }
   }
@@ -226,7 +237,7 @@ Prediction predict(const std::vector<BlockCost>& blocks, const LinkCost& link, s
   const auto outside_bytes = outside_kept ? outside.total() : 0;
   const auto at_forward_end =
       (forward_peak >= 0 ? forward_peak : base_peak) + kept - last_kept + kept_inputs + behind + outside_bytes;
-  const auto measured = backward_peak(blocks, link, choices, outside_kept ? &outside : nullptr);
+  const auto measured = backward_peak(blocks, link, choices, outside, outside_kept);
   const auto in_backward = measured >= 0 ? measured : base_peak + kept - last_kept + kept_inputs + outside_bytes;
   out.peak = std::max(at_forward_end, in_backward);
   return out;
@@ -394,7 +405,6 @@ bool BlockPlanner::begin_step(std::int64_t needed, std::int64_t allocated) {
 
 BlockPlanner::Turn BlockPlanner::next_block(std::int64_t input_bytes) {
   const std::lock_guard lock(mutex_);
-  ++open_blocks_;
   Turn turn;
   turn.index = next_index_++;
   const auto index = static_cast<std::size_t>(turn.index);
@@ -417,6 +427,7 @@ BlockPlanner::Turn BlockPlanner::next_block(std::int64_t input_bytes) {
     turn.choice = choices_[index];
   }
   ran_choices_.push_back(turn.choice);
+  ++open_blocks_;  // last: nothing after it throws, so block_done() pairs with it
   return turn;
 }
 

@@ -392,6 +392,10 @@ TEST_CASE(
   CHECK(plan.choices == std::vector<BlockChoice>{O, O, K, K});
   CHECK(plan.peak_bytes == 350);
   CHECK(plan.extra_ns == 0);
+  // A window smaller than one storage still brings one back: the same.
+  const auto small_window = offload::plan_blocks(blocks, LinkCost{10.0, 0, true, 0, 5}, 230, 360, 150);
+  CHECK(small_window.choices == std::vector<BlockChoice>{O, O, K, K});
+  CHECK(small_window.peak_bytes == 350);
   // Storages not measured: a block counts as one, and the window holds a
   // whole block (380 at block 3): one more block is offloaded.
   for (auto& b : blocks) b.largest_storage = -1;

@@ -106,9 +106,10 @@ struct BlockPlanResult {
 ///   block i's backward peaks at its backward_peak plus the saved bytes
 ///   of the kept blocks before it (their backward is still to run) and,
 ///   with overlapping copies, what the prefetch window brings back ahead
-///   of need: at most the bytes offloaded before it (blocks and inputs)
-///   (the measuring step's stretch held its window of the inputs before
-///   it, nearest first: taken out); a kept or offloaded block holds its own
+///   of need: at most the bytes offloaded before it (blocks and inputs),
+///   at least the largest storage among them (the measuring step's
+///   stretch held its window of what it offloaded before the block,
+///   nearest first: taken out); a kept or offloaded block holds its own
 ///   tensors there as the measured step held them recomputed. Otherwise
 ///   kept blocks add their saved bytes to base_peak, less the last kept
 ///   block's.
@@ -214,7 +215,8 @@ class BlockPlanner {
   void block_done();
 
   /// Whether no marked block is running: a tensor saved now is saved
-  /// outside blocks (saved_outside(), keeps_outside()).
+  /// outside blocks (saved_outside(), keeps_outside()). One count for the
+  /// manager: a step's planned blocks run on one thread at a time.
   bool outside_block() const;
 
   /// The manager offloaded a storage of `bytes` saved outside blocks
