@@ -96,13 +96,6 @@ void sim_only::fill(doctest::detail::TestCase& test) const {
   skipped().push_back(std::string(test.m_name) + " (" + reason + ")");
 }
 
-void on_target::fill(doctest::detail::TestCase& test) const {
-  const std::string_view type = test.m_type.c_str();
-  const bool sim_type = type.find("offload::device::Sim,") != std::string_view::npos;
-  const bool cuda_type = type.find("offload::device::Cuda,") != std::string_view::npos;
-  if ((sim_type && target() != Target::sim) || (cuda_type && target() != Target::cuda)) test.m_skip = true;
-}
-
 std::vector<std::string> skipped_sim_only() {
   const std::lock_guard lock(skipped_mutex);
   return skipped();

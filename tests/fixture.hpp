@@ -3,13 +3,14 @@
 // The shared fixture of the runtime suites: the device the parametrised
 // suites run on (OFFLOAD_TEST_DEVICE: `sim`, the default, or `cuda`), the
 // manager types of each device this build has, the decorators that skip a
-// case on the other device or off sim, and sim's substrate (sim installed once per process, a copy
-// latency and poisoning of freed memory for one test, restored after).
+// case on the other device (a trait of the device policy) or off sim, and sim's substrate (sim installed once per
+// process, a copy latency and poisoning of freed memory for one test, restored after).
 
 #include <cstdint>
 #include <optional>
 #include <string>
 #include <string_view>
+#include <type_traits>
 #include <vector>
 
 #include <ATen/core/Tensor.h>
@@ -67,12 +68,28 @@ struct sim_only {
   const char* reason;
   void fill(doctest::detail::TestCase& test) const;
 };
-/// A templated case over the manager types of every device (the
-/// FIXTURE_*_TYPES lists): the instantiations whose device policy is not
-/// target()'s are skipped.
-struct on_target {
-  void fill(doctest::detail::TestCase& test) const;
+/// The target a device policy's cases run on: a trait specialised for
+/// each device policy the suites know (a manager type over another one
+/// does not compile in FIXTURE_CASE_TEMPLATE).
+template <class Device>
+struct target_of;
+template <>
+struct target_of<offload::device::Sim> : std::integral_constant<Target, Target::sim> {};
+#if OFFLOAD_HAS_CUDA
+template <>
+struct target_of<offload::device::Cuda> : std::integral_constant<Target, Target::cuda> {};
+#endif
+
+/// The decorator FIXTURE_CASE_TEMPLATE gives the instantiation for manager
+/// type `M`: skipped where M's device policy runs on another target than
+/// target() (target_of).
+template <class M>
+struct on_target_of {
+  void fill(doctest::detail::TestCase& test) const {
+    if (target_of<typename M::device_policy_type>::value != target()) test.m_skip = true;
+  }
 };
+
 /// The sim-only cases skipped in this run: "name (reason)".
 std::vector<std::string> skipped_sim_only();
 
@@ -129,9 +146,40 @@ constexpr std::int64_t kParityDelayUs = 200;
 
 }  // namespace fixture
 
+/// A templated case over manager types, as doctest's TEST_CASE_TEMPLATE
+/// (`dec`: the name and decorators; `T`: the type parameter's name; then
+/// the types), each instantiation registered with the decorator
+/// fixture::on_target_of<type>: skipped unless its device policy runs on
+/// target().
+///   FIXTURE_CASE_TEMPLATE("parity: ...", M, FIXTURE_PARITY_TYPES) { M manager; ... }
+#define FIXTURE_CASE_TEMPLATE(dec, T, ...) \
+  FIXTURE_CASE_TEMPLATE_IMPL(dec, T, DOCTEST_ANONYMOUS(FIXTURE_CASE_), __VA_ARGS__)
+#define FIXTURE_CASE_TEMPLATE_IMPL(dec, T, id, ...)                                                            \
+  template <typename T>                                                                                        \
+  static void id();                                                                                            \
+  namespace {                                                                                                  \
+  template <typename T>                                                                                        \
+  void DOCTEST_CAT(id, _REGISTER)(int index) {                                                                 \
+    doctest::detail::regTest(doctest::detail::TestCase(id<T>, __FILE__, __LINE__,                              \
+                                                       doctest_detail_test_suite_ns::getCurrentTestSuite(),    \
+                                                       doctest::toString<T>(), int(__LINE__) * 1000 + index) * \
+                             dec * fixture::on_target_of<T>());                                                \
+  }                                                                                                            \
+  /* each type in order; function templates of this file (internal linkage: no other file's is used) */        \
+  template <typename... Ts>                                                                                    \
+  int DOCTEST_CAT(id, _REGISTER_ALL)() {                                                                       \
+    int index = 0;                                                                                             \
+    (DOCTEST_CAT(id, _REGISTER) < Ts > (index++), ...);                                                        \
+    return 0;                                                                                                  \
+  }                                                                                                            \
+  [[maybe_unused]] const int DOCTEST_CAT(id, _REGISTERED) = DOCTEST_CAT(id, _REGISTER_ALL)<__VA_ARGS__>();     \
+  }                                                                                                            \
+  template <typename T>                                                                                        \
+  static void id()
+
 /// The manager types of the parametrised suites, over every device this
 /// build has (device::Cuda only with OFFLOAD_HAS_CUDA), for
-/// TEST_CASE_TEMPLATE("..." * fixture::on_target(), M, FIXTURE_TYPES(Storage, Sync)).
+/// FIXTURE_CASE_TEMPLATE("...", M, FIXTURE_TYPES(Storage, Sync)).
 #if OFFLOAD_HAS_CUDA
 #define FIXTURE_TYPES(Storage, Sync)                                       \
   fixture::Manager<offload::device::Sim, offload::storage::Storage, Sync>, \

@@ -37,8 +37,8 @@ at::Tensor on(const at::Tensor& t, c10::Device d) { return t.to(d); }
 
 }  // namespace
 
-TEST_CASE_TEMPLATE("parity: MLP, transformer block, GPT on the test device, 3 AdamW steps" * fixture::on_target(), M,
-                   FIXTURE_PARITY_TYPES) {
+FIXTURE_CASE_TEMPLATE("parity: MLP, transformer block, GPT on the test device, 3 AdamW steps", M,
+                      FIXTURE_PARITY_TYPES) {
   const fixture::Substrate substrate(kParityDelayUs);
   const int repeats = is_streamed<M>() ? 20 : 3;
   for (auto kind : {harness::ModelKind::mlp, harness::ModelKind::block, harness::ModelKind::gpt}) {
@@ -56,9 +56,8 @@ TEST_CASE_TEMPLATE("parity: MLP, transformer block, GPT on the test device, 3 Ad
   }
 }
 
-TEST_CASE_TEMPLATE("parity: tensors on a second device (sim:1; on CUDA the last one) come back on it" *
-                       fixture::on_target(),
-                   M, FIXTURE_PARITY_TYPES) {
+FIXTURE_CASE_TEMPLATE("parity: tensors on a second device (sim:1; on CUDA the last one) come back on it", M,
+                      FIXTURE_PARITY_TYPES) {
   const fixture::Substrate substrate(kParityDelayUs);
   const auto plain = harness::train(harness::ModelKind::block, fixture::device1(), 2);
   M manager(offload::Options{.min_offload_bytes = 0});
@@ -77,8 +76,7 @@ TEST_CASE_TEMPLATE("parity: tensors on a second device (sim:1; on CUDA the last 
   CHECK(x.grad().device() == fixture::device1());
 }
 
-TEST_CASE_TEMPLATE("parity: a CPU tensor saved by a custom Function stays on the CPU" * fixture::on_target(), M,
-                   FIXTURE_PARITY_TYPES) {
+FIXTURE_CASE_TEMPLATE("parity: a CPU tensor saved by a custom Function stays on the CPU", M, FIXTURE_PARITY_TYPES) {
   const fixture::Substrate substrate(kParityDelayUs);
   const auto plain = harness::custom_function_saving_cpu(fixture::device0());
   M manager(offload::Options{.min_offload_bytes = 0});
@@ -89,7 +87,7 @@ TEST_CASE_TEMPLATE("parity: a CPU tensor saved by a custom Function stays on the
   CHECK(manager.stats().storages_offloaded >= 1);
 }
 
-TEST_CASE_TEMPLATE("parity: parameters are never offloaded" * fixture::on_target(), M, FIXTURE_PARITY_TYPES) {
+FIXTURE_CASE_TEMPLATE("parity: parameters are never offloaded", M, FIXTURE_PARITY_TYPES) {
   const fixture::Substrate substrate(kParityDelayUs);
   M manager(offload::Options{.min_offload_bytes = 0});
   harness::train(harness::ModelKind::mlp, fixture::device0(), 1, harness::with_scope(manager));
@@ -98,8 +96,8 @@ TEST_CASE_TEMPLATE("parity: parameters are never offloaded" * fixture::on_target
   CHECK(stats.storages_offloaded >= 1);
 }
 
-TEST_CASE_TEMPLATE("parity: a branch whose saved tensors are never unpacked releases everything" * fixture::on_target(),
-                   M, FIXTURE_PARITY_TYPES) {
+FIXTURE_CASE_TEMPLATE("parity: a branch whose saved tensors are never unpacked releases everything", M,
+                      FIXTURE_PARITY_TYPES) {
   const fixture::Substrate substrate(kParityDelayUs);
   M manager(offload::Options{.min_offload_bytes = 0});
   auto w1 = on(at::randn({64, 64}), fixture::device0()).requires_grad_();
@@ -118,7 +116,7 @@ TEST_CASE_TEMPLATE("parity: a branch whose saved tensors are never unpacked rele
   CHECK(harness::settled_device_bytes(fixture::device0()) == device_before);
 }
 
-TEST_CASE_TEMPLATE("parity: retain_graph with two backward passes" * fixture::on_target(), M, FIXTURE_PARITY_TYPES) {
+FIXTURE_CASE_TEMPLATE("parity: retain_graph with two backward passes", M, FIXTURE_PARITY_TYPES) {
   const fixture::Substrate substrate(kParityDelayUs);
   auto run = [&](const harness::Wrap& wrap) {
     auto w = on(at::randn({32, 32}), fixture::device0()).requires_grad_();
@@ -137,7 +135,7 @@ TEST_CASE_TEMPLATE("parity: retain_graph with two backward passes" * fixture::on
   CHECK(manager.stats().tensors_reloaded + manager.stats().stash_reuses >= 2);
 }
 
-TEST_CASE_TEMPLATE("parity: double backward (create_graph)" * fixture::on_target(), M, FIXTURE_PARITY_TYPES) {
+FIXTURE_CASE_TEMPLATE("parity: double backward (create_graph)", M, FIXTURE_PARITY_TYPES) {
   const fixture::Substrate substrate(kParityDelayUs);
   auto run = [&](const harness::Wrap& wrap) {
     auto w = on(at::randn({32, 32}), fixture::device0()).requires_grad_();
@@ -157,8 +155,7 @@ TEST_CASE_TEMPLATE("parity: double backward (create_graph)" * fixture::on_target
   CHECK(manager.stats().tensors_reloaded + manager.stats().stash_reuses > 0);
 }
 
-TEST_CASE_TEMPLATE("parity: an in-place change to a saved tensor gives autograd's error" * fixture::on_target(), M,
-                   FIXTURE_PARITY_TYPES) {
+FIXTURE_CASE_TEMPLATE("parity: an in-place change to a saved tensor gives autograd's error", M, FIXTURE_PARITY_TYPES) {
   const fixture::Substrate substrate(kParityDelayUs);
   M manager(offload::Options{.min_offload_bytes = 0});
   auto w = on(at::randn({16, 16}), fixture::device0()).requires_grad_();
@@ -180,8 +177,7 @@ TEST_CASE_TEMPLATE("parity: an in-place change to a saved tensor gives autograd'
   CHECK(attempt(true) == plain);
 }
 
-TEST_CASE_TEMPLATE("device memory drops by exactly the bytes reported as offloaded" * fixture::on_target(), M,
-                   FIXTURE_PARITY_TYPES) {
+FIXTURE_CASE_TEMPLATE("device memory drops by exactly the bytes reported as offloaded", M, FIXTURE_PARITY_TYPES) {
   const fixture::Substrate substrate(kParityDelayUs);
   auto x = on(at::randn({128, 256}), fixture::device0());
   auto w = on(at::randn({256, 256}), fixture::device0()).requires_grad_();
@@ -207,9 +203,9 @@ TEST_CASE_TEMPLATE("device memory drops by exactly the bytes reported as offload
   loss.backward();
 }
 
-TEST_CASE_TEMPLATE("fault injection: a skipped wait or an early free breaks parity" * fixture::on_target() *
-                       fixture::sim_only{"sim's copy latency and poisoning of freed memory make a fault visible"},
-                   M, FIXTURE_PARITY_TYPES) {
+FIXTURE_CASE_TEMPLATE("fault injection: a skipped wait or an early free breaks parity" *
+                          fixture::sim_only{"sim's copy latency and poisoning of freed memory make a fault visible"},
+                      M, FIXTURE_PARITY_TYPES) {
   const fixture::Substrate substrate(/*latency_us=*/20000);
   const auto plain = harness::train(harness::ModelKind::mlp, fixture::sim0, 2);
   // One subcase per fault, so each can be run alone (-sc=...; the TSan canaries do).

@@ -220,8 +220,7 @@ TEST_CASE("Streamed: the window shrinks once the largest saved tensor came back"
   CHECK(stats.prefetch_peak <= 2);
 }
 
-TEST_CASE_TEMPLATE("Streamed: a tensor still in the forward stash is reused, not copied back" * fixture::on_target(), M,
-                   STREAMED_TYPES) {
+FIXTURE_CASE_TEMPLATE("Streamed: a tensor still in the forward stash is reused, not copied back", M, STREAMED_TYPES) {
   const fixture::Substrate substrate(/*latency_us=*/100, /*poison=*/false);
   Chain chain(fixture::device0());
   M manager(offload::Options{.min_offload_bytes = 0, .max_fwd_stash = 4, .prefetch_depth = 2});
@@ -236,8 +235,7 @@ TEST_CASE_TEMPLATE("Streamed: a tensor still in the forward stash is reused, not
   CHECK(stats.tensors_reloaded + stats.stash_reuses == stats.tensors_offloaded);
 }
 
-TEST_CASE_TEMPLATE("Streamed: correct under a non-default current compute stream" * fixture::on_target(), M,
-                   STREAMED_TYPES) {
+FIXTURE_CASE_TEMPLATE("Streamed: correct under a non-default current compute stream", M, STREAMED_TYPES) {
   const fixture::Substrate substrate(/*latency_us=*/300);
   const auto device = fixture::device0();
   const auto plain = harness::train(harness::ModelKind::block, device, 2);

@@ -206,9 +206,8 @@ at::Tensor on(const at::Tensor& t, c10::Device d) { return t.to(d); }
 
 }  // namespace
 
-TEST_CASE_TEMPLATE("views: on the test device, offset, transposed, permuted, expanded, several views of one storage" *
-                       fixture::on_target(),
-                   M, FIXTURE_PARITY_TYPES) {
+FIXTURE_CASE_TEMPLATE("views: on the test device, offset, transposed, permuted, expanded, several views of one storage",
+                      M, FIXTURE_PARITY_TYPES) {
   const fixture::Substrate substrate(kParityDelayUs);
   auto w = on(at::randn({6, 8, 4}), fixture::device0()).requires_grad_();
   M manager(offload::Options{.min_offload_bytes = 0});
@@ -240,10 +239,9 @@ TEST_CASE_TEMPLATE("views: on the test device, offset, transposed, permuted, exp
   CHECK(stats.tensors_reloaded + stats.stash_reuses <= stats.storages_offloaded);
 }
 
-TEST_CASE_TEMPLATE(
-    "views: on the test device, a saved narrow view moves only its bytes; later views copy what is missing" *
-        fixture::on_target(),
-    M, FIXTURE_PARITY_TYPES) {
+FIXTURE_CASE_TEMPLATE(
+    "views: on the test device, a saved narrow view moves only its bytes; later views copy what is missing", M,
+    FIXTURE_PARITY_TYPES) {
   const fixture::Substrate substrate(kParityDelayUs);
   auto w = on(at::randn({512, 512}), fixture::device0()).requires_grad_();
   SUBCASE("the narrow case: 16,384 of 1,048,576 bytes") {

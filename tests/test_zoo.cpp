@@ -267,8 +267,7 @@ harness::RunResult train(const std::string& name, int steps, const harness::Wrap
 
 }  // namespace
 
-TEST_CASE_TEMPLATE("zoo: each model family trains bitwise equal with and without offloading" * fixture::on_target(), M,
-                   ZOO_TYPES) {
+FIXTURE_CASE_TEMPLATE("zoo: each model family trains bitwise equal with and without offloading", M, ZOO_TYPES) {
   const fixture::Substrate substrate(/*latency_us=*/100);
   for (const std::string name :
        {"resnet", "unet channels_last", "vit", "lstm lm", "gru lm", "moe", "complex", "gpt bf16", "gpt fp16"}) {
@@ -292,8 +291,7 @@ TEST_CASE_TEMPLATE("zoo: each model family trains bitwise equal with and without
   }
 }
 
-TEST_CASE_TEMPLATE("zoo: mixture of experts with empty experts, 50 steps, memory does not grow" * fixture::on_target(),
-                   M, ZOO_TYPES) {
+FIXTURE_CASE_TEMPLATE("zoo: mixture of experts with empty experts, 50 steps, memory does not grow", M, ZOO_TYPES) {
   const fixture::Substrate substrate(/*latency_us=*/20);
   const int steps = 50;
   const auto plain = train("moe", steps);
@@ -320,8 +318,7 @@ TEST_CASE_TEMPLATE("zoo: mixture of experts with empty experts, 50 steps, memory
   }
 }
 
-TEST_CASE_TEMPLATE("zoo: with a device-memory target each model family trains bitwise equal" * fixture::on_target(), M,
-                   ZOO_TYPES) {
+FIXTURE_CASE_TEMPLATE("zoo: with a device-memory target each model family trains bitwise equal", M, ZOO_TYPES) {
   const fixture::Substrate substrate(/*latency_us=*/100);
   const auto device = fixture::device0();
   std::int64_t kept = 0;
