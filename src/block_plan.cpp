@@ -38,11 +38,25 @@ double copy_ns(const LinkCost& link, std::int64_t bytes, std::int64_t copies) {
              : 0.0;
 }
 
+// The bytes block b offloads under its choice: its saved tensors
+// (offload), its input (recompute), else none.
+std::int64_t moved_bytes(const BlockCost& b, BlockChoice choice) {
+  if (choice == BlockChoice::offload) return b.saved_bytes;
+  if (choice == BlockChoice::recompute) return b.input_bytes;
+  return 0;  // kept, or recomputed with its input kept
+}
+
+// The largest storage among them (a block whose storages were not
+// measured counts as one).
+std::int64_t largest_moved_storage(const BlockCost& b, BlockChoice choice) {
+  if (choice == BlockChoice::offload) return b.largest_storage > 0 ? b.largest_storage : b.saved_bytes;
+  return moved_bytes(b, choice);
+}
+
 // What block i moves each way under its choice.
 double moved_ns(const LinkCost& link, const BlockCost& b, BlockChoice choice) {
-  if (choice == BlockChoice::offload) return copy_ns(link, b.saved_bytes, std::max<std::int64_t>(1, b.saved_storages));
-  if (choice == BlockChoice::recompute) return copy_ns(link, b.input_bytes, 1);
-  return 0.0;  // kept, or recomputed with its input kept
+  const auto copies = choice == BlockChoice::offload ? std::max<std::int64_t>(1, b.saved_storages) : 1;
+  return copy_ns(link, moved_bytes(b, choice), copies);
 }
 
 bool is_recomputed(BlockChoice choice) {
@@ -127,12 +141,8 @@ std::int64_t prefetch_window(const LinkCost& link, std::int64_t largest) {
 std::int64_t backward_peak(const std::vector<BlockCost>& blocks, const LinkCost& link,
                            const std::vector<BlockChoice>& choices, const OutsideCost& outside, bool outside_kept) {
   std::int64_t largest_moved = 0;  // this plan's largest offloaded storage
-  for (std::size_t i = 0; i < blocks.size(); ++i) {
-    const auto& b = blocks[i];
-    if (choices[i] == BlockChoice::recompute) largest_moved = std::max(largest_moved, b.input_bytes);
-    if (choices[i] == BlockChoice::offload)
-      largest_moved = std::max(largest_moved, b.largest_storage > 0 ? b.largest_storage : b.saved_bytes);
-  }
+  for (std::size_t i = 0; i < blocks.size(); ++i)
+    largest_moved = std::max(largest_moved, largest_moved_storage(blocks[i], choices[i]));
   const auto window = prefetch_window(link, largest_moved);
   const auto outside_at = [&outside](std::size_t k) { return k < outside.bytes.size() ? outside.bytes[k] : 0; };
   std::int64_t peak = 0;
@@ -152,23 +162,10 @@ std::int64_t backward_peak(const std::vector<BlockCost>& blocks, const LinkCost&
     peak = std::max(peak, b.backward_peak - ahead_measured + kept_before + ahead);
     measured_before.push_back(b.input_bytes);
     largest_input_before = std::max(largest_input_before, b.input_bytes);
-    switch (choices[i]) {
-      case BlockChoice::keep:
-        kept_before += b.saved_bytes;
-        break;
-      case BlockChoice::recompute_input_kept:
-        kept_before += b.input_bytes;
-        break;
-      case BlockChoice::offload:
-        moved_before += b.saved_bytes;
-        largest_moved_before =
-            std::max(largest_moved_before, b.largest_storage > 0 ? b.largest_storage : b.saved_bytes);
-        break;
-      case BlockChoice::recompute:
-        moved_before += b.input_bytes;
-        largest_moved_before = std::max(largest_moved_before, b.input_bytes);
-        break;
-    }
+    if (choices[i] == BlockChoice::keep) kept_before += b.saved_bytes;
+    if (choices[i] == BlockChoice::recompute_input_kept) kept_before += b.input_bytes;
+    moved_before += moved_bytes(b, choices[i]);
+    largest_moved_before = std::max(largest_moved_before, largest_moved_storage(b, choices[i]));
   }
   return peak;
 }

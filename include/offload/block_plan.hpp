@@ -219,8 +219,8 @@ class BlockPlanner {
   /// manager: a step's planned blocks run on one thread at a time.
   bool outside_block() const;
 
-  /// The manager offloaded a storage of `bytes` saved outside blocks
-  /// (counted in a measuring step: OutsideCost).
+  /// The manager offloaded a storage of `bytes`: counted where it was
+  /// saved outside blocks in a measuring step (OutsideCost), else ignored.
   void saved_outside(std::int64_t bytes);
 
   /// Whether this step keeps what is saved outside blocks on the device

@@ -163,9 +163,9 @@ class Core final : public ManagerInterface, public std::enable_shared_from_this<
     const std::lock_guard lock(mutex_);
     // Saved outside the automatic plan's blocks: kept where the plan says
     // so while the device is under the target (else it goes the way of any
-    // other tensor), and counted (storage bytes) where the plan measures.
-    const bool outside = blocks_ && blocks_->outside_block();
-    if (outside && blocks_->keeps_outside()) {
+    // other tensor), and counted (storage bytes) where the plan measures
+    // (keeps_outside() and saved_outside() tell inside from outside).
+    if (blocks_ && blocks_->keeps_outside()) {
       const auto allocated = allocated_on(t.device().index());
       if (allocated < 0 || allocated <= options_.device_target_bytes) return pass(t, pass_.target, std::move(packed));
     }
@@ -173,7 +173,7 @@ class Core final : public ManagerInterface, public std::enable_shared_from_this<
     auto entry = offloaded_already(t, version);
     if (!entry) {
       entry = copy_to_host(t, piece, version, packed.ticket);
-      if (entry && outside) blocks_->saved_outside(static_cast<std::int64_t>(t.storage().nbytes()));
+      if (entry && blocks_) blocks_->saved_outside(static_cast<std::int64_t>(t.storage().nbytes()));
     } else if (!add_view(entry, t, piece)) {
       entry = nullptr;
     }
