@@ -24,7 +24,7 @@
 
 #include <nlohmann/json.hpp>
 
-#include "../examples/stats_json.hpp"
+#include "../cli/stats_json.hpp"
 
 namespace bench {
 

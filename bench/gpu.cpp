@@ -24,7 +24,7 @@
 
 #include <offload/offload.hpp>
 
-#include "../examples/stats_json.hpp"
+#include "../cli/stats_json.hpp"
 #include "gpt_trainer.hpp"
 #include "mode_columns.hpp"
 #endif

@@ -21,7 +21,7 @@
 #include <offload/offload.hpp>
 #include <offload/sim.hpp>
 
-#include "../examples/stats_json.hpp"
+#include "../cli/stats_json.hpp"
 #include "bench.hpp"
 
 namespace bench {

@@ -15,7 +15,7 @@
 #include <offload/scope.hpp>
 #include <offload/sim.hpp>
 
-#include "../examples/flag_checks.hpp"
+#include "../cli/flag_checks.hpp"
 #include "bench.hpp"
 
 namespace {

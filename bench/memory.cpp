@@ -12,7 +12,7 @@
 #include <offload/offload.hpp>
 #include <offload/sim.hpp>
 
-#include "../examples/stats_json.hpp"
+#include "../cli/stats_json.hpp"
 #include "bench.hpp"
 #include "gpt_analysis.hpp"
 #include "gpt_trainer.hpp"

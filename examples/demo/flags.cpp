@@ -21,7 +21,7 @@
 #include <offload/sim.hpp>
 
 #include "../../models/registry.hpp"
-#include "../flag_checks.hpp"
+#include "../../cli/flag_checks.hpp"
 
 namespace demo {
 

@@ -16,7 +16,7 @@
 #include <nlohmann/json.hpp>
 
 #include "../../models/registry.hpp"
-#include "../stats_json.hpp"
+#include "../../cli/stats_json.hpp"
 
 namespace demo {
 namespace {
