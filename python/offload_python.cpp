@@ -542,6 +542,7 @@ PYBIND11_MODULE(_C, m) {
     out["slabs"] = s.slabs;
     out["slab_allocations"] = s.slab_allocations;
     out["pageable_fallbacks"] = s.pageable_fallbacks;
+    out["numa_node"] = s.numa_node;
     return out;
   });
   m.def("pool_trim", [](const std::string& device) { offload::storage::PinnedPool::trim(c10::Device(device)); });

@@ -3,10 +3,17 @@
 
 #include <offload/device/cuda.hpp>
 
+#include <array>
+#include <atomic>
+#include <cstdio>
+
 #include <ATen/Context.h>
+#include <ATen/cuda/CUDAContext.h>
 #include <c10/cuda/CUDACachingAllocator.h>
 #include <c10/cuda/CUDAFunctions.h>
 #include <c10/cuda/CUDAStream.h>
+
+#include <offload/detail/numa.hpp>
 
 namespace offload::device {
 
@@ -33,5 +40,26 @@ std::int64_t Cuda::memory_peak(c10::DeviceIndex index) {
 }
 
 void Cuda::empty_cache() { c10::cuda::CUDACachingAllocator::emptyCache(); }
+
+int Cuda::numa_node(c10::DeviceIndex index) noexcept {
+  // node + 2 per device; 0: not looked up yet (racing first calls look it up
+  // twice, alike).
+  static std::array<std::atomic<int>, 64> nodes{};
+  if (index < 0 || static_cast<std::size_t>(index) >= nodes.size()) return -1;
+  auto& slot = nodes[static_cast<std::size_t>(index)];
+  if (const int known = slot.load(std::memory_order_relaxed); known != 0) return known - 2;
+  int node = -1;
+  try {
+    const auto* props = at::cuda::getDeviceProperties(index);
+    char bus_id[32];
+    std::snprintf(bus_id, sizeof bus_id, "%04x:%02x:%02x.0", static_cast<unsigned>(props->pciDomainID),
+                  static_cast<unsigned>(props->pciBusID), static_cast<unsigned>(props->pciDeviceID));
+    node = offload::detail::pci_numa_node(bus_id);
+  } catch (...) {
+    node = -1;
+  }
+  slot.store(node + 2, std::memory_order_relaxed);
+  return node;
+}
 
 }  // namespace offload::device

@@ -17,6 +17,7 @@
 #include <c10/util/Exception.h>
 #include <torch/csrc/autograd/autograd.h>
 
+#include <offload/detail/numa.hpp>
 #include <offload/offload.hpp>
 #include <offload/sim.hpp>
 
@@ -328,6 +329,62 @@ TEST_CASE("pinned pool: two managers on two threads share one pool, each bitwise
   CHECK(first.stats().host_bytes_in_use == 0);
   CHECK(second.stats().host_bytes_in_use == 0);
   CHECK(offload::storage::PinnedPool::stats(fixture::sim0).in_use_bytes == 0);
+}
+
+namespace {
+// sim, attached (as this device policy says) to host NUMA node 0, which
+// every host has.
+struct SimOnNode0 : offload::device::Sim {
+  static int numa_node(c10::DeviceIndex) noexcept { return 0; }
+};
+// A numa_node of another signature is rejected, not ignored.
+struct SimWrongNuma : offload::device::Sim {
+  static long numa_node(int) { return 0; }
+};
+static_assert(offload::device_policy<SimOnNode0>);
+static_assert(!offload::device_policy<SimWrongNuma>);
+}  // namespace
+
+TEST_CASE("pinned pool: slabs are pinned on the host NUMA node the device policy names, bitwise" *
+          fixture::sim_only("the pool of sim:0 and sim's pinned allocator")) {
+  const fixture::Substrate substrate(kParityDelayUs);
+  const TwoLayers model(4);
+  offload::storage::PinnedPool::trim(fixture::sim0);
+  const bool placing = offload::detail::numa_placement_available();
+  INFO("libnuma: ", OFFLOAD_HAS_NUMA, ", placement available: ", placing,
+       ", nodes: ", offload::detail::numa_node_count());
+  {
+    offload::Manager<SimOnNode0, offload::storage::PinnedPool, offload::sync::Streamed> manager(
+        offload::Options{.min_offload_bytes = 0});
+    const auto pooled = model.train(2, harness::with_scope(manager));
+    std::string why;
+    CHECK_MESSAGE(harness::bitwise_equal(model.train(2), pooled, &why), why);
+    CHECK(manager.stats().storages_offloaded > 0);
+    const auto pool = offload::storage::PinnedPool::stats(fixture::sim0);
+    CHECK(pool.slab_allocations > 0);
+    // The manager passed the policy's node in HostRequest::numa_node, and
+    // the pool pinned its slabs there when it can place memory at all.
+    CHECK(pool.numa_node == (placing ? 0 : -1));
+  }
+  // Every page of a fresh slab is on node 0 (the pages are touched first).
+  offload::storage::PinnedPool::trim(fixture::sim0);
+  offload::storage::PinnedPool pool;
+  const std::int64_t bytes = std::int64_t{1} << 20;
+  auto buffer = pool.allocate(offload::HostRequest{bytes, fixture::sim0, true, 0});
+  REQUIRE(buffer.pinned);
+  buffer.bytes.fill_(1);
+  const auto* data = static_cast<const char*>(buffer.bytes.data_ptr());
+  for (std::int64_t offset = 0; offset < bytes; offset += 4096) {
+    CHECK(offload::detail::numa_node_of(data + offset) == (placing ? 0 : -1));
+  }
+  // Unknown nodes and malformed PCI addresses say "unknown".
+  CHECK(offload::detail::pci_numa_node("ffff:ff:1f.7") == -1);
+  CHECK(offload::detail::pci_numa_node("../../devices") == -1);
+  CHECK(offload::detail::pci_numa_node("") == -1);
+  const offload::detail::PreferredNode nowhere(-1);
+  CHECK_FALSE(nowhere.active());
+  const offload::detail::PreferredNode past_last(offload::detail::numa_node_count());
+  CHECK_FALSE(past_last.active());
 }
 
 TEST_CASE("pinned pool: bad PoolOptions name the knob, the value and the range (docs/bad-input.md)") {

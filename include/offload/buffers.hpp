@@ -22,6 +22,10 @@ struct HostRequest {
   std::int64_t nbytes = 0;                   ///< bytes wanted, >= 0
   c10::Device device{c10::DeviceType::CPU};  ///< the device the saved tensor is on (type and index)
   bool pin = true;                           ///< page-locked memory wanted (Options::pin_memory)
+  /// The host NUMA node nearest `device`, as its device policy says
+  /// (`numa_node(index)`, device::Cuda has it), -1 when unknown. A policy
+  /// that pins may place the buffer there (storage::PinnedPool does).
+  int numa_node = -1;
 };
 
 /// Host memory for one offloaded piece: a 1-D CPU tensor of dtype uint8

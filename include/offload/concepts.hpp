@@ -52,6 +52,14 @@ concept available = requires {
   { P::available() } -> std::same_as<bool>;
 };
 
+/// Optional: the host NUMA node nearest device `index` (-1 unknown), cheap
+/// enough to call per offloaded tensor; the manager passes it to the
+/// storage policy in HostRequest::numa_node.
+template <class P>
+concept numa_node = requires(c10::DeviceIndex index) {
+  { P::numa_node(index) } noexcept -> std::same_as<int>;
+};
+
 // ---- stream_device_policy
 template <class P>
 concept claims_streams_and_events = P::has_streams && P::has_events;
@@ -189,10 +197,13 @@ concept any_target = prefetched_bytes<S> || holds_device_bytes<S> || set_headroo
 
 /// A device policy names one accelerator type and states what it can do:
 /// the members the manager and the dispatcher call, as static members (it
-/// holds no state).
+/// holds no state). Optional: `static int numa_node(c10::DeviceIndex)
+/// noexcept`, the host NUMA node nearest a device (-1 unknown); a member of
+/// that name with another signature is rejected rather than ignored.
 template <class P>
-concept device_policy = requirement::device_type<P> && requirement::name<P> && requirement::has_streams<P> &&
-                        requirement::has_events<P> && requirement::available<P>;
+concept device_policy =
+    requirement::device_type<P> && requirement::name<P> && requirement::has_streams<P> && requirement::has_events<P> &&
+    requirement::available<P> && (!requires { &P::numa_node; } || requirement::numa_node<P>);
 
 /// A device policy with side streams and events: it claims both
 /// (`has_streams && has_events`) and supplies the stream members that

@@ -396,7 +396,9 @@ def pool_stats(device):
     reserved_bytes and peak_reserved_bytes (pinned in slabs), in_use_bytes
     and peak_in_use_bytes (carved out for live host buffers), slabs,
     slab_allocations (slabs pinned since the pool was made: fresh pinned
-    allocations) and pageable_fallbacks. Zeros when the device has no pool."""
+    allocations), pageable_fallbacks, and numa_node (the host NUMA node its
+    slabs were pinned on, -1 when none was placed: docs/guide.md, "NUMA").
+    Zeros (numa_node -1) when the device has no pool."""
     return _C.pool_stats(_pool_device(device))
 
 

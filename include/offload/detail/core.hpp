@@ -369,7 +369,11 @@ class Core final : public ManagerInterface, public std::enable_shared_from_this<
     return true;
   }
   HostRequest host_request(std::int64_t nbytes, c10::Device device) const {
-    return HostRequest{nbytes, device, options_.pin_memory};
+    HostRequest request{nbytes, device, options_.pin_memory};
+    if constexpr (requirement::numa_node<Device>) {
+      if (request.pin) request.numa_node = Device::numa_node(device.index());
+    }
+    return request;
   }
   // Whether `more` reserved host bytes would take this manager past
   // Options::host_budget_bytes.

@@ -41,6 +41,11 @@ struct Cuda {
   static std::int64_t memory_peak(c10::DeviceIndex index);
   /// CUDACachingAllocator::emptyCache().
   static void empty_cache();
+  /// The host NUMA node the GPU `index` is attached to: its PCI address
+  /// (device properties) looked up in sysfs, -1 when sysfs does not say
+  /// (one-node machines often report none). Cached per device after the
+  /// first call. Never throws.
+  static int numa_node(c10::DeviceIndex index) noexcept;
 };
 
 }  // namespace offload::device

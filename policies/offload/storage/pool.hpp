@@ -14,7 +14,11 @@
 /// large slabs and hands out exact pieces of them: after the first step of
 /// a steady run, no new slab is pinned, and what the pool holds stays within
 /// a small fraction (PoolOptions::growth) of the most bytes in use at once.
-/// docs/policies/storage_policy.md has the contract.
+/// Where the device policy says which host NUMA node a device is attached
+/// to (HostRequest::numa_node; device::Cuda does) and the library was built
+/// with libnuma, a slab is pinned on that node, so the copies of a device
+/// cross no inter-socket link. docs/policies/storage_policy.md has the
+/// contract.
 
 #include <algorithm>
 #include <bit>
@@ -36,6 +40,7 @@
 #include <c10/util/Exception.h>
 
 #include <offload/buffers.hpp>
+#include <offload/detail/numa.hpp>
 #include <offload/storage/host.hpp>
 
 namespace offload::storage {
@@ -86,6 +91,11 @@ struct PoolStats {
   std::int64_t slabs = 0;                ///< slabs held now
   std::int64_t slab_allocations = 0;     ///< slabs pinned since the pool was made (fresh pinned allocations)
   std::int64_t pageable_fallbacks = 0;   ///< requests served with pageable memory (limit or pinning failed)
+  /// The host NUMA node the pool's slabs were last pinned on
+  /// (HostRequest::numa_node), -1 when no slab was placed: the device
+  /// policy does not say its node, or the library was built without
+  /// libnuma, or the kernel has no NUMA policies.
+  int numa_node = -1;
 };
 
 namespace detail {
@@ -103,8 +113,10 @@ class HostPool : public std::enable_shared_from_this<HostPool> {
   HostPool& operator=(const HostPool&) = delete;
 
   /// A pinned buffer of `nbytes` bytes carved from a slab, or pageable
-  /// memory (pinned false) when the limit or pinning forbids.
-  HostBuffer allocate(std::int64_t nbytes) {
+  /// memory (pinned false) when the limit or pinning forbids. A new slab is
+  /// pinned on host NUMA node `numa_node` where it is >= 0 and placement
+  /// is available (detail::PreferredNode).
+  HostBuffer allocate(std::int64_t nbytes, int numa_node = -1) {
     if (nbytes == 0) return PageableHost{}.allocate(HostRequest{0, c10::Device(type_), false});
     const std::int64_t size = (nbytes + kAlign - 1) / kAlign * kAlign;
     std::unique_lock lock(mutex_);
@@ -118,7 +130,7 @@ class HostPool : public std::enable_shared_from_this<HostPool> {
       std::unique_ptr<Slab> slab;
       if (slab_bytes > 0) {
         lock.unlock();
-        slab = pin_slab(slab_bytes);
+        slab = pin_slab(slab_bytes, numa_node);
         lock.lock();
       }
       if (!slab) {
@@ -190,6 +202,7 @@ class HostPool : public std::enable_shared_from_this<HostPool> {
     std::int64_t size = 0;
     std::int64_t used = 0;
     bool pinned = true;
+    int numa_node = -1;                             // the node it was pinned on, -1 not placed
     std::map<std::int64_t, BySize::iterator> free;  // offset -> its entry in by_size_ (keyed by length)
   };
 
@@ -216,13 +229,21 @@ class HostPool : public std::enable_shared_from_this<HostPool> {
     return slab_bytes;
   }
 
-  // A slab of `slab_bytes` from the device type's pinned allocator; null
-  // (warned once) when pinning fails. Called without the lock.
-  std::unique_ptr<Slab> pin_slab(std::int64_t slab_bytes) const {
+  // A slab of `slab_bytes` from the device type's pinned allocator, on host
+  // NUMA node `numa_node` where placement is available: the thread prefers
+  // the node while the allocator pins (and so faults in) the pages, and the
+  // slab's range prefers it for pages an allocator leaves to be faulted in
+  // later. Null (warned once) when pinning fails. Called without the lock.
+  std::unique_ptr<Slab> pin_slab(std::int64_t slab_bytes, int numa_node) const {
     auto slab = std::make_unique<Slab>();
     try {
+      const offload::detail::PreferredNode prefer(numa_node);
       slab->memory =
           at::globalContext().getPinnedMemoryAllocator(type_)->allocate(static_cast<std::size_t>(slab_bytes));
+      if (prefer.active()) {
+        offload::detail::prefer_node_for_range(slab->memory.get(), static_cast<std::size_t>(slab_bytes), numa_node);
+        slab->numa_node = numa_node;
+      }
     } catch (const c10::Error& e) {
       TORCH_WARN_ONCE("offload::storage::PinnedPool: pinned host memory is not available (", e.what_without_backtrace(),
                       "); using pageable memory (Stats::pinned_fallbacks counts it)");
@@ -241,6 +262,7 @@ class HostPool : public std::enable_shared_from_this<HostPool> {
     stats_.peak_reserved_bytes = std::max(stats_.peak_reserved_bytes, stats_.reserved_bytes);
     ++stats_.slabs;
     ++stats_.slab_allocations;
+    if (slab->numa_node >= 0) stats_.numa_node = slab->numa_node;
     slabs_.push_back(std::move(slab));
   }
 
@@ -342,12 +364,14 @@ class PinnedPool {
   /// A host buffer of `request.nbytes` bytes for a storage of
   /// `request.device` (its pool; a device without index: the current one of
   /// its type), pinned unless `request.pin` is false or the pool cannot pin;
-  /// `reserved` is its carved size (64-byte multiple). Thread-safe.
+  /// `reserved` is its carved size (64-byte multiple). A slab pinned for it
+  /// goes on host NUMA node `request.numa_node` where that is >= 0 and the
+  /// library has libnuma (PoolStats::numa_node says). Thread-safe.
   HostBuffer allocate(const HostRequest& request) {
     if (!request.pin) return PageableHost{}.allocate(request);
     auto device = request.device;
     if (!device.has_index()) device = c10::impl::getDeviceGuardImpl(device.type())->getDevice();
-    return pool_of(device)->allocate(request.nbytes);
+    return pool_of(device)->allocate(request.nbytes, request.numa_node);
   }
   /// The request's size rounded up to 64 bytes: what a buffer of the pool
   /// sets aside (the slabs' free space is PoolStats'). Thread-safe.
