@@ -74,7 +74,7 @@ class VersionCheck {
     const auto& counter = t.unsafeGetTensorImpl()->version_counter();
     enabled_ = counter.enabled();
     saved_ = enabled_ ? counter.current_version() : 0;
-    auto fn = t.grad_fn();
+    const auto& fn = t.grad_fn();  // a reference: no count taken and dropped
     if (!fn) return false;
     grad_fn_ = fn;
     output_nr_ = t.output_nr();

@@ -137,9 +137,11 @@ class Core final : public ManagerInterface, public std::enable_shared_from_this<
   /// counted) or offloads it. `known`: the caller already knows it stays
   /// (pack_passing), unless it is on another device type.
   Packed pack(const at::Tensor& t, std::optional<PassReason> known = std::nullopt) {
-    pass_.seen.fetch_add(1, std::memory_order_relaxed);
-    if (!t.defined()) return pass(t, pass_.other_device);
-    seen_defined_.fetch_add(1, std::memory_order_relaxed);
+    pass_.seen.fetch_add(1);  // before the reason's count (on_scope_exit reads them in the other order)
+    if (!t.defined()) {
+      pass_.undefined.fetch_add(1, std::memory_order_relaxed);
+      return pass(t, pass_.other_device);
+    }
     // Pass-through first: every decision is made before the lock and before
     // anything an offloaded tensor needs is allocated.
     if (auto* reason = stays(t, known)) return pass(t, *reason);
@@ -211,15 +213,16 @@ class Core final : public ManagerInterface, public std::enable_shared_from_this<
   Stats stats() const override {
     const std::lock_guard lock(mutex_);
     Stats out = stats_;
-    out.tensors_seen = pass_.seen.load(std::memory_order_relaxed);
-    out.passed_other_device = pass_.other_device.load(std::memory_order_relaxed);
-    out.passed_layout = pass_.layout.load(std::memory_order_relaxed);
-    out.passed_subclass = pass_.subclass.load(std::memory_order_relaxed);
-    out.passed_leaf = pass_.leaf.load(std::memory_order_relaxed);
-    out.passed_small = pass_.small.load(std::memory_order_relaxed);
-    out.passed_excluded = pass_.excluded.load(std::memory_order_relaxed);
-    out.passed_budget = pass_.budget.load(std::memory_order_relaxed);
-    out.passed_target = pass_.target.load(std::memory_order_relaxed);
+    const auto passed = pass_.since(pass_base_);
+    out.tensors_seen = passed.seen;
+    out.passed_other_device = passed.other_device;
+    out.passed_layout = passed.layout;
+    out.passed_subclass = passed.subclass;
+    out.passed_leaf = passed.leaf;
+    out.passed_small = passed.small;
+    out.passed_excluded = passed.excluded;
+    out.passed_budget = passed.budget;
+    out.passed_target = passed.target;
     if constexpr (steps) sync_.add_stats(out);
     planner_.add_stats(out);
     if (blocks_) blocks_->add_stats(out);
@@ -230,7 +233,7 @@ class Core final : public ManagerInterface, public std::enable_shared_from_this<
     const auto in_use = stats_.host_bytes_in_use;
     const auto reserved = stats_.host_bytes_reserved;
     stats_ = Stats{};
-    pass_.reset();
+    pass_base_ = pass_.since(PassCounts{});
     planner_.reset_stats();
     stats_.host_bytes_in_use = in_use;
     stats_.host_bytes_peak = in_use;
@@ -276,7 +279,7 @@ class Core final : public ManagerInterface, public std::enable_shared_from_this<
       }
       if (const auto warning = blocks_->take_warning(); !warning.empty()) warn(warning);
     }
-    return ScopeMark{seen_defined_.load(std::memory_order_relaxed), seen_on_device_.load(std::memory_order_relaxed)};
+    return scope_mark();
   }
   void on_scope_exit(const ScopeMark& opened, bool in_order) noexcept override {
     const std::lock_guard lock(mutex_);
@@ -292,8 +295,9 @@ class Core final : public ManagerInterface, public std::enable_shared_from_this<
     // Scopes on other threads may pack meanwhile: a tensor on the device
     // seen by any of them silences the first warning (never a false alarm
     // from this scope's own tensors).
-    const auto saved = seen_defined_.load(std::memory_order_relaxed) - opened.saved;
-    if (saved > 0 && seen_on_device_.load(std::memory_order_relaxed) == opened.on_device && !warned_off_device_) {
+    const auto now = scope_mark();
+    const auto saved = now.saved - opened.saved;
+    if (saved > 0 && now.on_device == opened.on_device && !warned_off_device_) {
       warned_off_device_ = true;
       warn("offload::Scope: ", saved, " tensors were saved for backward in a scope of ", describe(),
            " and none was on a ", Device::name,
@@ -316,7 +320,6 @@ class Core final : public ManagerInterface, public std::enable_shared_from_this<
   std::atomic<std::int64_t>* stays(const at::Tensor& t, std::optional<PassReason> known) {
     const auto* impl = t.unsafeGetTensorImpl();
     if (impl->device_type() != Device::device_type) return &pass_.other_device;
-    seen_on_device_.fetch_add(1, std::memory_order_relaxed);
     if (known) {
       return *known == PassReason::parameter  ? &pass_.leaf
              : *known == PassReason::subclass ? &pass_.subclass
@@ -332,7 +335,7 @@ class Core final : public ManagerInterface, public std::enable_shared_from_this<
   }
   // Keeps `t` where it is (detail::KeptTensor), counted under `reason`.
   static Packed pass(const at::Tensor& t, std::atomic<std::int64_t>& reason, Packed packed = {}) {
-    reason.fetch_add(1, std::memory_order_relaxed);
+    reason.fetch_add(1, std::memory_order_release);  // after seen's count: see scope_mark()
     packed.kept = KeptTensor(t);
     return packed;
   }
@@ -694,18 +697,44 @@ class Core final : public ManagerInterface, public std::enable_shared_from_this<
 
   // Pass-through counters: atomics, so a tensor that stays where it is
   // never takes the lock.
+  // They only grow (reset_stats() notes where they stood), so that the
+  // scope warnings read what was saved on and off the device from them
+  // with no counter of their own on the pack path.
+  struct PassCounts {
+    std::int64_t seen = 0, other_device = 0, layout = 0, subclass = 0, leaf = 0, small = 0, excluded = 0, budget = 0,
+                 target = 0;
+  };
   struct PassCounters {
     std::atomic<std::int64_t> seen{0}, other_device{0}, layout{0}, subclass{0}, leaf{0}, small{0}, excluded{0},
         budget{0}, target{0};
-    void reset() {
-      for (auto* c : {&seen, &other_device, &layout, &subclass, &leaf, &small, &excluded, &budget, &target})
-        c->store(0);
+    std::atomic<std::int64_t> undefined{0};  // of other_device: undefined saved tensors
+    // Each count minus `base`'s.
+    PassCounts since(const PassCounts& base) const {
+      const auto get = [](const std::atomic<std::int64_t>& c, std::int64_t from) {
+        return c.load(std::memory_order_relaxed) - from;
+      };
+      return PassCounts{get(seen, base.seen),         get(other_device, base.other_device),
+                        get(layout, base.layout),     get(subclass, base.subclass),
+                        get(leaf, base.leaf),         get(small, base.small),
+                        get(excluded, base.excluded), get(budget, base.budget),
+                        get(target, base.target)};
     }
   };
+  // Defined saved tensors packed so far, and of them those on Device's
+  // device type, for the scope warnings. other_device is read before seen,
+  // which a pack counts first: a pack in flight may count as on the device
+  // (silencing a warning), never the other way round (a false alarm).
+  ScopeMark scope_mark() const noexcept {
+    const auto other_device = pass_.other_device.load();
+    const auto undefined = pass_.undefined.load();
+    const auto seen = pass_.seen.load();
+    return ScopeMark{seen - undefined, seen - other_device};
+  }
 
   mutable std::recursive_mutex mutex_;
   mutable std::shared_mutex excluded_mutex_;  // guards excluded_
   PassCounters pass_;
+  PassCounts pass_base_;  // pass_ when reset_stats() ran (under mutex_)
   Options options_;
   Storage storage_;
   SyncState sync_;
@@ -715,8 +744,6 @@ class Core final : public ManagerInterface, public std::enable_shared_from_this<
   std::int64_t step_start_allocated_ = -1;  // ... and its allocated bytes
   int open_scopes_ = 0;                     // scopes of this manager open now (the plan's step: the outermost)
   Stats stats_;
-  std::atomic<std::int64_t> seen_defined_{0};    // defined saved tensors packed (for the scope warnings)
-  std::atomic<std::int64_t> seen_on_device_{0};  // of them, on Device's device type
   bool warned_off_device_ = false;
   bool warned_order_ = false;
   std::uint64_t next_seq_ = 0;
