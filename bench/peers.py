@@ -20,12 +20,12 @@ tool's peak is its model and AdamW state plus the most its step added above
 what was allocated when the step began; its pinned host peak (sim only) is
 the most page-locked host bytes its step held above what was held when the
 step began, counted in the sizes requested (sim's host_memory()
-peak_bytes: the power-of-two rounding of sim's pinned allocator, installed
-with host_power_of_two=True as CUDA's caching host allocator rounds, is not
-in it; the blocks it sets aside show in reserved_bytes, which also holds
-what earlier tools left cached, so it is not a per-tool figure), except
-for our pinned pool, whose column is its reserve (its slabs stay pinned
-across steps). Then the hook cost per saved tensor
+peak_bytes), except for our pinned pool, whose column is its reserve (its
+slabs stay pinned across steps); its pinned host reserve is what one more
+step sets aside in pinned blocks, measured after sim's idle cached blocks
+(every tool's) were returned: the blocks as the allocator rounds them,
+powers of two with host_power_of_two=True as CUDA's caching host
+allocator (the pool: its reserve). Then the hook cost per saved tensor
 of the Python route against identity hooks (a CPU tensor passed through,
 and a sim tensor offloaded over a free link), and the
 correctness matrix (tests/python/cases.py x tool: exact / differs / raises).
@@ -238,9 +238,18 @@ class Run:
         self.losses, self.times, self.forward_times, self.peak, self.counter = [], [], [], 0, None
         self.step_seconds, self.step_peaks = [], []  # every step's (--plan)
         self.host_peak = 0 if device == "sim" else None
+        self.host_reserved = None  # pinned host bytes reserved by one step (sim; the reserve step)
         self.plain = isinstance(self.ctx, contextlib.nullcontext)
 
-    def step(self, dm, timed, instrumented):
+    def step(self, dm, timed, instrumented, reserve=False):
+        """One training step; `timed` counts it, `instrumented` times the
+        hooks, `reserve` (sim) measures the pinned host blocks it reserves:
+        sim's idle cached blocks (other tools' too) are returned first, so
+        what the step sets aside is its own, rounded as the allocator rounds."""
+        if reserve and self.host_peak is not None:
+            torch_offload.sim.empty_cache()
+            reserved_at_start = torch_offload.sim.host_memory()["reserved_bytes"]
+            torch_offload.sim.reset_host_peak()
         if instrumented and not isinstance(self.ctx, contextlib.nullcontext):
             self.counter = {"ns": 0, "packs": 0}
             instrument(self.ctx, self.counter)
@@ -281,6 +290,11 @@ class Run:
                     # nothing once they exist: what it holds is the pool's reserve.
                     host = max(host, torch_offload.pool_stats(str(self.device))["reserved_bytes"])
                 self.host_peak = max(self.host_peak, host)
+        if reserve and self.host_peak is not None:
+            reserved = torch_offload.sim.host_memory()["peak_reserved_bytes"] - reserved_at_start
+            if "pinned_pool" in getattr(self.ctx, "describe", str)():
+                reserved = max(reserved, torch_offload.pool_stats(str(self.device))["reserved_bytes"])
+            self.host_reserved = reserved
 
     def resident_bytes(self, grads=False):
         tensors = list(self.model.parameters()) + [
@@ -303,17 +317,18 @@ def train_all(device, dm, tools, kind, layers, steps, shape, time_hooks=True):
     """Every tool steps in turn (round robin, so that a change in machine
     load hits all of them alike): step 0 warms up, steps 1..steps are timed
     (median) and give the peak, a last step times the hooks (time_hooks).
-    Returns name -> row."""
+    With time_hooks, one more step measures the pinned host bytes each
+    tool reserves (Run.step's `reserve`; sim only). Returns name -> row."""
     runs, rows = {}, {}
     for name, factory in tools.items():
         try:
             runs[name] = Run(device, factory, kind, layers, shape)
         except Exception as e:
             rows[name] = {"error": first_line(e)}
-    for step in range(steps + (2 if time_hooks else 1)):
+    for step in range(steps + (3 if time_hooks else 1)):
         for name, run in list(runs.items()):
             try:
-                run.step(dm, timed=1 <= step <= steps, instrumented=step == steps + 1)
+                run.step(dm, timed=1 <= step <= steps, instrumented=step == steps + 1, reserve=step == steps + 2)
             except Exception as e:
                 rows[name] = {"error": first_line(e)}
                 del runs[name]
@@ -321,6 +336,7 @@ def train_all(device, dm, tools, kind, layers, steps, shape, time_hooks=True):
         rows[name] = {
             "peak_bytes": run.peak,
             "host_pinned_peak_bytes": run.host_peak,
+            "host_pinned_reserved_bytes": run.host_reserved,
             "median_step_s": statistics.median(run.times),
             "losses": run.losses,
             "host_ns_per_saved_tensor": run.host_ns_per_saved_tensor(),
@@ -693,10 +709,10 @@ def main():
     print()
     print("R = (bytes ours blocking moves per step, both ways / link bandwidth) / forward time of none.\n")
     print(
-        "| model | layers | link GB/s | R | tool | peak device | peak / none | peak pinned host | step ms "
-        "| step / none | losses = none | host us per saved tensor |"
+        "| model | layers | link GB/s | R | tool | peak device | peak / none | peak pinned host | pinned host reserved "
+        "| step ms | step / none | losses = none | host us per saved tensor |"
     )
-    print("|---|---|---|---|---|---|---|---|---|---|---|---|")
+    print("|---|---|---|---|---|---|---|---|---|---|---|---|---|")
     for kind, layers in ((kind, layers) for kind, counts in models for layers in counts):
         for gbps in bandwidths:
             if gbps is not None:
@@ -720,7 +736,7 @@ def main():
             where = f"| {kind} | {layers} | {gbps if gbps is not None else '-'} | {r_text} | "
             for name, row in cell["tools"].items():
                 if "error" in row:
-                    print(f"{where}{name} | raises: {row['error']} | | | | | | |")
+                    print(f"{where}{name} | raises: {row['error']} | | | | | | | |")
                     continue
                 host = row["host_ns_per_saved_tensor"]
                 row["peak_ratio"] = row["peak_bytes"] / base["peak_bytes"]
@@ -729,9 +745,11 @@ def main():
                 host_text = f"{host / 1000:.1f}" if host is not None else "-"
                 pinned = row["host_pinned_peak_bytes"]
                 pinned_text = f"{pinned / 2**20:.2f} MiB" if pinned is not None else "-"
+                reserved = row["host_pinned_reserved_bytes"]
+                reserved_text = f"{reserved / 2**20:.2f} MiB" if reserved is not None else "-"
                 print(
                     f"{where}{name} | {row['peak_bytes'] / 2**20:.2f} MiB | {row['peak_ratio']:.3f} | {pinned_text} | "
-                    f"{row['median_step_s'] * 1000:.0f} | {row['time_ratio']:.2f} | "
+                    f"{reserved_text} | {row['median_step_s'] * 1000:.0f} | {row['time_ratio']:.2f} | "
                     f"{'yes' if row['losses_equal'] else 'no'} | {host_text} |"
                 )
             ok = {n: r for n, r in cell["tools"].items() if "error" not in r}

@@ -125,6 +125,7 @@ PYBIND11_MODULE(_sim, m) {
   m.def("reset_peak", [](int index) { offload::sim::reset_peak(static_cast<c10::DeviceIndex>(index)); });
   m.def("host_memory", [] { return memory_dict(offload::sim::host_memory()); });
   m.def("reset_host_peak", &offload::sim::reset_host_peak);
+  m.def("empty_cache", &offload::sim::empty_cache, py::call_guard<py::gil_scoped_release>());
   m.def(
       "synchronize", [](int index) { offload::sim::synchronize(static_cast<c10::DeviceIndex>(index)); },
       py::call_guard<py::gil_scoped_release>());

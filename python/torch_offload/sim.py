@@ -54,6 +54,7 @@ __all__ = [
     "reset_peak",
     "host_memory",
     "reset_host_peak",
+    "empty_cache",
     "synchronize",
     "device_module",
     "collective_backend",
@@ -213,6 +214,14 @@ def reset_host_peak():
     _sim.reset_host_peak()
 
 
+def empty_cache():
+    """Returns the idle cached blocks of every sim device and of the pinned
+    host allocator to malloc (offload::sim::empty_cache); blocks in use,
+    waiting for stream work or in the poison quarantine stay. The device
+    module's empty_cache (torch.sim.empty_cache()) only synchronizes."""
+    _sim.empty_cache()
+
+
 def synchronize(device=None):
     """Waits for every stream of the device (default: the current one)."""
     _sim.synchronize(_index(device))
@@ -270,7 +279,7 @@ def Event(enable_timing=False, blocking=False, interprocess=False):  # noqa: N80
 
 
 def _empty_cache():
-    """Nothing is cached beyond the poison quarantine: synchronizes every device."""
+    """Synchronizes every device; the cached blocks stay (torch_offload.sim.empty_cache() returns them)."""
     for i in range(_sim.config()["num_devices"]):
         _sim.synchronize(i)
 

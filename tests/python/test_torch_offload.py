@@ -586,6 +586,20 @@ def test_import_with_another_torch_version_is_an_import_error():
 # ---------------------------------------------------------------- sim device module
 
 
+@sim_only("sim's pinned host allocator")
+def test_sim_empty_cache_returns_idle_pinned_blocks():
+    """A freed pinned block stays cached (reserved) until
+    torch_offload.sim.empty_cache() returns it."""
+    nbytes = 3 << 20
+    x = torch.empty(nbytes, dtype=torch.uint8, pin_memory=True)
+    reserved = torch_offload.sim.host_memory()["reserved_bytes"]
+    assert reserved >= nbytes
+    del x
+    assert torch_offload.sim.host_memory()["reserved_bytes"] == reserved
+    torch_offload.sim.empty_cache()
+    assert torch_offload.sim.host_memory()["reserved_bytes"] <= reserved - nbytes
+
+
 @sim_only("the sim device module")
 def test_device_module_serves_device_generic_code():
     mod = torch.get_device_module("sim")
