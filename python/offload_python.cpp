@@ -360,25 +360,11 @@ std::vector<std::pair<std::string_view, std::int64_t>> stat_values(const offload
   return out;
 }
 
-}  // namespace
+using ManagerClass = py::class_<offload::AnyManager>;
 
-PYBIND11_MODULE(_C, m) {
-  m.doc() = "torch_offload's C++ core (use the torch_offload package, not this module)";
-  offload::python::register_error_translator();
-
-  ready_hook_types(m);
-  offload_warning = PyErr_NewExceptionWithDoc(
-      "torch_offload.OffloadWarning",
-      "A warning torch_offload raises (a UserWarning): filter it with warnings.filterwarnings(..., "
-      "category=torch_offload.OffloadWarning).",
-      PyExc_UserWarning, nullptr);
-  if (!offload_warning) throw py::error_already_set();
-  m.attr("OffloadWarning") = py::handle(offload_warning);
-  // torch.nn.Parameter: the pack hook's parameters by identity.
-  parameter_type = py::object(py::module_::import("torch.nn").attr("Parameter")).release().ptr();
-
-  py::class_<offload::ScopeMark>(m, "_ScopeMark");
-  py::class_<offload::AnyManager>(m, "Manager")
+// The manager: construction, its hooks, its scopes, stats and options.
+void bind_manager(ManagerClass& cls) {
+  cls
       // options: every key of offload::option_fields (an int each); the
       // Python Manager passes them all.
       .def(
@@ -436,6 +422,22 @@ PYBIND11_MODULE(_C, m) {
             });
           },
           py::arg("opened"), py::arg("in_order"))
+      .def("stats", [](const offload::AnyManager& self) { return stat_values(self.stats()); })
+      .def("reset_stats", &offload::AnyManager::reset_stats)
+      .def("exclude", [](offload::AnyManager& self, const std::vector<at::Tensor>& tensors) { self.exclude(tensors); })
+      .def("describe", &offload::AnyManager::describe)
+      .def("options", [](const offload::AnyManager& self) {
+        const auto& o = self.options();
+        py::dict out;
+        for (const auto& field : offload::option_fields) out[py::str(field.name)] = o.*field.member;
+        out["pin_memory"] = o.pin_memory;
+        return out;
+      });
+}
+
+// The automatic plan's calls (torch_offload.PlannedCheckpoint), on the manager.
+void bind_plan(ManagerClass& cls) {
+  cls
       // The automatic plan (torch_offload.PlannedCheckpoint): the next
       // block's turn, (index, choice, measure, probe_link), or None when the
       // manager has no target.
@@ -492,23 +494,14 @@ PYBIND11_MODULE(_C, m) {
             }
           },
           py::arg("bytes"), py::arg("ns"), py::arg("small_bytes"), py::arg("small_ns"))
-      .def("plan_summary",
-           [](offload::AnyManager& self) {
-             const auto planner = offload::interface_of(self)->block_planner();
-             return planner ? planner->summary() : std::string();
-           })
-      .def("stats", [](const offload::AnyManager& self) { return stat_values(self.stats()); })
-      .def("reset_stats", &offload::AnyManager::reset_stats)
-      .def("exclude", [](offload::AnyManager& self, const std::vector<at::Tensor>& tensors) { self.exclude(tensors); })
-      .def("describe", &offload::AnyManager::describe)
-      .def("options", [](const offload::AnyManager& self) {
-        const auto& o = self.options();
-        py::dict out;
-        for (const auto& field : offload::option_fields) out[py::str(field.name)] = o.*field.member;
-        out["pin_memory"] = o.pin_memory;
-        return out;
+      .def("plan_summary", [](offload::AnyManager& self) {
+        const auto planner = offload::interface_of(self)->block_planner();
+        return planner ? planner->summary() : std::string();
       });
+}
 
+// The tables the Python package reads: options, stats, compiled devices.
+void bind_tables(py::module_& m) {
   m.def("option_fields", [] {
     std::vector<std::tuple<std::string_view, std::int64_t, std::int64_t, std::string_view>>
         out;  // (name, lo, hi, unit)
@@ -532,6 +525,10 @@ PYBIND11_MODULE(_C, m) {
     return out;
   });
   m.def("compiled_device_policies", [] { return offload::compiled_device_policies(); });
+}
+
+// storage::PinnedPool's statistics and trim, by device name.
+void bind_pool(py::module_& m) {
   m.def("pool_stats", [](const std::string& device) {
     const auto s = offload::storage::PinnedPool::stats(c10::Device(device));
     py::dict out;
@@ -546,4 +543,29 @@ PYBIND11_MODULE(_C, m) {
     return out;
   });
   m.def("pool_trim", [](const std::string& device) { offload::storage::PinnedPool::trim(c10::Device(device)); });
+}
+
+}  // namespace
+
+PYBIND11_MODULE(_C, m) {
+  m.doc() = "torch_offload's C++ core (use the torch_offload package, not this module)";
+  offload::python::register_error_translator();
+
+  ready_hook_types(m);
+  offload_warning = PyErr_NewExceptionWithDoc(
+      "torch_offload.OffloadWarning",
+      "A warning torch_offload raises (a UserWarning): filter it with warnings.filterwarnings(..., "
+      "category=torch_offload.OffloadWarning).",
+      PyExc_UserWarning, nullptr);
+  if (!offload_warning) throw py::error_already_set();
+  m.attr("OffloadWarning") = py::handle(offload_warning);
+  // torch.nn.Parameter: the pack hook's parameters by identity.
+  parameter_type = py::object(py::module_::import("torch.nn").attr("Parameter")).release().ptr();
+
+  py::class_<offload::ScopeMark>(m, "_ScopeMark");
+  ManagerClass manager(m, "Manager");
+  bind_manager(manager);
+  bind_plan(manager);
+  bind_tables(m);
+  bind_pool(m);
 }
