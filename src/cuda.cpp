@@ -7,13 +7,22 @@
 #include <atomic>
 #include <cstdio>
 
+#include <cuda_runtime_api.h>
+
 #include <ATen/Context.h>
-#include <ATen/cuda/CUDAContext.h>
 #include <c10/cuda/CUDACachingAllocator.h>
 #include <c10/cuda/CUDAFunctions.h>
 #include <c10/cuda/CUDAStream.h>
 
-#include <offload/detail/numa.hpp>
+#include <offload/numa.hpp>
+
+// ATen's device properties (libtorch_cuda), declared here rather than taken
+// from <ATen/cuda/CUDAContext.h>, which includes the cuBLAS, cuSPARSE and
+// cuSOLVER headers: a CUDA 12 wheel keeps each in a folder of its own, and
+// this file needs none of them.
+namespace at::cuda {
+cudaDeviceProp* getDeviceProperties(c10::DeviceIndex device);
+}  // namespace at::cuda
 
 namespace offload::device {
 
@@ -54,7 +63,7 @@ int Cuda::numa_node(c10::DeviceIndex index) noexcept {
     char bus_id[32];
     std::snprintf(bus_id, sizeof bus_id, "%04x:%02x:%02x.0", static_cast<unsigned>(props->pciDomainID),
                   static_cast<unsigned>(props->pciBusID), static_cast<unsigned>(props->pciDeviceID));
-    node = offload::detail::pci_numa_node(bus_id);
+    node = offload::numa::pci_node(bus_id);
   } catch (...) {
     node = -1;
   }

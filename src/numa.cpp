@@ -1,9 +1,9 @@
 // SPDX-License-Identifier: MIT
-// Host NUMA placement (offload/detail/numa.hpp): libnuma's policy calls when
+// Host NUMA placement (<offload/numa.hpp>): libnuma's policy calls when
 // the library was built with it, "unknown" without.
 
 #include <offload/config.hpp>
-#include <offload/detail/numa.hpp>
+#include <offload/numa.hpp>
 
 #include <cctype>
 #include <cstdint>
@@ -16,13 +16,13 @@
 #include <unistd.h>
 #endif
 
-namespace offload::detail {
+namespace offload::numa {
 
 namespace {
 #if OFFLOAD_HAS_NUMA
-constexpr unsigned long kMaskBits = sizeof(unsigned long) * 8 * 16;  // PreferredNode::old_mask_
+constexpr unsigned long kMaskBits = sizeof(unsigned long) * 8 * PreferredNode::kMaskWords;
 
-bool valid_node(int node) noexcept { return node >= 0 && node < numa_node_count() && node < int(kMaskBits) - 1; }
+bool valid_node(int node) noexcept { return node >= 0 && node < node_count() && node < int(kMaskBits) - 1; }
 
 void set_bit(unsigned long* mask, int node) noexcept {
   mask[node / (sizeof(unsigned long) * 8)] |= 1UL << (node % (sizeof(unsigned long) * 8));
@@ -30,27 +30,30 @@ void set_bit(unsigned long* mask, int node) noexcept {
 #endif
 }  // namespace
 
-bool numa_placement_available() noexcept {
+bool placement_available() noexcept {
 #if OFFLOAD_HAS_NUMA
-  static const bool available = numa_available() >= 0;
+  static const bool available = [] {
+    int mode = 0;
+    return numa_available() >= 0 && get_mempolicy(&mode, nullptr, 0, nullptr, 0) == 0;
+  }();
   return available;
 #else
   return false;
 #endif
 }
 
-int numa_node_count() noexcept {
+int node_count() noexcept {
 #if OFFLOAD_HAS_NUMA
-  static const int count = numa_placement_available() ? numa_max_node() + 1 : 0;
+  static const int count = placement_available() ? numa_max_node() + 1 : 0;
   return count;
 #else
   return 0;
 #endif
 }
 
-int numa_node_of(const void* address) noexcept {
+int node_of(const void* address) noexcept {
 #if OFFLOAD_HAS_NUMA
-  if (!numa_placement_available() || address == nullptr) return -1;
+  if (!placement_available() || address == nullptr) return -1;
   int node = -1;
   if (get_mempolicy(&node, nullptr, 0, const_cast<void*>(address), MPOL_F_NODE | MPOL_F_ADDR) != 0) return -1;
   return node;
@@ -60,7 +63,7 @@ int numa_node_of(const void* address) noexcept {
 #endif
 }
 
-int pci_numa_node(std::string_view bus_id) noexcept {
+int pci_node(std::string_view bus_id) noexcept {
   try {
     if (bus_id.empty() || bus_id.find('/') != std::string_view::npos) return -1;
     std::string path = "/sys/bus/pci/devices/";
@@ -79,7 +82,7 @@ PreferredNode::PreferredNode(int node) noexcept {
 #if OFFLOAD_HAS_NUMA
   if (!valid_node(node)) return;
   if (get_mempolicy(&old_mode_, old_mask_, kMaskBits, nullptr, 0) != 0) return;
-  unsigned long mask[16] = {};
+  unsigned long mask[kMaskWords] = {};
   set_bit(mask, node);
   active_ = set_mempolicy(MPOL_PREFERRED, mask, kMaskBits) == 0;
 #else
@@ -93,14 +96,14 @@ PreferredNode::~PreferredNode() {
 #endif
 }
 
-bool prefer_node_for_range(void* address, std::size_t bytes, int node) noexcept {
+bool prefer_range(void* address, std::size_t bytes, int node) noexcept {
 #if OFFLOAD_HAS_NUMA
   if (!valid_node(node) || address == nullptr) return false;
   const auto page = static_cast<std::uintptr_t>(sysconf(_SC_PAGESIZE));
   const auto begin = (reinterpret_cast<std::uintptr_t>(address) + page - 1) / page * page;
   const auto end = (reinterpret_cast<std::uintptr_t>(address) + bytes) / page * page;
   if (end <= begin) return false;
-  unsigned long mask[16] = {};
+  unsigned long mask[PreferredNode::kMaskWords] = {};
   set_bit(mask, node);
   return mbind(reinterpret_cast<void*>(begin), end - begin, MPOL_PREFERRED, mask, kMaskBits, 0) == 0;
 #else
@@ -111,4 +114,4 @@ bool prefer_node_for_range(void* address, std::size_t bytes, int node) noexcept 
 #endif
 }
 
-}  // namespace offload::detail
+}  // namespace offload::numa

@@ -17,7 +17,7 @@
 #include <c10/util/Exception.h>
 #include <torch/csrc/autograd/autograd.h>
 
-#include <offload/detail/numa.hpp>
+#include <offload/numa.hpp>
 #include <offload/offload.hpp>
 #include <offload/sim.hpp>
 
@@ -337,12 +337,7 @@ namespace {
 struct SimOnNode0 : offload::device::Sim {
   static int numa_node(c10::DeviceIndex) noexcept { return 0; }
 };
-// A numa_node of another signature is rejected, not ignored.
-struct SimWrongNuma : offload::device::Sim {
-  static long numa_node(int) { return 0; }
-};
-static_assert(offload::device_policy<SimOnNode0>);
-static_assert(!offload::device_policy<SimWrongNuma>);
+static_assert(offload::requirement::numa_node<SimOnNode0>);
 }  // namespace
 
 TEST_CASE("pinned pool: slabs are pinned on the host NUMA node the device policy names, bitwise" *
@@ -350,9 +345,8 @@ TEST_CASE("pinned pool: slabs are pinned on the host NUMA node the device policy
   const fixture::Substrate substrate(kParityDelayUs);
   const TwoLayers model(4);
   offload::storage::PinnedPool::trim(fixture::sim0);
-  const bool placing = offload::detail::numa_placement_available();
-  INFO("libnuma: ", OFFLOAD_HAS_NUMA, ", placement available: ", placing,
-       ", nodes: ", offload::detail::numa_node_count());
+  const bool placing = offload::numa::placement_available();
+  INFO("libnuma: ", OFFLOAD_HAS_NUMA, ", placement available: ", placing, ", nodes: ", offload::numa::node_count());
   {
     offload::Manager<SimOnNode0, offload::storage::PinnedPool, offload::sync::Streamed> manager(
         offload::Options{.min_offload_bytes = 0});
@@ -375,15 +369,15 @@ TEST_CASE("pinned pool: slabs are pinned on the host NUMA node the device policy
   buffer.bytes.fill_(1);
   const auto* data = static_cast<const char*>(buffer.bytes.data_ptr());
   for (std::int64_t offset = 0; offset < bytes; offset += 4096) {
-    CHECK(offload::detail::numa_node_of(data + offset) == (placing ? 0 : -1));
+    CHECK(offload::numa::node_of(data + offset) == (placing ? 0 : -1));
   }
   // Unknown nodes and malformed PCI addresses say "unknown".
-  CHECK(offload::detail::pci_numa_node("ffff:ff:1f.7") == -1);
-  CHECK(offload::detail::pci_numa_node("../../devices") == -1);
-  CHECK(offload::detail::pci_numa_node("") == -1);
-  const offload::detail::PreferredNode nowhere(-1);
+  CHECK(offload::numa::pci_node("ffff:ff:1f.7") == -1);
+  CHECK(offload::numa::pci_node("../../devices") == -1);
+  CHECK(offload::numa::pci_node("") == -1);
+  const offload::numa::PreferredNode nowhere(-1);
   CHECK_FALSE(nowhere.active());
-  const offload::detail::PreferredNode past_last(offload::detail::numa_node_count());
+  const offload::numa::PreferredNode past_last(offload::numa::node_count());
   CHECK_FALSE(past_last.active());
 }
 

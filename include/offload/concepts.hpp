@@ -197,13 +197,12 @@ concept any_target = prefetched_bytes<S> || holds_device_bytes<S> || set_headroo
 
 /// A device policy names one accelerator type and states what it can do:
 /// the members the manager and the dispatcher call, as static members (it
-/// holds no state). Optional: `static int numa_node(c10::DeviceIndex)
-/// noexcept`, the host NUMA node nearest a device (-1 unknown); a member of
-/// that name with another signature is rejected rather than ignored.
+/// holds no state). Optional members (docs/policies/device_policy.md) are
+/// checked where they are read: one of the right name and the wrong shape
+/// stops the build (detail::check_device_options).
 template <class P>
-concept device_policy =
-    requirement::device_type<P> && requirement::name<P> && requirement::has_streams<P> && requirement::has_events<P> &&
-    requirement::available<P> && (!requires { &P::numa_node; } || requirement::numa_node<P>);
+concept device_policy = requirement::device_type<P> && requirement::name<P> && requirement::has_streams<P> &&
+                        requirement::has_events<P> && requirement::available<P>;
 
 /// A device policy with side streams and events: it claims both
 /// (`has_streams && has_events`) and supplies the stream members that

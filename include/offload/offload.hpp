@@ -16,6 +16,7 @@
 #include <offload/config.hpp>
 #include <offload/dispatch.hpp>
 #include <offload/manager.hpp>
+#include <offload/numa.hpp>
 #include <offload/options.hpp>
 #include <offload/scope.hpp>
 #include <offload/stats.hpp>

@@ -18,6 +18,11 @@ struct Device {
 #if CASE != 1 || defined(TWIN)
   static bool available() { return true; }
 #endif
+#if CASE != 8 || defined(TWIN)
+  static int numa_node(c10::DeviceIndex) noexcept { return -1; }
+#else
+  static long numa_node(int) { return -1; }
+#endif
 };
 
 struct Storage {

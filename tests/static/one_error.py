@@ -47,6 +47,7 @@ CASES = {
         "not declare `static constexpr bool observes_steps = true`",
         "Streamed",
     ),
+    8: ("the Device policy's optional `numa_node` must be `static int numa_node(c10::DeviceIndex) noexcept`", "Sync"),
 }
 
 

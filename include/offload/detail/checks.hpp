@@ -52,11 +52,11 @@ constexpr bool check_device_policy() {
   }
 }
 
-/// True when each optional member the dispatcher reads that D declares
-/// (linked, when_absent, runtime_has_events) has the shape of its
-/// requirement; otherwise one static_assert naming it. (A member the
-/// dispatcher reads only when present must not be skipped for having the
-/// wrong type.)
+/// True when each optional member the manager or the dispatcher reads that
+/// D declares (linked, when_absent, runtime_has_events, numa_node) has the
+/// shape of its requirement; otherwise one static_assert naming it. (A
+/// member read only when present must not be skipped for having the wrong
+/// type.)
 template <class D>
 constexpr bool check_device_options() {
   namespace r = requirement;
@@ -74,6 +74,11 @@ constexpr bool check_device_options() {
     static_assert(always_false<D>,
                   "offload: the Device policy's optional `runtime_has_events` must be `static bool "
                   "runtime_has_events()` (docs/policies/device_policy.md)");
+    return false;
+  } else if constexpr (requires { &D::numa_node; } && !r::numa_node<D>) {
+    static_assert(always_false<D>,
+                  "offload: the Device policy's optional `numa_node` must be `static int "
+                  "numa_node(c10::DeviceIndex) noexcept` (docs/policies/device_policy.md)");
     return false;
   } else {
     return true;
@@ -343,6 +348,8 @@ constexpr bool check_events_for() {
 template <class D, class S, class Y>
 constexpr bool check_policies() {
   if constexpr (!check_device_policy<D>()) {
+    return false;
+  } else if constexpr (!check_device_options<D>()) {
     return false;
   } else if constexpr (!check_storage_policy<S>()) {
     return false;

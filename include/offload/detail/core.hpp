@@ -137,9 +137,9 @@ class Core final : public ManagerInterface, public std::enable_shared_from_this<
   /// counted) or offloads it. `known`: the caller already knows it stays
   /// (pack_passing), unless it is on another device type.
   Packed pack(const at::Tensor& t, std::optional<PassReason> known = std::nullopt) {
-    pass_.seen.fetch_add(1);  // before the reason's count (on_scope_exit reads them in the other order)
+    pass_.seen.fetch_add(1);  // before `undefined` (scope_mark() reads them in either order)
     if (!t.defined()) {
-      pass_.undefined.fetch_add(1, std::memory_order_relaxed);
+      pass_.undefined.fetch_add(1, std::memory_order_release);
       return pass(t, pass_.other_device);
     }
     // Pass-through first: every decision is made before the lock and before
@@ -279,7 +279,7 @@ class Core final : public ManagerInterface, public std::enable_shared_from_this<
       }
       if (const auto warning = blocks_->take_warning(); !warning.empty()) warn(warning);
     }
-    return scope_mark();
+    return scope_mark(/*at_exit=*/false);
   }
   void on_scope_exit(const ScopeMark& opened, bool in_order) noexcept override {
     const std::lock_guard lock(mutex_);
@@ -295,7 +295,7 @@ class Core final : public ManagerInterface, public std::enable_shared_from_this<
     // Scopes on other threads may pack meanwhile: a tensor on the device
     // seen by any of them silences the first warning (never a false alarm
     // from this scope's own tensors).
-    const auto now = scope_mark();
+    const auto now = scope_mark(/*at_exit=*/true);
     const auto saved = now.saved - opened.saved;
     if (saved > 0 && now.on_device == opened.on_device && !warned_off_device_) {
       warned_off_device_ = true;
@@ -320,6 +320,7 @@ class Core final : public ManagerInterface, public std::enable_shared_from_this<
   std::atomic<std::int64_t>* stays(const at::Tensor& t, std::optional<PassReason> known) {
     const auto* impl = t.unsafeGetTensorImpl();
     if (impl->device_type() != Device::device_type) return &pass_.other_device;
+    seen_on_device_.fetch_add(1, std::memory_order_relaxed);
     if (known) {
       return *known == PassReason::parameter  ? &pass_.leaf
              : *known == PassReason::subclass ? &pass_.subclass
@@ -335,7 +336,7 @@ class Core final : public ManagerInterface, public std::enable_shared_from_this<
   }
   // Keeps `t` where it is (detail::KeptTensor), counted under `reason`.
   static Packed pass(const at::Tensor& t, std::atomic<std::int64_t>& reason, Packed packed = {}) {
-    reason.fetch_add(1, std::memory_order_release);  // after seen's count: see scope_mark()
+    reason.fetch_add(1, std::memory_order_relaxed);
     packed.kept = KeptTensor(t);
     return packed;
   }
@@ -698,8 +699,8 @@ class Core final : public ManagerInterface, public std::enable_shared_from_this<
   // Pass-through counters: atomics, so a tensor that stays where it is
   // never takes the lock.
   // They only grow (reset_stats() notes where they stood), so that the
-  // scope warnings read what was saved on and off the device from them
-  // with no counter of their own on the pack path.
+  // scope warnings read the defined tensors saved from them (seen less
+  // undefined) with no counter of their own on the pack path.
   struct PassCounts {
     std::int64_t seen = 0, other_device = 0, layout = 0, subclass = 0, leaf = 0, small = 0, excluded = 0, budget = 0,
                  target = 0;
@@ -721,20 +722,28 @@ class Core final : public ManagerInterface, public std::enable_shared_from_this<
     }
   };
   // Defined saved tensors packed so far, and of them those on Device's
-  // device type, for the scope warnings. other_device is read before seen,
-  // which a pack counts first: a pack in flight may count as on the device
-  // (silencing a warning), never the other way round (a false alarm).
-  ScopeMark scope_mark() const noexcept {
-    const auto other_device = pass_.other_device.load();
-    const auto undefined = pass_.undefined.load();
-    const auto seen = pass_.seen.load();
-    return ScopeMark{seen - undefined, seen - other_device};
+  // device type, for the scope warnings. A pack counts `seen` before
+  // `undefined`, so an undefined tensor packed meanwhile may count as
+  // defined when `undefined` is read first (done when the scope opens) and
+  // not when `seen` is (when it closes): either way it can only lower what
+  // the scope is said to have saved (no false alarm).
+  ScopeMark scope_mark(bool at_exit) const noexcept {
+    std::int64_t seen = 0, undefined = 0;
+    if (at_exit) {
+      seen = pass_.seen.load();
+      undefined = pass_.undefined.load();
+    } else {
+      undefined = pass_.undefined.load();
+      seen = pass_.seen.load();
+    }
+    return ScopeMark{seen - undefined, seen_on_device_.load(std::memory_order_relaxed)};
   }
 
   mutable std::recursive_mutex mutex_;
   mutable std::shared_mutex excluded_mutex_;  // guards excluded_
   PassCounters pass_;
-  PassCounts pass_base_;  // pass_ when reset_stats() ran (under mutex_)
+  PassCounts pass_base_;                         // pass_ when reset_stats() ran (under mutex_)
+  std::atomic<std::int64_t> seen_on_device_{0};  // defined saved tensors on Device's device type (scope warnings)
   Options options_;
   Storage storage_;
   SyncState sync_;

@@ -40,7 +40,7 @@
 #include <c10/util/Exception.h>
 
 #include <offload/buffers.hpp>
-#include <offload/detail/numa.hpp>
+#include <offload/numa.hpp>
 #include <offload/storage/host.hpp>
 
 namespace offload::storage {
@@ -91,10 +91,11 @@ struct PoolStats {
   std::int64_t slabs = 0;                ///< slabs held now
   std::int64_t slab_allocations = 0;     ///< slabs pinned since the pool was made (fresh pinned allocations)
   std::int64_t pageable_fallbacks = 0;   ///< requests served with pageable memory (limit or pinning failed)
-  /// The host NUMA node the pool's slabs were last pinned on
-  /// (HostRequest::numa_node), -1 when no slab was placed: the device
-  /// policy does not say its node, or the library was built without
-  /// libnuma, or the kernel has no NUMA policies.
+  /// The host NUMA node of the first page of the slab pinned last, as the
+  /// kernel reports it after the slab was placed on HostRequest::numa_node;
+  /// -1 when that slab was not placed: the device policy does not say its
+  /// node, the library was built without libnuma, or the kernel (or a
+  /// container) allows no NUMA policy.
   int numa_node = -1;
 };
 
@@ -202,7 +203,7 @@ class HostPool : public std::enable_shared_from_this<HostPool> {
     std::int64_t size = 0;
     std::int64_t used = 0;
     bool pinned = true;
-    int numa_node = -1;                             // the node it was pinned on, -1 not placed
+    int numa_node = -1;                             // the node of its first page once placed, -1 not placed
     std::map<std::int64_t, BySize::iterator> free;  // offset -> its entry in by_size_ (keyed by length)
   };
 
@@ -237,12 +238,12 @@ class HostPool : public std::enable_shared_from_this<HostPool> {
   std::unique_ptr<Slab> pin_slab(std::int64_t slab_bytes, int numa_node) const {
     auto slab = std::make_unique<Slab>();
     try {
-      const offload::detail::PreferredNode prefer(numa_node);
+      const offload::numa::PreferredNode prefer(numa_node);
       slab->memory =
           at::globalContext().getPinnedMemoryAllocator(type_)->allocate(static_cast<std::size_t>(slab_bytes));
       if (prefer.active()) {
-        offload::detail::prefer_node_for_range(slab->memory.get(), static_cast<std::size_t>(slab_bytes), numa_node);
-        slab->numa_node = numa_node;
+        offload::numa::prefer_range(slab->memory.get(), static_cast<std::size_t>(slab_bytes), numa_node);
+        slab->numa_node = offload::numa::node_of(slab->memory.get());
       }
     } catch (const c10::Error& e) {
       TORCH_WARN_ONCE("offload::storage::PinnedPool: pinned host memory is not available (", e.what_without_backtrace(),
@@ -262,7 +263,7 @@ class HostPool : public std::enable_shared_from_this<HostPool> {
     stats_.peak_reserved_bytes = std::max(stats_.peak_reserved_bytes, stats_.reserved_bytes);
     ++stats_.slabs;
     ++stats_.slab_allocations;
-    if (slab->numa_node >= 0) stats_.numa_node = slab->numa_node;
+    stats_.numa_node = slab->numa_node;
     slabs_.push_back(std::move(slab));
   }
 
