@@ -20,8 +20,8 @@
 
 #include <offload/sim.hpp>
 
-#include "../../models/registry.hpp"
 #include "../../cli/flag_checks.hpp"
+#include "../../models/registry.hpp"
 
 namespace demo {
 

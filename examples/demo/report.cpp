@@ -15,8 +15,8 @@
 
 #include <nlohmann/json.hpp>
 
-#include "../../models/registry.hpp"
 #include "../../cli/stats_json.hpp"
+#include "../../models/registry.hpp"
 
 namespace demo {
 namespace {
