@@ -285,16 +285,18 @@ class Run:
             self.peak = max(self.peak, self.resident_bytes() + added)
             if self.host_peak is not None:
                 host = torch_offload.sim.host_memory()["peak_bytes"] - host_at_start
-                if "pinned_pool" in getattr(self.ctx, "describe", str)():
-                    # The pool's slabs stay pinned across steps (reused), so the step adds
-                    # nothing once they exist: what it holds is the pool's reserve.
-                    host = max(host, torch_offload.pool_stats(str(self.device))["reserved_bytes"])
-                self.host_peak = max(self.host_peak, host)
+                self.host_peak = max(self.host_peak, host, self.pool_reserve())
         if reserve and self.host_peak is not None:
             reserved = torch_offload.sim.host_memory()["peak_reserved_bytes"] - reserved_at_start
-            if "pinned_pool" in getattr(self.ctx, "describe", str)():
-                reserved = max(reserved, torch_offload.pool_stats(str(self.device))["reserved_bytes"])
-            self.host_reserved = reserved
+            self.host_reserved = max(reserved, self.pool_reserve())
+
+    def pool_reserve(self):
+        """Our pinned pool's reserve for this tool's device (0 for the other
+        tools): its slabs stay pinned across steps (reused), so a step adds
+        nothing once they exist, and what it holds is the reserve."""
+        if "pinned_pool" not in getattr(self.ctx, "describe", str)():
+            return 0
+        return torch_offload.pool_stats(str(self.device))["reserved_bytes"]
 
     def resident_bytes(self, grads=False):
         tensors = list(self.model.parameters()) + [

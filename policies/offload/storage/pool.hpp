@@ -116,7 +116,7 @@ class HostPool : public std::enable_shared_from_this<HostPool> {
   /// A pinned buffer of `nbytes` bytes carved from a slab, or pageable
   /// memory (pinned false) when the limit or pinning forbids. A new slab is
   /// pinned on host NUMA node `numa_node` where it is >= 0 and placement
-  /// is available (detail::PreferredNode).
+  /// is available (numa::PreferredNode).
   HostBuffer allocate(std::int64_t nbytes, int numa_node = -1) {
     if (nbytes == 0) return PageableHost{}.allocate(HostRequest{0, c10::Device(type_), false});
     const std::int64_t size = (nbytes + kAlign - 1) / kAlign * kAlign;
