@@ -25,10 +25,13 @@ struct Prediction {
   std::int64_t peak = 0;
 };
 
-// A block's forward time: its measured recomputation where there is one
-// (the allocator warm), else its first forward.
+// A block's forward time: the lesser of its first forward and its
+// measured recomputation where there is one (two runs of the same
+// computation; either may be slowed alone: a cold allocator, the host
+// shared with copies).
 double forward_ns_of(const BlockCost& b) {
-  return static_cast<double>(b.recompute_ns >= 0 ? b.recompute_ns : b.forward_ns);
+  const bool recomputation = b.recompute_ns >= 0 && (b.forward_ns <= 0 || b.recompute_ns < b.forward_ns);
+  return static_cast<double>(recomputation ? b.recompute_ns : b.forward_ns);
 }
 
 // The link time of one block's copies in one direction.
@@ -70,40 +73,80 @@ double outside_ns(const LinkCost& link, const OutsideCost* outside, std::size_t 
   return copy_ns(link, outside->bytes[k], std::max<std::int64_t>(1, outside->storages[k]));
 }
 
+// The prefetch window of overlapping copies whose largest offloaded
+// storage is `largest` bytes (0 without overlapping copies).
+std::int64_t prefetch_window(const LinkCost& link, std::int64_t largest) {
+  if (!link.overlaps) return 0;
+  return link.prefetch_bytes > 0 ? link.prefetch_bytes : link.prefetch_depth * largest;
+}
+
 // The step's time beyond its compute that the copies cost, with
 // overlapping copies: each direction is a pipeline. Forward: a block's
 // copies start when it ends (those saved outside blocks, where they were
 // saved), one after another, and what is still copying when forward ends
 // delays backward. Backward (each block's backward taken as twice its
 // forward, plus the forward again when it is recomputed; blocks in
-// reverse order, what was saved after a block needed before it): a
-// block's tensors come back one copy after another from backward's start
-// and it waits for its own. `outside`: null where it is kept.
+// reverse order, what was saved after a block needed before it) as
+// sync::Streamed runs it: nothing comes back before backward unpacks an
+// offloaded storage, so the first one it needs comes back on demand; each
+// unpack brings back what follows within the prefetch window, so the next
+// block's (or outside piece's) copies start once what is left to consume
+// of the one before fits in the window; a block starts when its first
+// storage is back and ends no earlier than its last. Without a window
+// every copy is on demand, exposed whole. `outside`: null where it is kept.
 double exposed_overlapping(const std::vector<BlockCost>& blocks, const LinkCost& link,
                            const std::vector<BlockChoice>& choices, const OutsideCost* outside) {
   const auto n = blocks.size();
   double now = 0, link_free = outside_ns(link, outside, 0);
+  std::int64_t largest = 0;
   for (std::size_t i = 0; i < n; ++i) {
     now += forward_ns_of(blocks[i]);
     const auto c = moved_ns(link, blocks[i], choices[i]) + outside_ns(link, outside, i + 1);
     if (c > 0) link_free = std::max(link_free, now) + c;
+    largest = std::max(largest, largest_moved_storage(blocks[i], choices[i]));
   }
   double stalled = std::max(0.0, link_free - now);
+  const auto window = static_cast<double>(prefetch_window(link, largest));
   now = 0;
   link_free = 0;
-  const auto wait_for = [&](double copies) {
-    link_free += copies;
+  double prefetch_from = -1;  // when the next copies may start; -1: nothing unpacked yet (on demand)
+  // One piece of what backward needs in turn: `copies` ns of link time in
+  // `storages` copies of `bytes` in all, consumed over `compute` ns.
+  const auto consume = [&](double copies, std::int64_t storages, std::int64_t bytes, double compute) {
+    if (copies <= 0) {
+      now += compute;
+      return;
+    }
+    if (window <= 0) {
+      stalled += copies;
+      now += copies + compute;
+      return;
+    }
+    const double start = std::max(link_free, prefetch_from < 0 ? now : prefetch_from);
+    link_free = start + copies;
+    const double begin = std::max(now, start + copies / static_cast<double>(std::max<std::int64_t>(1, storages)));
+    stalled += begin - now;
+    now = begin;
+    const auto b = static_cast<double>(bytes);
+    prefetch_from = now + (b > window ? compute * (1.0 - window / b) : 0.0);
+    now += compute;
     if (link_free > now) {
       stalled += link_free - now;
       now = link_free;
     }
   };
-  wait_for(outside_ns(link, outside, n));
+  const auto consume_outside = [&](std::size_t k) {
+    if (outside != nullptr && k < outside->bytes.size())
+      consume(outside_ns(link, outside, k), outside->storages[k], outside->bytes[k], 0.0);
+  };
+  consume_outside(n);
   for (std::size_t i = n; i-- > 0;) {
-    wait_for(moved_ns(link, blocks[i], choices[i]));
-    const auto f = forward_ns_of(blocks[i]);
-    now += 2 * f + (is_recomputed(choices[i]) ? f : 0.0);
-    wait_for(outside_ns(link, outside, i));
+    const auto& b = blocks[i];
+    const auto f = forward_ns_of(b);
+    const auto storages = choices[i] == BlockChoice::offload ? b.saved_storages : 1;
+    consume(moved_ns(link, b, choices[i]), storages, moved_bytes(b, choices[i]),
+            2 * f + (is_recomputed(choices[i]) ? f : 0.0));
+    consume_outside(i);
   }
   return stalled;
 }
@@ -120,13 +163,6 @@ std::int64_t window_holds(const std::vector<std::int64_t>& units, std::int64_t w
     held += *it;
   }
   return held;
-}
-
-// The prefetch window of overlapping copies whose largest offloaded
-// storage is `largest` bytes (0 without overlapping copies).
-std::int64_t prefetch_window(const LinkCost& link, std::int64_t largest) {
-  if (!link.overlaps) return 0;
-  return link.prefetch_bytes > 0 ? link.prefetch_bytes : link.prefetch_depth * largest;
 }
 
 // The backward peak from each block's measured stretch (backward_peak,

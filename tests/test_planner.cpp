@@ -246,6 +246,10 @@ constexpr auto R = BlockChoice::recompute;
 // Four blocks of 1 us forward, 100 bytes saved in 2 storages, inputs 20.
 std::vector<BlockCost> four_blocks() { return std::vector<BlockCost>(4, BlockCost{1000, 100, 2, 20}); }
 
+// Overlapping copies at `bytes_per_ns` whose backward prefetches two of
+// the largest offloaded storages ahead (sync::Streamed's default).
+LinkCost streamed(double bytes_per_ns) { return LinkCost{bytes_per_ns, 0, true, 2, 0}; }
+
 }  // namespace
 
 TEST_CASE("plan_blocks: when everything fits every block is kept and nothing costs extra") {
@@ -259,23 +263,31 @@ TEST_CASE("plan_blocks: when everything fits every block is kept and nothing cos
 TEST_CASE("plan_blocks: a link that hides the copies offloads, a slow one recomputes") {
   // Room for two blocks' saved bytes over the base: one kept beyond the
   // last, and one block's in flight while overlapping copies run.
-  const auto fast = offload::plan_blocks(four_blocks(), LinkCost{10.0, 0, true}, 50, 250);
-  CHECK(fast.choices == std::vector<BlockChoice>{O, O, K, K});  // 20 ns of copies hide behind 4 us
-  CHECK(fast.extra_ns == 0);
+  // 20 ns of copies hide behind 4 us, but for the first storage backward
+  // needs: nothing is prefetched before an offloaded storage is unpacked,
+  // so it comes back on demand (5 ns); block 0's come back while block
+  // 1's backward runs.
+  const auto fast = offload::plan_blocks(four_blocks(), streamed(10.0), 50, 250);
+  CHECK(fast.choices == std::vector<BlockChoice>{O, O, K, K});
+  CHECK(fast.extra_ns == 5);
   CHECK(fast.peak_bytes == 250);
+  // Without a prefetch window every copy back is on demand: 20 ns.
+  CHECK(offload::plan_blocks(four_blocks(), LinkCost{10.0, 0, true}, 50, 250).extra_ns == 20);
   // At 0.01 bytes/ns a block's copies take 10 us against 4 us of forward,
-  // and what they have not moved stays on the device: recompute the first
-  // block (1 us; its input's copy, 2 us, hides behind the next blocks).
-  const auto slow = offload::plan_blocks(four_blocks(), LinkCost{0.01, 0, true}, 50, 250);
-  CHECK(slow.choices == std::vector<BlockChoice>{R, K, K, K});
-  CHECK(slow.extra_ns == 1000);
+  // and what they have not moved stays on the device: recompute. The
+  // first block's input, offloaded, would come back on demand (2 us) at
+  // the end of backward: the first two recomputed with their inputs kept
+  // (2 us) are cheaper than the first alone with its input offloaded (3 us).
+  constexpr auto RK = BlockChoice::recompute_input_kept;
+  const auto slow = offload::plan_blocks(four_blocks(), streamed(0.01), 50, 250);
+  CHECK(slow.choices == std::vector<BlockChoice>{RK, RK, K, K});
+  CHECK(slow.extra_ns == 2000);
   // Under room for one block less: the first two recomputed, whose
   // inputs' copies (2 us each, one after the other from the end of each
   // block) run 1 us past the end of forward, cost 3 us; so do the first
   // three recomputed with their inputs kept on the device (20 bytes each),
   // which move nothing: the tie goes to them.
-  constexpr auto RK = BlockChoice::recompute_input_kept;
-  const auto slower = offload::plan_blocks(four_blocks(), LinkCost{0.01, 0, true}, 50, 150);
+  const auto slower = offload::plan_blocks(four_blocks(), streamed(0.01), 50, 150);
   CHECK(slower.choices == std::vector<BlockChoice>{RK, RK, RK, K});
   CHECK(slower.extra_ns == 3000);
   // Inputs of 60 bytes leave no room to keep them: offloaded.
@@ -283,6 +295,22 @@ TEST_CASE("plan_blocks: a link that hides the copies offloads, a slow one recomp
   for (auto& b : wide_inputs) b.input_bytes = 60;
   CHECK(offload::plan_blocks(wide_inputs, LinkCost{0.01, 0, true}, 50, 150).choices ==
         std::vector<BlockChoice>{R, R, K, K});
+}
+
+TEST_CASE("plan_blocks: what backward needs first of the offloaded comes back on demand, behind kept blocks") {
+  // One storage per block, at 0.05 bytes/ns: 2 us a block, room for two
+  // blocks fewer. Offloading blocks 0 and 1 costs 1 us in forward (block
+  // 1's copy runs past its end) and 2 us in backward: blocks 3 and 2 are
+  // kept, so nothing is unpacked that would prefetch block 1's, and it
+  // waits for its copy (block 0's comes back while block 1's backward
+  // runs). Recomputing block 0 costs 1 us and its input's copy back, on
+  // demand too, 0.4 us: cheapest. (Were every copy back started at
+  // backward's beginning, both would cost 1 us.)
+  auto blocks = four_blocks();
+  for (auto& b : blocks) b.saved_storages = 1;
+  const auto plan = offload::plan_blocks(blocks, streamed(0.05), 50, 250);
+  CHECK(plan.choices == std::vector<BlockChoice>{R, K, K, K});
+  CHECK(plan.extra_ns == 1400);
 }
 
 TEST_CASE("plan_blocks: copies that do not overlap cost their link time twice (forward and backward)") {
@@ -328,10 +356,13 @@ TEST_CASE("plan_blocks: where each block's backward stretch was measured, kept b
   CHECK(unmeasured.choices == std::vector<BlockChoice>{R, R, R, K});
   CHECK(unmeasured.peak_bytes == 230);
   CHECK(unmeasured.extra_ns == 3000);
-  // A measured recomputation is the block's time: 600 ns, not the 1 us of
-  // its first forward.
+  // A measured recomputation quicker than the first forward is the
+  // block's time: 600 ns, not 1 us; a slower one is not (its forward ran
+  // the same computation in 1 us).
   for (auto& b : blocks) b.recompute_ns = 600;
   CHECK(offload::plan_blocks(blocks, LinkCost{0.0, 0, true}, 230, 300, 150).extra_ns == 1800);
+  for (auto& b : blocks) b.recompute_ns = 1500;
+  CHECK(offload::plan_blocks(blocks, LinkCost{0.0, 0, true}, 230, 300, 150).extra_ns == 3000);
 }
 
 TEST_CASE("plan_blocks: what is saved outside blocks is kept where it fits, else its copies are counted") {
@@ -344,11 +375,13 @@ TEST_CASE("plan_blocks: what is saved outside blocks is kept where it fits, else
   CHECK(roomy.extra_ns == 0);
   CHECK(roomy.peak_bytes == 550);  // 350 + the head's 200
   // Under 400 the head stays while the first three blocks are offloaded:
-  // their copies hide behind the blocks after them, the head's would not.
-  const auto tight = offload::plan_blocks(four_blocks(), LinkCost{10.0, 0, true}, 50, 400, -1, head);
+  // their copies hide behind the blocks after them (but for block 2's
+  // first storage, which backward brings back on demand: 5 ns), the
+  // head's would not.
+  const auto tight = offload::plan_blocks(four_blocks(), streamed(10.0), 50, 400, -1, head);
   CHECK(tight.choices == std::vector<BlockChoice>{O, O, O, K});
   CHECK(tight.outside_kept);
-  CHECK(tight.extra_ns == 0);
+  CHECK(tight.extra_ns == 5);
   // A head of 400 bytes never fits: offloaded, its copy runs after forward
   // with nothing left to hide behind (40 ns) and comes back before
   // backward can begin (40 ns).
@@ -391,7 +424,7 @@ TEST_CASE(
   const auto plan = offload::plan_blocks(blocks, link, 230, 360, 150);
   CHECK(plan.choices == std::vector<BlockChoice>{O, O, K, K});
   CHECK(plan.peak_bytes == 350);
-  CHECK(plan.extra_ns == 0);
+  CHECK(plan.extra_ns == 2);  // block 1's first storage on demand (10 ns in 4 copies); the rest hide
   // A window smaller than one storage still brings one back: the same.
   const auto small_window = offload::plan_blocks(blocks, LinkCost{10.0, 0, true, 0, 5}, 230, 360, 150);
   CHECK(small_window.choices == std::vector<BlockChoice>{O, O, K, K});

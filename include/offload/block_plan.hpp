@@ -50,8 +50,11 @@ struct BlockCost {
   /// every block's).
   std::int64_t backward_peak = -1;
   /// Its recomputation in that backward, nanoseconds, or -1: not measured.
-  /// Where measured, the model takes it for the block's forward time (the
-  /// first forward of a run pays for a cold allocator and first calls).
+  /// Where measured, the model takes the lesser of it and forward_ns for
+  /// the block's forward time: both run the same computation once, and
+  /// each can be slowed alone (the first forward of a run pays for a cold
+  /// allocator and first calls; a recomputation shares the host with the
+  /// copies backward starts).
   std::int64_t recompute_ns = -1;
   /// The largest of the storages it saves, bytes (what sizes a prefetch
   /// window: LinkCost), or -1: not measured (then the block's saved bytes
@@ -119,8 +122,9 @@ struct BlockPlanResult {
 ///   what they hold on the device until they end (the largest offloaded
 ///   block's saved bytes, or what the link cannot have moved by the end of
 ///   forward if that is more).
-/// - Recomputing costs the block's forward again (recompute_ns where
-///   measured, as for every use of a block's forward time). A block
+/// - Recomputing costs the block's forward again (the lesser of
+///   forward_ns and recompute_ns where measured, as for every use of a
+///   block's forward time). A block
 ///   recomputed with its input kept holds input_bytes on the device from
 ///   its forward to its backward (added to the forward peak and to the
 ///   backward of the blocks after it) and moves nothing. Offloaded bytes cost
@@ -129,9 +133,14 @@ struct BlockPlanResult {
 ///   forward a block's copies start when it ends and what is still copying
 ///   when forward ends is exposed; in backward (a block's backward taken as
 ///   twice its forward, plus the forward when recomputed, in reverse
-///   order) the copies back run one after another from backward's start
-///   and a block waits for its own. Copies that do not overlap are exposed
-///   whole, both ways.
+///   order) as sync::Streamed prefetches: nothing comes back before an
+///   offloaded storage is unpacked, so the first one backward needs comes
+///   back on demand; a block's (or an outside piece's) copies start once
+///   what is left to consume of the offloaded one before it fits in the
+///   prefetch window, one after another; a block starts when its first
+///   storage is back and ends no earlier than its last. Without a window
+///   (prefetch_depth and prefetch_bytes 0) every copy back is on demand.
+///   Copies that do not overlap are exposed whole, both ways.
 /// - The candidates are the block orders the field uses, for every split:
 ///   offload the first o, recompute the next r, keep the rest; and
 ///   recompute the first r, offload the next o, keep the rest (earlier
