@@ -56,10 +56,15 @@ std::int64_t largest_moved_storage(const BlockCost& b, BlockChoice choice) {
   return moved_bytes(b, choice);
 }
 
+// How many copies block b's choice makes each way (its storages when
+// offloaded, else its input's one).
+std::int64_t moved_storages(const BlockCost& b, BlockChoice choice) {
+  return choice == BlockChoice::offload ? std::max<std::int64_t>(1, b.saved_storages) : 1;
+}
+
 // What block i moves each way under its choice.
 double moved_ns(const LinkCost& link, const BlockCost& b, BlockChoice choice) {
-  const auto copies = choice == BlockChoice::offload ? std::max<std::int64_t>(1, b.saved_storages) : 1;
-  return copy_ns(link, moved_bytes(b, choice), copies);
+  return copy_ns(link, moved_bytes(b, choice), moved_storages(b, choice));
 }
 
 bool is_recomputed(BlockChoice choice) {
@@ -82,9 +87,15 @@ std::int64_t prefetch_window(const LinkCost& link, std::int64_t largest) {
 
 // The step's time beyond its compute that the copies cost, with
 // overlapping copies: each direction is a pipeline. Forward: a block's
-// copies start when it ends (those saved outside blocks, where they were
-// saved), one after another, and what is still copying when forward ends
-// delays backward. Backward (each block's backward taken as twice its
+// copies are counted from its end (those saved outside blocks from where
+// they were saved), one after another; this errs high where they start
+// as the block saves, and so leaves room for what copies cost the host
+// where it makes them (sim). Except where a block offloads more storages
+// than the forward stash holds and the link is slower than its compute:
+// sync::Streamed's compute waits for the oldest copy in flight, so the
+// block ends once the link, busy from its beginning, has copied all but
+// the stash's worth, which is what is left. What is still copying when
+// forward ends delays backward. Backward (each block's backward taken as twice its
 // forward, plus the forward again when it is recomputed; blocks in
 // reverse order, what was saved after a block needed before it) as
 // sync::Streamed runs it: nothing comes back before backward unpacks an
@@ -97,15 +108,28 @@ std::int64_t prefetch_window(const LinkCost& link, std::int64_t largest) {
 double exposed_overlapping(const std::vector<BlockCost>& blocks, const LinkCost& link,
                            const std::vector<BlockChoice>& choices, const OutsideCost* outside) {
   const auto n = blocks.size();
-  double now = 0, link_free = outside_ns(link, outside, 0);
+  double now = 0, link_free = outside_ns(link, outside, 0), stalled = 0;
   std::int64_t largest = 0;
   for (std::size_t i = 0; i < n; ++i) {
-    now += forward_ns_of(blocks[i]);
-    const auto c = moved_ns(link, blocks[i], choices[i]) + outside_ns(link, outside, i + 1);
-    if (c > 0) link_free = std::max(link_free, now) + c;
-    largest = std::max(largest, largest_moved_storage(blocks[i], choices[i]));
+    const auto& b = blocks[i];
+    const double begin = now;
+    now += forward_ns_of(b);
+    if (const auto c = moved_ns(link, b, choices[i]); c > 0) {
+      const auto storages = static_cast<double>(moved_storages(b, choices[i]));
+      const auto stash = static_cast<double>(link.forward_stash);
+      const double held = stash > 0 && storages > stash ? std::max(link_free, begin) + c * (1.0 - stash / storages) : 0;
+      if (held > now) {
+        stalled += held - now;
+        now = held;
+        link_free = held + c * stash / storages;  // what the stash holds is left
+      } else {
+        link_free = std::max(link_free, now) + c;
+      }
+    }
+    if (const auto o = outside_ns(link, outside, i + 1); o > 0) link_free = std::max(link_free, now) + o;
+    largest = std::max(largest, largest_moved_storage(b, choices[i]));
   }
-  double stalled = std::max(0.0, link_free - now);
+  stalled += std::max(0.0, link_free - now);
   const auto window = static_cast<double>(prefetch_window(link, largest));
   now = 0;
   link_free = 0;

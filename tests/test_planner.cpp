@@ -282,11 +282,10 @@ TEST_CASE("plan_blocks: a link that hides the copies offloads, a slow one recomp
   const auto slow = offload::plan_blocks(four_blocks(), streamed(0.01), 50, 250);
   CHECK(slow.choices == std::vector<BlockChoice>{RK, RK, K, K});
   CHECK(slow.extra_ns == 2000);
-  // Under room for one block less: the first two recomputed, whose
-  // inputs' copies (2 us each, one after the other from the end of each
-  // block) run 1 us past the end of forward, cost 3 us; so do the first
-  // three recomputed with their inputs kept on the device (20 bytes each),
-  // which move nothing: the tie goes to them.
+  // Under room for one block less: the first two recomputed cost 2 us,
+  // and 2 us more for block 1's input, which backward needs first of what
+  // was offloaded (on demand); the first three recomputed with their
+  // inputs kept on the device (20 bytes each) cost 3 us and move nothing.
   const auto slower = offload::plan_blocks(four_blocks(), streamed(0.01), 50, 150);
   CHECK(slower.choices == std::vector<BlockChoice>{RK, RK, RK, K});
   CHECK(slower.extra_ns == 3000);
@@ -311,6 +310,25 @@ TEST_CASE("plan_blocks: what backward needs first of the offloaded comes back on
   const auto plan = offload::plan_blocks(blocks, streamed(0.05), 50, 250);
   CHECK(plan.choices == std::vector<BlockChoice>{R, K, K, K});
   CHECK(plan.extra_ns == 1400);
+}
+
+TEST_CASE("plan_blocks: a block offloading more storages than the forward stash holds waits for the link") {
+  // 20 storages a block, 1.25 us of copies against 1 us of forward. With
+  // no limit on copies in flight, offloading blocks 0 and 1 hides all but
+  // block 1's first storage in backward (62 ns, on demand). With a forward
+  // stash of one storage, compute waits until all but the last storage of
+  // a block is copied: block 0 ends at 1.19 us, block 1 (whose copies
+  // start when block 0's end, at 1.25 us) at 2.44 us: 0.44 us more.
+  auto blocks = four_blocks();
+  for (auto& b : blocks) b.saved_storages = 20;
+  const auto free_running = offload::plan_blocks(blocks, LinkCost{0.08, 0, true, 2, 0, 0}, 50, 250);
+  CHECK(free_running.choices == std::vector<BlockChoice>{O, O, K, K});
+  CHECK(free_running.extra_ns == 62);
+  const auto stashed = offload::plan_blocks(blocks, LinkCost{0.08, 0, true, 2, 0, 1}, 50, 250);
+  CHECK(stashed.choices == std::vector<BlockChoice>{O, O, K, K});
+  CHECK(stashed.extra_ns == 500);
+  // A stash as large as a block's storages never waits.
+  CHECK(offload::plan_blocks(blocks, LinkCost{0.08, 0, true, 2, 0, 20}, 50, 250).extra_ns == 62);
 }
 
 TEST_CASE("plan_blocks: copies that do not overlap cost their link time twice (forward and backward)") {

@@ -72,6 +72,10 @@ struct LinkCost {
   /// > 0, else prefetch_depth x the largest offloaded storage; both 0: none.
   std::int64_t prefetch_depth = 0;
   std::int64_t prefetch_bytes = 0;
+  /// With overlapping copies, how many offloaded storages may be copying
+  /// in forward before compute waits for the oldest (sync::Streamed's
+  /// Options::max_fwd_stash); 0: no limit.
+  std::int64_t forward_stash = 0;
 };
 
 /// What the manager offloads outside every marked block (the embedding's
@@ -130,8 +134,12 @@ struct BlockPlanResult {
 ///   backward of the blocks after it) and moves nothing. Offloaded bytes cost
 ///   latency x storages + bytes / bandwidth each way (a recomputed block's
 ///   input likewise). Overlapping copies are a pipeline per direction: in
-///   forward a block's copies start when it ends and what is still copying
-///   when forward ends is exposed; in backward (a block's backward taken as
+///   forward a block's copies are counted from its end (erring high), but
+///   a block offloading more storages than LinkCost::forward_stash over a
+///   link slower than its compute ends only once the link, busy from its
+///   beginning, has copied all but that many (the compute stream waits for
+///   the oldest copy in flight); what is still copying when forward ends
+///   is exposed; in backward (a block's backward taken as
 ///   twice its forward, plus the forward when recomputed, in reverse
 ///   order) as sync::Streamed prefetches: nothing comes back before an
 ///   offloaded storage is unpacked, so the first one backward needs comes
@@ -191,14 +199,16 @@ class BlockPlanner {
   /// policy copies beside compute; `peak`: the most bytes the device with
   /// the given index has had allocated at once so far (-1: not reported),
   /// read by recomputing(); empty: not read. `prefetch_depth`,
-  /// `prefetch_bytes`: the options' prefetch window of an overlapping sync
-  /// policy (LinkCost).
+  /// `prefetch_bytes`, `forward_stash`: the options' prefetch window and
+  /// forward stash of an overlapping sync policy (LinkCost).
   BlockPlanner(std::int64_t target, bool overlaps, std::function<std::int64_t(int)> peak = {},
-               std::int64_t prefetch_depth = 0, std::int64_t prefetch_bytes = 0)
-      : target_(target),
-        overlaps_(overlaps),
-        peak_(std::move(peak)),
-        link_{0, 0, overlaps, overlaps ? prefetch_depth : 0, overlaps ? prefetch_bytes : 0} {}
+               std::int64_t prefetch_depth = 0, std::int64_t prefetch_bytes = 0, std::int64_t forward_stash = 0)
+      : target_(target), overlaps_(overlaps), peak_(std::move(peak)), link_{0,
+                                                                            0,
+                                                                            overlaps,
+                                                                            overlaps ? prefetch_depth : 0,
+                                                                            overlaps ? prefetch_bytes : 0,
+                                                                            overlaps ? forward_stash : 0} {}
 
   /// A step begins (the manager's outermost scope opened); a begin with no
   /// planned block run since the last one is not a step (nothing changes,
