@@ -97,14 +97,15 @@ std::int64_t prefetch_window(const LinkCost& link, std::int64_t largest) {
 // the stash's worth, which is what is left. What is still copying when
 // forward ends delays backward. Backward (each block's backward taken as twice its
 // forward, plus the forward again when it is recomputed; blocks in
-// reverse order, what was saved after a block needed before it) as
+// reverse order, what was saved after a block needed before it) much as
 // sync::Streamed runs it: nothing comes back before backward unpacks an
 // offloaded storage, so the first one it needs comes back on demand; each
 // unpack brings back what follows within the prefetch window, so the next
 // block's (or outside piece's) copies start once what is left to consume
 // of the one before fits in the window; a block starts when its first
-// storage is back and ends no earlier than its last. Without a window
-// every copy is on demand, exposed whole. `outside`: null where it is kept.
+// storage is back and ends no earlier than its last. The window is the
+// options' (under a target the headroom can widen it at run time: this
+// errs high). Without a window every copy is on demand, exposed whole. `outside`: null where it is kept.
 double exposed_overlapping(const std::vector<BlockCost>& blocks, const LinkCost& link,
                            const std::vector<BlockChoice>& choices, const OutsideCost* outside) {
   const auto n = blocks.size();
@@ -167,8 +168,7 @@ double exposed_overlapping(const std::vector<BlockCost>& blocks, const LinkCost&
   for (std::size_t i = n; i-- > 0;) {
     const auto& b = blocks[i];
     const auto f = forward_ns_of(b);
-    const auto storages = choices[i] == BlockChoice::offload ? b.saved_storages : 1;
-    consume(moved_ns(link, b, choices[i]), storages, moved_bytes(b, choices[i]),
+    consume(moved_ns(link, b, choices[i]), moved_storages(b, choices[i]), moved_bytes(b, choices[i]),
             2 * f + (is_recomputed(choices[i]) ? f : 0.0));
     consume_outside(i);
   }

@@ -282,9 +282,10 @@ TEST_CASE("plan_blocks: a link that hides the copies offloads, a slow one recomp
   const auto slow = offload::plan_blocks(four_blocks(), streamed(0.01), 50, 250);
   CHECK(slow.choices == std::vector<BlockChoice>{RK, RK, K, K});
   CHECK(slow.extra_ns == 2000);
-  // Under room for one block less: the first two recomputed cost 2 us,
-  // and 2 us more for block 1's input, which backward needs first of what
-  // was offloaded (on demand); the first three recomputed with their
+  // Under room for one block less: the first two recomputed cost 5 us (2
+  // us recomputing, 1 us of their inputs' copies running past the end of
+  // forward, 2 us for block 1's input, which backward needs first of what
+  // was offloaded: on demand); the first three recomputed with their
   // inputs kept on the device (20 bytes each) cost 3 us and move nothing.
   const auto slower = offload::plan_blocks(four_blocks(), streamed(0.01), 50, 150);
   CHECK(slower.choices == std::vector<BlockChoice>{RK, RK, RK, K});
@@ -318,7 +319,7 @@ TEST_CASE("plan_blocks: a block offloading more storages than the forward stash 
   // block 1's first storage in backward (62 ns, on demand). With a forward
   // stash of one storage, compute waits until all but the last storage of
   // a block is copied: block 0 ends at 1.19 us, block 1 (whose copies
-  // start when block 0's end, at 1.25 us) at 2.44 us: 0.44 us more.
+  // start when block 0's copies end, at 1.25 us) at 2.44 us: 0.44 us more.
   auto blocks = four_blocks();
   for (auto& b : blocks) b.saved_storages = 20;
   const auto free_running = offload::plan_blocks(blocks, LinkCost{0.08, 0, true, 2, 0, 0}, 50, 250);

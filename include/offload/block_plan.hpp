@@ -146,8 +146,11 @@ struct BlockPlanResult {
 ///   back on demand; a block's (or an outside piece's) copies start once
 ///   what is left to consume of the offloaded one before it fits in the
 ///   prefetch window, one after another; a block starts when its first
-///   storage is back and ends no earlier than its last. Without a window
-///   (prefetch_depth and prefetch_bytes 0) every copy back is on demand.
+///   storage is back and ends no earlier than its last. The window is the
+///   options' (under a target the headroom can widen it at run time, which
+///   is not counted: errs high); without one (prefetch_depth and
+///   prefetch_bytes 0) every copy back is on demand. The stash is counted
+///   per block (sync::Streamed keeps one queue across forward).
 ///   Copies that do not overlap are exposed whole, both ways.
 /// - The candidates are the block orders the field uses, for every split:
 ///   offload the first o, recompute the next r, keep the rest; and
