@@ -85,17 +85,69 @@ std::int64_t prefetch_window(const LinkCost& link, std::int64_t largest) {
   return link.prefetch_bytes > 0 ? link.prefetch_bytes : link.prefetch_depth * largest;
 }
 
+// Forward's copies with overlapping copies: the time they add to forward
+// (`stalled`: waits for the stash, and what is still copying when forward
+// ends, which delays backward) and the largest storage they move.
+struct ForwardCopies {
+  double stalled = 0;
+  std::int64_t largest = 0;
+};
+
+// Forward: a block's copies are counted from its end (those saved outside
+// blocks from where they were saved), one after another; this errs high
+// where they start as the block saves, and so leaves room for what copies
+// cost the host where it makes them (sim). Where more storages are copying
+// than the forward stash holds, sync::Streamed's compute waits for the
+// oldest copy in flight (one queue across forward): a block ends no
+// earlier than when the link, busy from where copies are made (a second
+// clock, `copied`), has copied all but the newest stash's worth of what
+// was queued. The stall only adds time; where the link runs still counts
+// from the block's end, so a tighter stash is never predicted faster.
+ForwardCopies forward_copies(const std::vector<BlockCost>& blocks, const LinkCost& link,
+                             const std::vector<BlockChoice>& choices, const OutsideCost* outside) {
+  struct Queued {
+    double storages = 0;
+    double each_ns = 0;  // a block's copies taken as alike
+  };
+  std::vector<Queued> queued;  // every copy made so far, in order
+  const auto stash = static_cast<double>(link.forward_stash);
+  ForwardCopies out;
+  double now = 0, link_free = 0, copied = 0;
+  // Queues `c` ns of copies in `storages` made from `at` on, and waits
+  // where the stash is full when they are made (at `now`).
+  const auto copy = [&](double c, std::int64_t storages, double at) {
+    copied = std::max(copied, at) + c;
+    link_free = std::max(link_free, now) + c;
+    const auto count = static_cast<double>(std::max<std::int64_t>(1, storages));
+    queued.push_back({count, c / count});
+    if (stash <= 0) return;
+    double newest = 0, left = stash;  // the link time of the newest stash's worth
+    for (auto it = queued.rbegin(); it != queued.rend() && left > 0; ++it) {
+      const double take = std::min(left, it->storages);
+      newest += take * it->each_ns;
+      left -= take;
+    }
+    if (const double held = copied - newest; left <= 0 && held > now) {
+      out.stalled += held - now;
+      now = held;
+    }
+  };
+  if (const auto o = outside_ns(link, outside, 0); o > 0) copy(o, outside->storages[0], now);
+  for (std::size_t i = 0; i < blocks.size(); ++i) {
+    const auto& b = blocks[i];
+    const double begin = now;
+    now += forward_ns_of(b);
+    if (const auto c = moved_ns(link, b, choices[i]); c > 0) copy(c, moved_storages(b, choices[i]), begin);
+    if (const auto o = outside_ns(link, outside, i + 1); o > 0) copy(o, outside->storages[i + 1], now);
+    out.largest = std::max(out.largest, largest_moved_storage(b, choices[i]));
+  }
+  out.stalled += std::max(0.0, link_free - now);
+  return out;
+}
+
 // The step's time beyond its compute that the copies cost, with
-// overlapping copies: each direction is a pipeline. Forward: a block's
-// copies are counted from its end (those saved outside blocks from where
-// they were saved), one after another; this errs high where they start
-// as the block saves, and so leaves room for what copies cost the host
-// where it makes them (sim). Except where a block offloads more storages
-// than the forward stash holds and the link is slower than its compute:
-// sync::Streamed's compute waits for the oldest copy in flight, so the
-// block ends once the link, busy from its beginning, has copied all but
-// the stash's worth, which is what is left. What is still copying when
-// forward ends delays backward. Backward (each block's backward taken as twice its
+// overlapping copies: each direction is a pipeline, forward as
+// forward_copies() counts it. Backward (each block's backward taken as twice its
 // forward, plus the forward again when it is recomputed; blocks in
 // reverse order, what was saved after a block needed before it) much as
 // sync::Streamed runs it: nothing comes back before backward unpacks an
@@ -109,31 +161,11 @@ std::int64_t prefetch_window(const LinkCost& link, std::int64_t largest) {
 double exposed_overlapping(const std::vector<BlockCost>& blocks, const LinkCost& link,
                            const std::vector<BlockChoice>& choices, const OutsideCost* outside) {
   const auto n = blocks.size();
-  double now = 0, link_free = outside_ns(link, outside, 0), stalled = 0;
-  std::int64_t largest = 0;
-  for (std::size_t i = 0; i < n; ++i) {
-    const auto& b = blocks[i];
-    const double begin = now;
-    now += forward_ns_of(b);
-    if (const auto c = moved_ns(link, b, choices[i]); c > 0) {
-      const auto storages = static_cast<double>(moved_storages(b, choices[i]));
-      const auto stash = static_cast<double>(link.forward_stash);
-      const double held = stash > 0 && storages > stash ? std::max(link_free, begin) + c * (1.0 - stash / storages) : 0;
-      if (held > now) {
-        stalled += held - now;
-        now = held;
-        link_free = held + c * stash / storages;  // what the stash holds is left
-      } else {
-        link_free = std::max(link_free, now) + c;
-      }
-    }
-    if (const auto o = outside_ns(link, outside, i + 1); o > 0) link_free = std::max(link_free, now) + o;
-    largest = std::max(largest, largest_moved_storage(b, choices[i]));
-  }
-  stalled += std::max(0.0, link_free - now);
-  const auto window = static_cast<double>(prefetch_window(link, largest));
-  now = 0;
-  link_free = 0;
+  const auto forward = forward_copies(blocks, link, choices, outside);
+  double stalled = forward.stalled;
+  const auto window = static_cast<double>(prefetch_window(link, forward.largest));
+  double now = 0;
+  double link_free = 0;
   double prefetch_from = -1;  // when the next copies may start; -1: nothing unpacked yet (on demand)
   // One piece of what backward needs in turn: `copies` ns of link time in
   // `storages` copies of `bytes` in all, consumed over `compute` ns.
