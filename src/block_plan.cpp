@@ -8,6 +8,7 @@
 #include <cmath>
 #include <cstddef>
 #include <limits>
+#include <optional>
 #include <ostream>
 #include <sstream>
 #include <string>
@@ -30,7 +31,7 @@ struct Prediction {
 // computation; either may be slowed alone: a cold allocator, the host
 // shared with copies).
 double forward_ns_of(const BlockCost& b) {
-  const bool recomputation = b.recompute_ns >= 0 && (b.forward_ns <= 0 || b.recompute_ns < b.forward_ns);
+  const bool recomputation = b.recompute_ns > 0 && (b.forward_ns <= 0 || b.recompute_ns < b.forward_ns);
   return static_cast<double>(recomputation ? b.recompute_ns : b.forward_ns);
 }
 
@@ -166,7 +167,7 @@ double exposed_overlapping(const std::vector<BlockCost>& blocks, const LinkCost&
   const auto window = static_cast<double>(prefetch_window(link, forward.largest));
   double now = 0;
   double link_free = 0;
-  double prefetch_from = -1;  // when the next copies may start; -1: nothing unpacked yet (on demand)
+  std::optional<double> prefetch_from;  // when the next copies may start; none: nothing unpacked yet (on demand)
   // One piece of what backward needs in turn: `copies` ns of link time in
   // `storages` copies of `bytes` in all, consumed over `compute` ns.
   const auto consume = [&](double copies, std::int64_t storages, std::int64_t bytes, double compute) {
@@ -179,7 +180,7 @@ double exposed_overlapping(const std::vector<BlockCost>& blocks, const LinkCost&
       now += copies + compute;
       return;
     }
-    const double start = std::max(link_free, prefetch_from < 0 ? now : prefetch_from);
+    const double start = std::max(link_free, prefetch_from.value_or(now));
     link_free = start + copies;
     const double begin = std::max(now, start + copies / static_cast<double>(std::max<std::int64_t>(1, storages)));
     stalled += begin - now;
@@ -595,9 +596,13 @@ void BlockPlanner::link_measured(std::int64_t bytes, std::int64_t ns, std::int64
 std::string BlockPlanner::summary() const {
   const std::lock_guard lock(mutex_);
   std::ostringstream out;
-  out << "link " << link_.bytes_per_ns << " GB/s, latency " << link_.latency_ns << " ns; measured peak " << base_peak_
-      << " B (forward " << forward_peak_ << " B, correction " << correction_ << " B); predicted peak "
-      << predicted_peak_ << " B, extra " << extra_ns_ << " ns\n";
+  out << "link " << link_.bytes_per_ns << " GB/s, latency " << link_.latency_ns << " ns, "
+      << (link_.overlaps ? "overlapping" : "blocking") << " copies (prefetch window "
+      << (link_.prefetch_bytes > 0 ? std::to_string(link_.prefetch_bytes) + " B"
+                                   : std::to_string(link_.prefetch_depth) + " x the largest storage")
+      << ", forward stash " << link_.forward_stash << "); measured peak " << base_peak_ << " B (forward "
+      << forward_peak_ << " B, correction " << correction_ << " B); predicted peak " << predicted_peak_ << " B, extra "
+      << extra_ns_ << " ns\n";
   out << "outside blocks: " << outside_.total() << " B in";
   for (std::size_t k = 0; k < outside_.bytes.size(); ++k)
     out << (k == 0 ? " " : ", ") << outside_.bytes[k] << " B (" << outside_.storages[k] << ")";

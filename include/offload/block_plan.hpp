@@ -49,7 +49,7 @@ struct BlockCost {
   /// an upper bound. -1: not measured (then the step's peak stands for
   /// every block's).
   std::int64_t backward_peak = -1;
-  /// Its recomputation in that backward, nanoseconds, or -1: not measured.
+  /// Its recomputation in that backward, nanoseconds, or <= 0: not measured.
   /// Where measured, the model takes the lesser of it and forward_ns for
   /// the block's forward time: both run the same computation once, and
   /// each can be slowed alone (the first forward of a run pays for a cold
