@@ -100,10 +100,13 @@ struct ForwardCopies {
 // cost the host where it makes them (sim). Where more storages are copying
 // than the forward stash holds, sync::Streamed's compute waits for the
 // oldest copy in flight (one queue across forward): a block ends no
-// earlier than when the link, busy from where copies are made (a second
-// clock, `copied`), has copied all but the newest stash's worth of what
-// was queued. The stall only adds time; where the link runs still counts
-// from the block's end, so a tighter stash is never predicted faster.
+// earlier than when the link, counted from the block's beginning (the
+// earliest its copies can start; a second clock, `copied`), has copied all
+// but the newest stash's worth of what was queued. That wait errs low: a
+// block makes its storages through its forward, not all at its beginning,
+// and Streamed waits at each one, not at the block's end. The wait only
+// adds time; where the link runs still counts from the block's end, so a
+// tighter stash is never predicted faster.
 ForwardCopies forward_copies(const std::vector<BlockCost>& blocks, const LinkCost& link,
                              const std::vector<BlockChoice>& choices, const OutsideCost* outside) {
   struct Queued {
@@ -418,7 +421,7 @@ BlockPlanResult plan_blocks(const std::vector<BlockCost>& blocks, const LinkCost
   return result;
 }
 
-bool BlockPlanner::begin_step(std::int64_t needed, std::int64_t allocated) {
+bool BlockPlanner::begin_step(std::int64_t needed, std::int64_t allocated, std::int64_t peak) {
   const std::lock_guard lock(mutex_);
   const auto now = Clock::now();
   const auto previous = ran_choices_;
@@ -477,6 +480,7 @@ bool BlockPlanner::begin_step(std::int64_t needed, std::int64_t allocated) {
   measuring_ = measure_next_ || !planned_;
   if (measuring_) {
     measure_allocated_ = allocated;
+    before_peak_ = allocated >= 0 && peak > allocated ? peak : -1;
     outside_ = OutsideCost{};
   }
   last_recomputed_ = -1;
@@ -566,7 +570,12 @@ void BlockPlanner::recomputing(std::int32_t index, int device_index) {
   const std::lock_guard lock(mutex_);
   const auto i = static_cast<std::size_t>(index);
   if (!measuring_ || i >= costs_.size()) return;
-  if (last_recomputed_ >= 0) costs_[static_cast<std::size_t>(last_recomputed_)].backward_peak = peak;
+  // A running peak that never rose above the one from before the step
+  // tells nothing of this stretch: unmeasured.
+  if (last_recomputed_ >= 0) {
+    costs_[static_cast<std::size_t>(last_recomputed_)].backward_peak =
+        before_peak_ >= 0 && peak <= before_peak_ ? -1 : peak;
+  }
   last_recomputed_ = index;
 }
 
@@ -593,16 +602,27 @@ void BlockPlanner::link_measured(std::int64_t bytes, std::int64_t ns, std::int64
   link_ = link;
 }
 
+namespace {
+
+// How the link's copies run, for summary().
+std::string copies_of(const LinkCost& link) {
+  if (!link.overlaps) return "blocking copies";
+  const auto window = link.prefetch_bytes > 0   ? std::to_string(link.prefetch_bytes) + " B"
+                      : link.prefetch_depth > 0 ? std::to_string(link.prefetch_depth) + " x the largest storage"
+                                                : std::string("none (every copy back on demand)");
+  const auto stash =
+      link.forward_stash > 0 ? std::to_string(link.forward_stash) + " storages" : std::string("no limit");
+  return "overlapping copies (prefetch window " + window + ", forward stash " + stash + ")";
+}
+
+}  // namespace
+
 std::string BlockPlanner::summary() const {
   const std::lock_guard lock(mutex_);
   std::ostringstream out;
-  out << "link " << link_.bytes_per_ns << " GB/s, latency " << link_.latency_ns << " ns, "
-      << (link_.overlaps ? "overlapping" : "blocking") << " copies (prefetch window "
-      << (link_.prefetch_bytes > 0 ? std::to_string(link_.prefetch_bytes) + " B"
-                                   : std::to_string(link_.prefetch_depth) + " x the largest storage")
-      << ", forward stash " << link_.forward_stash << "); measured peak " << base_peak_ << " B (forward "
-      << forward_peak_ << " B, correction " << correction_ << " B); predicted peak " << predicted_peak_ << " B, extra "
-      << extra_ns_ << " ns\n";
+  out << "link " << link_.bytes_per_ns << " GB/s, latency " << link_.latency_ns << " ns, " << copies_of(link_)
+      << "; measured peak " << base_peak_ << " B (forward " << forward_peak_ << " B, correction " << correction_
+      << " B); predicted peak " << predicted_peak_ << " B, extra " << extra_ns_ << " ns\n";
   out << "outside blocks: " << outside_.total() << " B in";
   for (std::size_t k = 0; k < outside_.bytes.size(); ++k)
     out << (k == 0 ? " " : ", ") << outside_.bytes[k] << " B (" << outside_.storages[k] << ")";
@@ -674,8 +694,13 @@ void BlockPlanner::plan_locked() {
     warned_ = true;
     warning_ = "offload::Options: device_target_bytes " + std::to_string(target_) +
                " is below what recomputing every planned block with its inputs offloaded needs (" +
-               std::to_string(base_peak_ + correction_) +
-               " bytes, measured); every planned block is recomputed (warned once per manager)";
+               std::to_string(result.peak_bytes) + " bytes, predicted from the measuring step's " +
+               std::to_string(base_peak_ + correction_) + "-byte peak); every planned block is recomputed" +
+               (before_peak_ >= 0 ? " (the device had already peaked at " + std::to_string(before_peak_) +
+                                        " bytes before that step, so it measured no block's own peak in backward: "
+                                        "reset the device's peak statistics before training)"
+                                  : "") +
+               " (warned once per manager)";
   }
 }
 

@@ -248,6 +248,55 @@ TEST_CASE_TEMPLATE("plan: a target below what recomputing every block reaches wa
   CHECK(ours[0].find("device_target_bytes " + std::to_string(target) + " is below") != std::string::npos);
 }
 
+TEST_CASE_TEMPLATE(
+    "plan: a device peak reached before the measuring step is no block's own and does not stop the plan" *
+        fixture::sim_only{kSuiteOnSim},
+    M, Blocking, Streamed) {
+  // The device's running peak is left high by what ran before (an earlier
+  // run, a larger evaluation pass), and nobody resets it: the measuring
+  // step's stretches in backward cannot raise it, so they were taken as
+  // that peak, the plan found nothing under the target but recomputing
+  // everything, and said the target was too low.
+  const SlowPoisonedSim sim;
+  const Model model;
+  const auto b = bounds<M>(model, 512);
+  const auto target = between(b, 0.5);
+  offload::AnyManager manager = M(offload::Options{.device_target_bytes = target});
+  harness::CollectWarnings warnings;
+  harness::reset_peak(sim0);
+  {
+    const auto big = at::empty({2 * b.plain.peak}, at::TensorOptions().dtype(at::kByte).device(sim0));
+  }
+  bool planned = false;
+  for (int s = 0; s < 4; ++s) {
+    CAPTURE(s);
+    manager.reset_stats();
+    // harness::train_step without its reset of the device's peak.
+    for (const auto& p : model.params()) const_cast<at::Tensor&>(p).mutable_grad() = at::Tensor();
+    at::Tensor loss;
+    {
+      const offload::Scope scope(manager);
+      loss = model.loss(512, How::planned);
+    }
+    loss.backward();
+    harness::synchronize(sim0);
+    harness::Step run;
+    run.loss = loss.item<float>();
+    for (const auto& p : model.params()) run.grads.push_back(p.grad().to(at::kCPU));
+    CHECK(same(run, b.plain));
+    if (s > 0 && manager.stats().blocks_recomputed < Model::kBlocks) planned = true;
+  }
+  CHECK(planned);
+  for (const auto& m : warnings.messages)
+    CHECK_MESSAGE(m.find("recomputing every planned block") == std::string::npos, m);
+  const auto summary = offload::interface_of(manager)->block_planner()->summary();
+  // No block is said to have peaked where the device did before the step.
+  const std::string key = "backward peak ";
+  for (auto at = summary.find(key); at != std::string::npos; at = summary.find(key, at + 1)) {
+    CHECK_MESSAGE(std::stoll(summary.substr(at + key.size())) < 2 * b.plain.peak, summary);
+  }
+}
+
 TEST_CASE_TEMPLATE("plan: a change of shapes recomputes, measures again and re-plans" * fixture::sim_only{kSuiteOnSim},
                    M, Blocking, Streamed) {
   const SlowPoisonedSim sim;

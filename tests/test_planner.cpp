@@ -361,7 +361,8 @@ TEST_CASE("plan_blocks: a tighter forward stash is never predicted faster") {
 TEST_CASE("plan_blocks: the forward stash is one queue across blocks") {
   // Block 0 offloads 20 storages of 100 ns of link time each over 1 us of
   // forward; block 1 two of 1 us each over 0.1 us; blocks 2 and 3 (3 us,
-  // 1000 bytes each) are kept: nothing else fits under 1150 bytes.
+  // 1000 bytes each) are kept: anything else that fits under 1150 bytes
+  // costs more (recomputing or moving a 3 us, 1000-byte block).
   // Without a stash forward hides every copy and backward waits 1.9 us
   // (block 1's first storage on demand, 1 us; its second, 0.8 us; block
   // 0's first, 0.1 us).

@@ -134,12 +134,16 @@ struct BlockPlanResult {
 ///   backward of the blocks after it) and moves nothing. Offloaded bytes cost
 ///   latency x storages + bytes / bandwidth each way (a recomputed block's
 ///   input likewise). Overlapping copies are a pipeline per direction: in
-///   forward a block's copies are counted from its end (erring high), but
-///   a block offloading more storages than LinkCost::forward_stash over a
-///   link slower than its compute ends only once the link, busy from its
-///   beginning, has copied all but that many (the compute stream waits for
-///   the oldest copy in flight); what is still copying when forward ends
-///   is exposed; in backward (a block's backward taken as
+///   forward a block's copies are counted from its end (erring high); what
+///   is still copying when forward ends is exposed. Where more storages are
+///   copying than LinkCost::forward_stash (one queue across forward), the
+///   compute stream waits for the oldest copy in flight: a block ends no
+///   earlier than when the link, counted from the block's beginning (the
+///   earliest its copies can start), has copied all but the newest
+///   forward_stash storages of what was queued. This wait errs low (a
+///   block's storages are made through it, not all at its beginning, and
+///   the wait is placed at its end); it only adds time, so a tighter stash
+///   is never predicted faster. In backward (a block's backward taken as
 ///   twice its forward, plus the forward when recomputed, in reverse
 ///   order) as sync::Streamed prefetches: nothing comes back before an
 ///   offloaded storage is unpacked, so the first one backward needs comes
@@ -149,8 +153,7 @@ struct BlockPlanResult {
 ///   storage is back and ends no earlier than its last. The window is the
 ///   options' (under a target the headroom can widen it at run time, which
 ///   is not counted: errs high); without one (prefetch_depth and
-///   prefetch_bytes 0) every copy back is on demand. The stash is counted
-///   per block (sync::Streamed keeps one queue across forward).
+///   prefetch_bytes 0) every copy back is on demand.
 ///   Copies that do not overlap are exposed whole, both ways.
 /// - The candidates are the block orders the field uses, for every split:
 ///   offload the first o, recompute the next r, keep the rest; and
@@ -219,10 +222,16 @@ class BlockPlanner {
   /// device bytes the step before had allocated at once (its own peak, or
   /// where the device's peak does not show it, the per-tensor plan's
   /// model of it with every eligible saved tensor offloaded), or -1.
-  /// `allocated`: the device's allocated bytes now, or -1. Returns true
-  /// when this step's choices differ from the step before's (what the
-  /// per-tensor plan recorded no longer applies).
-  bool begin_step(std::int64_t needed, std::int64_t allocated = -1);
+  /// `allocated`: the device's allocated bytes now, or -1. `peak`: the
+  /// device's running peak now (what recomputing() reads), or -1: where it
+  /// is above `allocated`, the device reached it before this step (an
+  /// earlier run, a larger evaluation pass), so a measuring step's
+  /// stretch in backward whose running peak never rises above it was not
+  /// measured and counts as such (BlockCost::backward_peak -1; reset the
+  /// device's peak statistics before training for every stretch
+  /// measured). Returns true when this step's choices differ from the
+  /// step before's (what the per-tensor plan recorded no longer applies).
+  bool begin_step(std::int64_t needed, std::int64_t allocated = -1, std::int64_t peak = -1);
 
   /// A marked block is about to run with `input_bytes` of inputs on the
   /// device: its choice in this step. A block the plan did not expect (a
@@ -320,6 +329,7 @@ class BlockPlanner {
   std::int64_t growth_ = 0;              // allocated since the measuring step began (optimizer state)
   std::int64_t measure_allocated_ = -1;  // allocated when the measuring step began
   std::int32_t last_recomputed_ = -1;    // the block whose recomputation began last in this step
+  std::int64_t before_peak_ = -1;        // a measuring step: the device's peak from before it, where above allocated
   std::int64_t predicted_peak_ = 0;
   std::int64_t extra_ns_ = 0;     // the plan's predicted extra time
   std::int64_t base_ns_ = -1;     // measured step time less the model's extra time of that step

@@ -45,7 +45,7 @@ struct Options {
   /// oldest is let go, and the compute stream waits for its copy before
   /// reusing the memory); one still stashed when backward needs it is
   /// reused without a copy back.
-  /// Accepted: ranges::max_fwd_stash, [1, 1024]. Default 5 tensors.
+  /// Accepted: ranges::max_fwd_stash, [1, 1024]. Default 5 storages.
   std::int64_t max_fwd_stash = 5;
 
   /// sync::Streamed: how far ahead of need backward brings offloaded

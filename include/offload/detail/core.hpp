@@ -137,15 +137,16 @@ class Core final : public ManagerInterface, public std::enable_shared_from_this<
   /// counted) or offloads it. `known`: the caller already knows it stays
   /// (pack_passing), unless it is on another device type.
   Packed pack(const at::Tensor& t, std::optional<PassReason> known = std::nullopt) {
-    pass_.seen.fetch_add(1);  // before `undefined` (scope_mark() reads them in either order)
-    if (!t.defined()) {
-      pass_.undefined.fetch_add(1, std::memory_order_release);
-      return pass(t, pass_.other_device);
-    }
+    if (!t.defined()) return pass(t, pass_.undefined);
     // Pass-through first: every decision is made before the lock and before
     // anything an offloaded tensor needs is allocated.
     if (auto* reason = stays(t, known)) return pass(t, *reason);
-    return offload(t);
+    try {
+      return offload(t);
+    } catch (...) {
+      pass_.failed.fetch_add(1, std::memory_order_relaxed);  // seen, neither passed nor offloaded
+      throw;
+    }
   }
 
   std::unique_ptr<torch::autograd::SavedVariableHooks> pack_passing(const at::Tensor& t, PassReason why) override {
@@ -214,8 +215,8 @@ class Core final : public ManagerInterface, public std::enable_shared_from_this<
     const std::lock_guard lock(mutex_);
     Stats out = stats_;
     const auto passed = pass_.since(pass_base_);
-    out.tensors_seen = passed.seen;
-    out.passed_other_device = passed.other_device;
+    out.tensors_seen = passed.seen() + stats_.tensors_offloaded;
+    out.passed_other_device = passed.other_device + passed.undefined;
     out.passed_layout = passed.layout;
     out.passed_subclass = passed.subclass;
     out.passed_leaf = passed.leaf;
@@ -273,13 +274,14 @@ class Core final : public ManagerInterface, public std::enable_shared_from_this<
       // Only the outermost scope of this manager starts the plan's step.
       const auto needed = planner_.recorded_peak() >= 0 ? planner_.recorded_peak() : planner_.least_peak();
       try {
-        if (open_scopes_++ == 0 && blocks_->begin_step(needed, step_start_allocated_)) planner_.forget();
+        if (open_scopes_++ == 0 && blocks_->begin_step(needed, step_start_allocated_, step_start_peak_))
+          planner_.forget();
       } catch (...) {  // out of memory for the plan: the per-tensor plan starts over, as the first step
         planner_.forget();
       }
       if (const auto warning = blocks_->take_warning(); !warning.empty()) warn(warning);
     }
-    return scope_mark(/*at_exit=*/false);
+    return scope_mark();
   }
   void on_scope_exit(const ScopeMark& opened, bool in_order) noexcept override {
     const std::lock_guard lock(mutex_);
@@ -295,7 +297,7 @@ class Core final : public ManagerInterface, public std::enable_shared_from_this<
     // Scopes on other threads may pack meanwhile: a tensor on the device
     // seen by any of them silences the first warning (never a false alarm
     // from this scope's own tensors).
-    const auto now = scope_mark(/*at_exit=*/true);
+    const auto now = scope_mark();
     const auto saved = now.saved - opened.saved;
     if (saved > 0 && now.on_device == opened.on_device && !warned_off_device_) {
       warned_off_device_ = true;
@@ -334,8 +336,13 @@ class Core final : public ManagerInterface, public std::enable_shared_from_this<
     if (is_excluded(storage.unsafeGetStorageImpl())) return &pass_.excluded;
     return nullptr;
   }
-  // Keeps `t` where it is (detail::KeptTensor), counted under `reason`.
-  static Packed pass(const at::Tensor& t, std::atomic<std::int64_t>& reason, Packed packed = {}) {
+  // Keeps `t` where it is (detail::KeptTensor), counted under `reason`
+  // (with what `packed` already holds: a plan ticket).
+  static Packed pass(const at::Tensor& t, std::atomic<std::int64_t>& reason) {
+    reason.fetch_add(1, std::memory_order_relaxed);
+    return Packed{KeptTensor(t), nullptr, {}};
+  }
+  static Packed pass(const at::Tensor& t, std::atomic<std::int64_t>& reason, Packed packed) {
     reason.fetch_add(1, std::memory_order_relaxed);
     packed.kept = KeptTensor(t);
     return packed;
@@ -697,46 +704,43 @@ class Core final : public ManagerInterface, public std::enable_shared_from_this<
   }
 
   // Pass-through counters: atomics, so a tensor that stays where it is
-  // never takes the lock.
-  // They only grow (reset_stats() notes where they stood), so that the
-  // scope warnings read the defined tensors saved from them (seen less
-  // undefined) with no counter of their own on the pack path.
+  // never takes the lock, and each pack counts once: a saved tensor seen
+  // is one passed through (for a reason), offloaded (Stats, under the
+  // lock) or failed. They only grow (reset_stats() notes where they
+  // stood), so that the scope warnings read the defined tensors saved
+  // from them with no counter of their own on the pack path.
   struct PassCounts {
-    std::int64_t seen = 0, other_device = 0, layout = 0, subclass = 0, leaf = 0, small = 0, excluded = 0, budget = 0,
-                 target = 0;
+    std::int64_t undefined = 0, other_device = 0, layout = 0, subclass = 0, leaf = 0, small = 0, excluded = 0,
+                 budget = 0, target = 0, failed = 0;
+    // Packs that did not offload.
+    std::int64_t seen() const noexcept {
+      return undefined + other_device + layout + subclass + leaf + small + excluded + budget + target + failed;
+    }
   };
   struct PassCounters {
-    std::atomic<std::int64_t> seen{0}, other_device{0}, layout{0}, subclass{0}, leaf{0}, small{0}, excluded{0},
-        budget{0}, target{0};
-    std::atomic<std::int64_t> undefined{0};  // of other_device: undefined saved tensors
+    // undefined: undefined saved tensors (Stats counts them as another
+    // device's); other_device: defined ones on another device type.
+    std::atomic<std::int64_t> undefined{0}, other_device{0}, layout{0}, subclass{0}, leaf{0}, small{0}, excluded{0},
+        budget{0}, target{0}, failed{0};
     // Each count minus `base`'s.
     PassCounts since(const PassCounts& base) const {
       const auto get = [](const std::atomic<std::int64_t>& c, std::int64_t from) {
         return c.load(std::memory_order_relaxed) - from;
       };
-      return PassCounts{get(seen, base.seen),         get(other_device, base.other_device),
-                        get(layout, base.layout),     get(subclass, base.subclass),
-                        get(leaf, base.leaf),         get(small, base.small),
-                        get(excluded, base.excluded), get(budget, base.budget),
-                        get(target, base.target)};
+      return PassCounts{get(undefined, base.undefined), get(other_device, base.other_device),
+                        get(layout, base.layout),       get(subclass, base.subclass),
+                        get(leaf, base.leaf),           get(small, base.small),
+                        get(excluded, base.excluded),   get(budget, base.budget),
+                        get(target, base.target),       get(failed, base.failed)};
     }
   };
   // Defined saved tensors packed so far, and of them those on Device's
-  // device type, for the scope warnings. A pack counts `seen` before
-  // `undefined`, so an undefined tensor packed meanwhile may count as
-  // defined when `undefined` is read first (done when the scope opens) and
-  // not when `seen` is (when it closes): either way it can only lower what
-  // the scope is said to have saved (no false alarm).
-  ScopeMark scope_mark(bool at_exit) const noexcept {
-    std::int64_t seen = 0, undefined = 0;
-    if (at_exit) {
-      seen = pass_.seen.load();
-      undefined = pass_.undefined.load();
-    } else {
-      undefined = pass_.undefined.load();
-      seen = pass_.seen.load();
-    }
-    return ScopeMark{seen - undefined, seen_on_device_.load(std::memory_order_relaxed)};
+  // device type, for the scope warnings: those on another device type and
+  // those on Device's (counted as stays() sees them), two counts that only
+  // grow, each of defined tensors alone.
+  ScopeMark scope_mark() const noexcept {
+    const auto on_device = seen_on_device_.load(std::memory_order_relaxed);
+    return ScopeMark{pass_.other_device.load(std::memory_order_relaxed) + on_device, on_device};
   }
 
   mutable std::recursive_mutex mutex_;
