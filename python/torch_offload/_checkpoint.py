@@ -190,6 +190,58 @@ def _probe_link(impl, t):
     impl.plan_link(n, best(n), n // 4, best(n // 4))
 
 
+def _module_of(function):
+    """The nn.Module `function` is, or whose method it is (through
+    functools.partial: Hugging Face passes ``partial(super().__call__,
+    **kwargs)``); None otherwise."""
+    while isinstance(function, functools.partial):
+        function = function.func
+    if isinstance(function, torch.nn.Module):
+        return function
+    owner = getattr(function, "__self__", None)
+    return owner if isinstance(owner, torch.nn.Module) else None
+
+
+def _state_of(function):
+    """The state a block writes in place when it runs: its module's buffers
+    that do not require grad (BatchNorm's running statistics)."""
+    module = _module_of(function)
+    if module is None:
+        return []
+    return [b for b in module.buffers() if b is not None and not b.requires_grad]
+
+
+def _write(state, values):
+    # Through .data: the same storage under a version counter of its own,
+    # so a saved buffer stays usable for autograd's in-place check.
+    with torch.no_grad():
+        for tensor, value in zip(state, values, strict=True):
+            tensor.data.copy_(value)
+
+
+def _restoring(function, state):
+    """`function` whose later calls (checkpoint's recomputation) run with
+    the values `state` held when the first call (the forward) began, and
+    leave `state` as they found it (also when stopped by an exception)."""
+    if not state:
+        return function
+    at_forward = None
+
+    def run(*args, **kwargs):
+        nonlocal at_forward
+        if at_forward is None:
+            at_forward = [t.detach().clone() for t in state]
+            return function(*args, **kwargs)
+        found = [t.detach().clone() for t in state]
+        _write(state, at_forward)
+        try:
+            return function(*args, **kwargs)
+        finally:
+            _write(state, found)
+
+    return run
+
+
 class PlannedCheckpoint:
     """A ``gradient_checkpointing_func`` whose blocks the automatic plan of
     ``manager`` (one with ``device_target_bytes``) keeps, offloads or
@@ -212,11 +264,18 @@ class PlannedCheckpoint:
     the device's allocated bytes are recorded where its recomputation
     begins in backward; the link is timed with two copies of a block's input. Gradients are bitwise
     those without checkpointing in every case. Outside ``with manager:`` on
-    this thread, with grad mode off, or inside another planned block, the
-    function just runs. As with ``torch.utils.checkpoint``, a recomputed
-    block that updates state in forward (BatchNorm's running statistics)
-    updates it again when recomputed (the C++ ``offload::checkpoint``
-    restores such state; from Python, keep such blocks out of the plan).
+    this thread (or where a ``no_offload()`` or other saved-tensor hooks
+    region is open inside it), with grad mode off, or inside another
+    planned block, the function just runs and the plan does not count it.
+    A block that updates state in forward (BatchNorm's running statistics)
+    is not changed twice where it is recomputed: when the function is an
+    ``nn.Module``, or a (``functools.partial`` of a) method of one (what
+    Hugging Face layers pass), the module's buffers are copied when its
+    forward begins; the recomputation runs with those values written back
+    and the values it found are written back after it, as the C++
+    ``CheckpointOptions::state`` does (law 7 of docs/checkpoint.md), so
+    evaluation after training is bitwise the run without checkpointing.
+    Neither write counts as an in-place change for autograd's check.
 
     Args:
         manager: a torch_offload.Manager with ``device_target_bytes > 0``.
@@ -263,6 +322,8 @@ class PlannedCheckpoint:
 
     def _turn(self, turn, tensors, function, args, kwargs):
         index, choice, measure, probe = turn
+        if choice != "keep" and choice != "offload":
+            function = _restoring(function, _state_of(function))
         if choice == "keep":
             with no_offload():
                 return function(*args, **kwargs)

@@ -326,8 +326,13 @@ class Manager(_HookRegion):
         return False
 
     def _open_here(self):
-        """Whether a ``with`` of this manager is open on this thread."""
-        return bool(getattr(self._marks, "stack", None))
+        """Whether a ``with`` of this manager is the innermost saved-tensor
+        hooks region open on this thread (not under a ``no_offload()``,
+        another manager or other saved_tensors_hooks opened inside it)."""
+        if not getattr(self._marks, "stack", None):
+            return False
+        top = torch._C._autograd._top_saved_tensors_default_hooks(True)
+        return top is not None and top[0] is self._pack
 
     def stats(self):
         """A Stats snapshot (thread-safe)."""

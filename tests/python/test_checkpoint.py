@@ -8,6 +8,7 @@ only the layers' inputs reach the manager, and a lower peak of device
 memory. transformers' own models: tests/thirdparty/test_checkpoint_hf.py."""
 
 import functools
+import warnings
 
 import pytest
 import torch
@@ -217,6 +218,82 @@ def test_planned_module_list_and_enable_with_plan_auto():
     model = TinyLM().to(DEV)
     func = torch_offload.enable_gradient_checkpointing(model, manager, plan="auto")
     assert isinstance(func, torch_offload.PlannedCheckpoint)
+
+
+def test_planned_blocks_under_no_offload_inside_the_manager_are_no_step_of_the_plan():
+    # A first pass under no_offload() inside `with manager:` (with grad on)
+    # ran as a measuring step that saw no memory statistics: the plan then
+    # recomputed every block for good, warning that the device reports none.
+    torch.manual_seed(0)
+    blocks = nn.ModuleList(nn.Sequential(nn.Linear(32, 64), nn.GELU(), nn.Linear(64, 32)) for _ in range(4)).to(DEV)
+    x = torch.randn(16, 32, device=DEV)
+    expected = blocks[3](blocks[2](blocks[1](blocks[0](x)))).square().mean()
+    (want,) = torch.autograd.grad(expected, [blocks[0][0].weight])
+    manager = torch_offload.Manager(DEV, device_target_bytes=1 << 30)
+    planned = torch_offload.PlannedModuleList(blocks, manager)
+    with warnings.catch_warnings(record=True) as caught:
+        warnings.simplefilter("always")
+        with manager, torch_offload.no_offload():
+            loss = planned(x).square().mean()
+        (got,) = torch.autograd.grad(loss, [blocks[0][0].weight])
+        assert torch.equal(loss, expected) and torch.equal(got, want)
+        stats = manager.stats()
+        assert stats.blocks_kept + stats.blocks_offloaded + stats.blocks_recomputed == 0, stats
+        assert stats.tensors_seen == 0, stats
+        for _ in range(3):
+            with manager:
+                loss = planned(x).square().mean()
+            (got,) = torch.autograd.grad(loss, [blocks[0][0].weight])
+            assert torch.equal(loss, expected) and torch.equal(got, want)
+    assert manager.stats().blocks_kept == 4, planned.summary()
+    assert not [w for w in caught if issubclass(w.category, torch_offload.OffloadWarning)], [
+        str(w.message) for w in caught
+    ]
+
+
+@pytest.mark.parametrize("target", [1 << 30, 1])
+def test_planned_blocks_with_batchnorm_leave_running_statistics_as_without_checkpointing(target):
+    # The measuring step recomputes every block (and a target below what
+    # that reaches recomputes them every step): a recomputed BatchNorm
+    # would update its running statistics a second time, and evaluation
+    # after training would differ from the run without checkpointing.
+    def blocks():
+        torch.manual_seed(0)
+        return nn.ModuleList(
+            nn.Sequential(nn.Linear(32, 64), nn.BatchNorm1d(64), nn.GELU(), nn.Linear(64, 32)) for _ in range(4)
+        ).to(DEV)
+
+    def run(planned_with=None):
+        model = blocks()
+        forward = model if planned_with is None else torch_offload.PlannedModuleList(model, planned_with)
+        optimizer = torch.optim.AdamW(model.parameters(), lr=1e-2)
+        torch.manual_seed(1)
+        x = torch.randn(16, 32, device=DEV)
+        losses = []
+        for _ in range(3):
+            optimizer.zero_grad()
+            if planned_with is None:
+                loss = nn.Sequential(*model)(x).square().mean()
+            else:
+                with planned_with:
+                    loss = forward(x).square().mean()
+            loss.backward()
+            optimizer.step()
+            losses.append(loss.item())
+        model.eval()
+        with torch.no_grad():
+            evaluated = nn.Sequential(*model)(x)
+        return losses, evaluated, [b.clone() for b in model.buffers()]
+
+    want = run()
+    manager = torch_offload.Manager(DEV, device_target_bytes=target)
+    with warnings.catch_warnings():
+        warnings.simplefilter("ignore", torch_offload.OffloadWarning)  # target 1: "below what recomputing ... needs"
+        got = run(manager)
+    assert manager.stats().blocks_recomputed == (4 if target == 1 else 0), manager.stats()
+    assert got[0] == want[0]
+    assert torch.equal(got[1], want[1])
+    assert all(torch.equal(a, b) for a, b in zip(got[2], want[2], strict=True))
 
 
 def test_planned_bad_input():
