@@ -25,6 +25,9 @@
 #include <torch/csrc/autograd/python_variable.h>
 #include <torch/csrc/autograd/saved_variable_hooks.h>
 #include <torch/csrc/utils/pybind.h>
+#if PY_VERSION_HEX < 0x030B0000
+#include <frameobject.h>
+#endif
 
 #include <offload/block_plan.hpp>
 #include <offload/offload.hpp>
@@ -75,6 +78,35 @@ PyObject* offload_warning = nullptr;
 /// torch.nn.Parameter, set when torch_offload._manager is imported.
 PyObject* parameter_type = nullptr;
 
+/// The stacklevel that makes a warning name the innermost Python frame
+/// outside the torch_offload package (the user's `with` or call, not the
+/// package's own line); 1 when there is none of ours on top. GIL held.
+int user_stacklevel() {
+  int level = 1;
+  PyFrameObject* frame = PyEval_GetFrame();  // borrowed
+  Py_XINCREF(frame);
+  while (frame != nullptr) {
+#if PY_VERSION_HEX >= 0x030B0000
+    PyObject* globals = PyFrame_GetGlobals(frame);  // new
+#else
+    PyObject* globals = frame->f_globals;  // Python 3.9, 3.10: the struct is public
+    Py_XINCREF(globals);
+#endif
+    PyObject* name = globals != nullptr ? PyDict_GetItemString(globals, "__name__") : nullptr;  // borrowed
+    const char* text = name != nullptr && PyUnicode_Check(name) ? PyUnicode_AsUTF8(name) : nullptr;
+    if (text == nullptr) PyErr_Clear();
+    const std::string_view module = text != nullptr ? text : "";
+    Py_XDECREF(globals);
+    if (module != "torch_offload" && !module.starts_with("torch_offload.")) break;
+    ++level;
+    PyFrameObject* back = PyFrame_GetBack(frame);  // new
+    Py_DECREF(frame);
+    frame = back;
+  }
+  Py_XDECREF(frame);
+  return level;
+}
+
 /// Collects the c10 warnings (TORCH_WARN) raised on this thread while it
 /// lives, in place of the thread's handler; raise() turns each into an
 /// OffloadWarning once the GIL is held.
@@ -86,7 +118,7 @@ class Warnings final : public c10::WarningHandler {
   /// with the Python error set, when a filter turned one into an error.
   bool raise() {
     for (const auto& message : std::exchange(messages_, {})) {
-      if (PyErr_WarnEx(offload_warning, message.c_str(), 1) < 0) return false;
+      if (PyErr_WarnEx(offload_warning, message.c_str(), user_stacklevel()) < 0) return false;
     }
     return true;
   }

@@ -122,19 +122,21 @@ def _flatten_checked(t):
 
 
 def _is_parameter(t):
-    """Whether ``t`` (of a type other than torch.Tensor) is a parameter: an
-    nn.Parameter (also ``nn.Parameter(dtensor)``) or a view of one."""
-    if isinstance(t, torch.nn.Parameter):
-        return True
-    base = t._base
-    return base is not None and isinstance(base, torch.nn.Parameter)
+    """Whether ``t`` (of a type other than torch.Tensor) is a parameter by
+    the rule of docs/guide.md: an nn.Parameter (also
+    ``nn.Parameter(dtensor)``), a leaf that requires grad (as from C++), or
+    a view of either."""
+    for x in (t, t._base):
+        if x is not None and (isinstance(x, torch.nn.Parameter) or (x.requires_grad and x.is_leaf)):
+            return True
+    return False
 
 
 class _SubclassRule:
     """How a Manager packs a saved tensor of another Python type than
     torch.Tensor and nn.Parameter (the C++ pack hook calls it): a parameter
-    (an nn.Parameter subclass, ``nn.Parameter(dtensor)``, a view of one)
-    stays; a type in ``exclude_types`` stays; a traceable wrapper subclass
+    (an nn.Parameter subclass, ``nn.Parameter(dtensor)``, a leaf that
+    requires grad, a view of one) stays; a type in ``exclude_types`` stays; a traceable wrapper subclass
     (DTensor, TwoTensor, torchao's float8 tensors) is offloaded through its
     inner tensors, each packed by ``pack`` (and so by the same rules), and
     comes back as the same subclass; any other type stays, with one
@@ -158,8 +160,8 @@ class _SubclassRule:
             self._warned.add(cls)
             warnings.warn(
                 f"torch_offload.Manager: saved tensors of type {_type_name(cls)} stay on their device: it is a "
-                "tensor subclass without __tensor_flatten__ / __tensor_unflatten__, so the manager cannot see its "
-                "data (counted in Stats.passed_subclass; warned once per type and manager)",
+                "tensor subclass without __tensor_flatten__ / __tensor_unflatten__, so the manager could not rebuild "
+                "it as the same type after a copy (counted in Stats.passed_subclass; warned once per type and manager)",
                 OffloadWarning,
                 stacklevel=2,
             )
@@ -170,7 +172,10 @@ class _HookRegion:
     """Pushes saved_tensors_hooks(pack, unpack) on enter, pops on exit.
 
     Re-enterable and nestable; the stack of open regions is per thread, like
-    saved_tensors_hooks itself (which is thread-local)."""
+    saved_tensors_hooks itself (which is thread-local). Closed out of order
+    (an outer region while one opened inside it is still open), a region
+    removes its own hooks from under the inner ones, which stay in force
+    (as a C++ offload::Scope does), and says so."""
 
     def __init__(self, pack, unpack):
         self._pack = pack
@@ -179,18 +184,33 @@ class _HookRegion:
 
     def _open(self):
         stack = self._local.__dict__.setdefault("stack", [])
-        hooks = torch.autograd.graph.saved_tensors_hooks(self._pack, self._unpack)
-        hooks.__enter__()
-        stack.append(hooks)
+        torch._C._autograd._push_saved_tensors_default_hooks(self._pack, self._unpack)
+        stack.append(True)
 
-    def _close(self, *exc):
+    def _close(self):
+        """Pops this region's hooks; returns whether it was the innermost
+        region open (in order). torch's stack of default hooks only pops its
+        top, so hooks opened inside this region and still open are popped
+        first and pushed back after."""
         stack = getattr(self._local, "stack", None)
         if not stack:
             raise RuntimeError(
                 f"{type(self).__name__}.__exit__ on a thread where it is not open "
                 "(a region is closed on the thread that opened it)"
             )
-        stack.pop().__exit__(*exc)
+        stack.pop()
+        autograd = torch._C._autograd
+        above = []
+        top = autograd._top_saved_tensors_default_hooks(True)
+        while top is not None and top[0] is not self._pack:
+            above.append(top)
+            autograd._pop_saved_tensors_default_hooks()
+            top = autograd._top_saved_tensors_default_hooks(True)
+        if top is not None:
+            autograd._pop_saved_tensors_default_hooks()
+        for pack, unpack in reversed(above):
+            autograd._push_saved_tensors_default_hooks(pack, unpack)
+        return not above
 
 
 class Manager(_HookRegion):
@@ -321,8 +341,8 @@ class Manager(_HookRegion):
         return self
 
     def __exit__(self, *exc):
-        self._close(*exc)
-        self._impl.on_scope_exit(self._marks.stack.pop(), True)
+        in_order = self._close()
+        self._impl.on_scope_exit(self._marks.stack.pop(), in_order)
         return False
 
     def _open_here(self):
@@ -387,7 +407,13 @@ class no_offload(_HookRegion):
         self._open()
 
     def __exit__(self, *exc):
-        self._close(*exc)
+        if not self._close():
+            warnings.warn(
+                "torch_offload.no_offload was closed while a region opened after it on the same thread was still "
+                "open; it no longer applies, the inner region does: close regions innermost first",
+                OffloadWarning,
+                stacklevel=2,
+            )
 
 
 def _pool_device(device):

@@ -247,6 +247,63 @@ def test_nested_with_and_backward_after_exit():
     assert outer.stats().passed_leaf == 1
 
 
+def test_closed_out_of_order_a_region_leaves_the_inner_one_in_force_and_warns():
+    import warnings
+
+    first = torch_offload.Manager(DEV, min_offload_bytes=64)
+    second = torch_offload.Manager(DEV, min_offload_bytes=64)
+    a = leaf(64, 64)
+    with warnings.catch_warnings(record=True) as caught:
+        warnings.simplefilter("always")
+        first.__enter__()
+        second.__enter__()
+        first.__exit__(None, None, None)  # out of order: second stays open, and in force
+        h = a.exp()
+        second.__exit__(None, None, None)
+        k = h.exp()  # no region open any more
+        quiet = torch_offload.no_offload()
+        with second:
+            quiet.__enter__()
+            with first:
+                pass
+            second.__exit__(None, None, None)  # under no_offload, closed out of order
+            m = k.exp()
+            quiet.__exit__(None, None, None)
+            second.__enter__()  # what the `with` will close
+    assert torch._C._autograd._top_saved_tensors_default_hooks(True) is None
+    (h + k + m).sum().backward()
+    ref = leaf(64, 64)
+    rh = ref.exp()
+    rk = rh.exp()
+    (rh + rk + rk.exp()).sum().backward()
+    assert torch.equal(bits(a.grad), bits(ref.grad))
+    assert first.stats().tensors_seen == 0
+    assert second.stats().tensors_seen == 1 and second.stats().tensors_offloaded == 1  # h
+    assert all(w.filename == __file__ for w in caught), [w.filename for w in caught]  # the user's lines
+    mine = [str(w.message) for w in caught if issubclass(w.category, torch_offload.OffloadWarning)]
+    assert len([m for m in mine if "innermost first" in m]) == 2, mine  # first's (once per manager), second's
+    assert all("no_offload" not in m for m in mine), mine  # no_offload was closed in order
+
+
+def test_no_offload_closed_out_of_order_warns_and_the_inner_manager_stays_in_force():
+    import warnings
+
+    manager = torch_offload.Manager(DEV, min_offload_bytes=64)
+    quiet = torch_offload.no_offload()
+    a = leaf(64, 64)
+    with warnings.catch_warnings(record=True) as caught:
+        warnings.simplefilter("always")
+        quiet.__enter__()
+        with manager:
+            quiet.__exit__(None, None, None)
+            h = a.exp()
+    h.sum().backward()
+    assert manager.stats().tensors_offloaded == 1
+    mine = [w for w in caught if issubclass(w.category, torch_offload.OffloadWarning)]
+    assert len(mine) == 1 and "no_offload was closed" in str(mine[0].message), [str(w.message) for w in mine]
+    assert mine[0].filename == __file__
+
+
 def test_stats_is_a_dataclass_with_every_field():
     import dataclasses
 
