@@ -159,19 +159,7 @@ void print_intro(int rounds, int warmup) {
             << "with and without the hooks; ns per tensor = (t_hooks - t_none) / " << kOps
             << ", t = process CPU time (all threads; robust to other processes on the cores). " << rounds
             << " rounds after " << warmup << " warm-up rounds, 1 intra-op thread. Direct: the hooks object "
-            << "alone (make_hooks + pack + unpack + destroy in a loop, no engine), on the tensor the engine hands "
-            << "pack for those saved inputs (detached: no grad_fn); apart, on a saved output (with its grad_fn, "
-            << "kept as a shallow copy).\n\n";
-}
-
-/// A direct timing as "median (q1..q3)"; empty where the row has none.
-Column direct_column(std::string title, std::string key) {
-  return {std::move(title), "", [key = std::move(key)](const Json& row) {
-            if (!has(row, key)) return std::string();
-            const auto& d = row.at(key);
-            return fixed(number(d, "median"), 0) + " (" + fixed(number(d, "q1"), 0) + ".." + fixed(number(d, "q3"), 0) +
-                   ")";
-          }};
+            << "alone (make_hooks + pack + unpack + destroy in a loop, no engine), same tensor.\n\n";
 }
 
 std::vector<Column> hook_columns() {
@@ -179,8 +167,13 @@ std::vector<Column> hook_columns() {
       text_column("case", "case"),
       fixed_column("end-to-end ns/tensor (median)", "", "cpp_ns_per_tensor", 0),
       iqr_column("IQR", "", "cpp_ns_per_tensor_spread", 0),
-      direct_column("direct ns/tensor", "direct_ns_per_tensor"),
-      direct_column("direct, a saved output", "direct_output_ns_per_tensor"),
+      {"direct ns/tensor", "",
+       [](const Json& row) {
+         if (!has(row, "direct_ns_per_tensor")) return std::string();
+         const auto& d = row.at("direct_ns_per_tensor");
+         return fixed(number(d, "median"), 0) + " (" + fixed(number(d, "q1"), 0) + ".." + fixed(number(d, "q3"), 0) +
+                ")";
+       }},
       fixed_column("no-hooks ns/op", "", "baseline_ns_per_op", 0),
       {"Python / this", "",
        [](const Json& row) {
@@ -244,16 +237,10 @@ std::optional<Json> case_row(const HookCase& c, const Args& args, int warmup, in
               << n_rounds * kOps << "\n";
     return std::nullopt;
   }
-  // Direct, on the tensors the engine hands a pack hook: for a saved input
-  // (the end-to-end row's: sin saves its input) autograd passes
-  // data.detach(), no grad_fn; for a saved output it passes the output
-  // itself, with its grad_fn, which the manager keeps as its tensor_data()
-  // (the shallow copy autograd makes of a saved output without hooks).
-  const at::Tensor output = leaf.mul(1.0).sin();
-  const at::Tensor input = output.detach();
+  // Direct: a tensor with a grad_fn, like those the engine hands over.
+  at::Tensor sample = leaf.mul(1.0).sin();
   const int iterations = c.rounds_divisor > 1 ? 500 : (args.quick ? 2000 : 20000);
-  const auto direct = direct_ns(*c.source, input, iterations, args.quick ? 5 : 15);
-  const auto direct_output = direct_ns(*c.source, output, iterations, args.quick ? 5 : 15);
+  const auto direct = direct_ns(*c.source, sample, iterations, args.quick ? 5 : 15);
 
   const auto s = summarize(e.per_tensor);
   const auto base = summarize(e.base_per_op);
@@ -266,7 +253,6 @@ std::optional<Json> case_row(const HookCase& c, const Args& args, int warmup, in
       {"cpp_ns_per_tensor_spread", summary_json(s)},
       {"cpp_wall_ns_per_tensor", summary_json(summarize(e.wall_per_tensor))},
       {"direct_ns_per_tensor", summary_json(direct)},
-      {"direct_output_ns_per_tensor", summary_json(direct_output)},
       {"baseline_ns_per_op", Json(base.median)},
       {"python_ns_per_tensor", python_ns ? Json(*python_ns) : Json(nullptr)},
       {"ratio", ratio ? Json(*ratio) : Json(nullptr)},
