@@ -168,41 +168,57 @@ class _SubclassRule:
         return self._impl.pack_passing(t, "subclass")
 
 
-class _HookRegion:
-    """Pushes saved_tensors_hooks(pack, unpack) on enter, pops on exit.
+_threads = threading.local()  # per thread: the Manager and no_offload regions open, in the order opened
 
-    Re-enterable and nestable; the stack of open regions is per thread, like
-    saved_tensors_hooks itself (which is thread-local). Closed out of order
-    (an outer region while one opened inside it is still open), a region
-    removes its own hooks from under the inner ones, which stay in force
-    (as a C++ offload::Scope does), and says so."""
+
+def _open_regions():
+    regions = getattr(_threads, "regions", None)
+    if regions is None:
+        regions = _threads.regions = []
+    return regions
+
+
+class _HookRegion:
+    """Pushes torch's default saved-tensor hooks (pack, unpack) on enter,
+    pops them on exit, as ``torch.autograd.graph.saved_tensors_hooks`` does.
+
+    Re-enterable and nestable; the regions open are per thread, like the
+    hooks themselves (thread-local). An exit closes the latest open of that
+    object on its thread. Closed out of order (an outer region while one
+    opened inside it is still open), a region removes its own hooks from
+    under the inner ones, which stay in force (as a C++ offload::Scope
+    does), and says so."""
 
     def __init__(self, pack, unpack):
         self._pack = pack
         self._unpack = unpack
-        self._local = threading.local()
 
     def _open(self):
-        stack = self._local.__dict__.setdefault("stack", [])
         torch._C._autograd._push_saved_tensors_default_hooks(self._pack, self._unpack)
-        stack.append(True)
+        _open_regions().append(self)
 
     def _close(self):
         """Pops this region's hooks; returns whether it was the innermost
-        region open (in order). torch's stack of default hooks only pops its
-        top, so hooks opened inside this region and still open are popped
-        first and pushed back after."""
-        stack = getattr(self._local, "stack", None)
-        if not stack:
+        hooks region open (in order). torch's stack of default hooks only
+        pops its top, so hooks opened inside this region and still open are
+        popped first and pushed back after. Regions may share hooks (every
+        no_offload does): as many entries of ours are passed over as
+        regions with the same hooks were opened after this one."""
+        regions = _open_regions()
+        at = next((i for i in range(len(regions) - 1, -1, -1) if regions[i] is self), None)
+        if at is None:
             raise RuntimeError(
                 f"{type(self).__name__}.__exit__ on a thread where it is not open "
                 "(a region is closed on the thread that opened it)"
             )
-        stack.pop()
+        later = sum(1 for r in regions[at + 1 :] if r._pack is self._pack)
+        del regions[at]
         autograd = torch._C._autograd
         above = []
         top = autograd._top_saved_tensors_default_hooks(True)
-        while top is not None and top[0] is not self._pack:
+        while top is not None and (top[0] is not self._pack or later > 0):
+            if top[0] is self._pack:
+                later -= 1
             above.append(top)
             autograd._pop_saved_tensors_default_hooks()
             top = autograd._top_saved_tensors_default_hooks(True)
@@ -210,6 +226,20 @@ class _HookRegion:
             autograd._pop_saved_tensors_default_hooks()
         for pack, unpack in reversed(above):
             autograd._push_saved_tensors_default_hooks(pack, unpack)
+        if top is None:
+            # Ours are gone: a saved_tensors_hooks region opened before this
+            # one was closed inside it and popped them. Pop the top, as a
+            # saved_tensors_hooks region would, so pushes and pops balance.
+            if above:
+                autograd._pop_saved_tensors_default_hooks()
+            warnings.warn(
+                f"torch_offload.{type(self).__name__}: its saved-tensor hooks were no longer on torch's stack when "
+                "it closed (a saved_tensors_hooks region opened before it was closed inside it); the hooks on top "
+                "were removed instead: close regions innermost first",
+                OffloadWarning,
+                stacklevel=3,
+            )
+            return True
         return not above
 
 

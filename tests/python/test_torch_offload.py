@@ -304,6 +304,48 @@ def test_no_offload_closed_out_of_order_warns_and_the_inner_manager_stays_in_for
     assert mine[0].filename == __file__
 
 
+def test_two_no_offload_regions_closed_out_of_order_each_removes_its_own_entry():
+    import warnings
+
+    manager = torch_offload.Manager(DEV, min_offload_bytes=64)
+    first, second = torch_offload.no_offload(), torch_offload.no_offload()
+    a = leaf(64, 64)
+    with warnings.catch_warnings(record=True) as caught:
+        warnings.simplefilter("always")
+        first.__enter__()
+        with manager:
+            second.__enter__()
+            first.__exit__(None, None, None)  # out of order: second (the same hooks) stays in force
+            h = a.exp()
+            second.__exit__(None, None, None)  # in order
+            k = h.exp()
+    (h + k).sum().backward()
+    assert manager.stats().tensors_seen == 1 and manager.stats().tensors_offloaded == 1  # k's exp only
+    mine = [str(w.message) for w in caught if issubclass(w.category, torch_offload.OffloadWarning)]
+    assert len(mine) == 1 and "no_offload was closed" in mine[0], mine
+    assert torch._C._autograd._top_saved_tensors_default_hooks(True) is None
+
+
+def test_hooks_popped_by_a_foreign_region_leave_the_stack_balanced_with_a_warning():
+    import warnings
+
+    seen = []
+    foreign = torch.autograd.graph.saved_tensors_hooks(lambda t: seen.append(1) or t, lambda t: t)
+    manager = torch_offload.Manager(DEV, min_offload_bytes=64)
+    with warnings.catch_warnings(record=True) as caught:
+        warnings.simplefilter("always")
+        foreign.__enter__()
+        manager.__enter__()
+        foreign.__exit__()  # pops the manager's hooks, as saved_tensors_hooks pops its top
+        manager.__exit__(None, None, None)
+    assert torch._C._autograd._top_saved_tensors_default_hooks(True) is None
+    leaf(64, 64).exp().sum().backward()
+    assert not seen and manager.stats().tensors_seen == 0
+    mine = [w for w in caught if issubclass(w.category, torch_offload.OffloadWarning)]
+    assert len(mine) == 1 and "no longer on torch's stack" in str(mine[0].message), [str(w.message) for w in mine]
+    assert mine[0].filename == __file__
+
+
 def test_stats_is_a_dataclass_with_every_field():
     import dataclasses
 
