@@ -136,7 +136,8 @@ class _SubclassRule:
     """How a Manager packs a saved tensor of another Python type than
     torch.Tensor and nn.Parameter (the C++ pack hook calls it): a parameter
     (an nn.Parameter subclass, ``nn.Parameter(dtensor)``, a leaf that
-    requires grad, a view of one) stays; a type in ``exclude_types`` stays; a traceable wrapper subclass
+    requires grad, a view of one) stays; a type in ``exclude_types`` stays;
+    a traceable wrapper subclass
     (DTensor, TwoTensor, torchao's float8 tensors) is offloaded through its
     inner tensors, each packed by ``pack`` (and so by the same rules), and
     comes back as the same subclass; any other type stays, with one
@@ -224,14 +225,15 @@ class _HookRegion:
             top = autograd._top_saved_tensors_default_hooks(True)
         if top is not None:
             autograd._pop_saved_tensors_default_hooks()
+        elif above:
+            # Ours are gone: a saved_tensors_hooks region opened before this
+            # one was closed inside it and popped them. The top goes instead,
+            # as a saved_tensors_hooks region would pop it, so pushes and
+            # pops balance.
+            del above[0]
         for pack, unpack in reversed(above):
             autograd._push_saved_tensors_default_hooks(pack, unpack)
         if top is None:
-            # Ours are gone: a saved_tensors_hooks region opened before this
-            # one was closed inside it and popped them. Pop the top, as a
-            # saved_tensors_hooks region would, so pushes and pops balance.
-            if above:
-                autograd._pop_saved_tensors_default_hooks()
             warnings.warn(
                 f"torch_offload.{type(self).__name__}: its saved-tensor hooks were no longer on torch's stack when "
                 "it closed (a saved_tensors_hooks region opened before it was closed inside it); the hooks on top "
