@@ -22,6 +22,7 @@
 
 #include <c10/core/impl/PyObjectSlot.h>
 #include <c10/util/Exception.h>
+#include <torch/csrc/autograd/functions/accumulate_grad.h>
 #include <torch/csrc/autograd/python_variable.h>
 #include <torch/csrc/autograd/saved_variable_hooks.h>
 #include <torch/csrc/utils/pybind.h>
@@ -78,11 +79,14 @@ PyObject* offload_warning = nullptr;
 /// torch.nn.Parameter, set when torch_offload._manager is imported.
 PyObject* parameter_type = nullptr;
 
-/// The stacklevel that makes a warning name the innermost Python frame
-/// outside the torch_offload package (the user's `with` or call, not the
-/// package's own line); 1 when there is none of ours on top. GIL held.
+/// The stacklevel that makes a warning name the user's line: the innermost
+/// Python frame outside the torch_offload and torch packages (a pack hook
+/// runs under torch's own frames: `Tensor.__torch_function__`, a module's
+/// forward), else the innermost outside torch_offload; 1 when the current
+/// frame is already one of those. GIL held.
 int user_stacklevel() {
   int level = 1;
+  int outside_ours = 0;                      // the first frame outside torch_offload, where one was met
   PyFrameObject* frame = PyEval_GetFrame();  // borrowed
   Py_XINCREF(frame);
   while (frame != nullptr) {
@@ -97,13 +101,20 @@ int user_stacklevel() {
     if (text == nullptr) PyErr_Clear();
     const std::string_view module = text != nullptr ? text : "";
     Py_XDECREF(globals);
-    if (module != "torch_offload" && !module.starts_with("torch_offload.")) break;
+    const auto in = [&](std::string_view package) {
+      return module == package || (module.starts_with(package) && module[package.size()] == '.');
+    };
+    if (!in("torch_offload")) {
+      if (outside_ours == 0) outside_ours = level;
+      if (!in("torch")) break;
+    }
     ++level;
     PyFrameObject* back = PyFrame_GetBack(frame);  // new
     Py_DECREF(frame);
     frame = back;
   }
-  Py_XDECREF(frame);
+  if (frame == nullptr) return outside_ours > 0 ? outside_ours : 1;
+  Py_DECREF(frame);
   return level;
 }
 
@@ -180,11 +191,23 @@ bool is_parameter_object(PyObject* object) {
 }
 
 /// Whether the plain tensor `t` is a view of a parameter: its base has a
-/// Python object that is a parameter (`weight.t()`, which Linear saves).
+/// Python object that is a parameter (`weight.t()`, which Linear saves), or
+/// `t` is what `to_local()` gave for a DTensor parameter that requires grad:
+/// a view of the DTensor's local tensor (a leaf that does not require grad,
+/// with no link back to its DTensor) whose history is DTensor's
+/// `_ToTorchTensor` Function over a leaf that requires grad. (A frozen
+/// DTensor parameter's `to_local()` has no history: `Manager.exclude`
+/// names it, docs/distributed.md.) GIL held.
 bool is_view_of_parameter(const at::Tensor& t) {
   if (!t.is_view()) return false;
-  PyObject* base = t._base().unsafeGetTensorImpl()->pyobj_slot()->load_pyobj();
-  return base != nullptr && is_parameter_object(base);
+  const at::TensorBase& base = t._base();
+  PyObject* object = base.unsafeGetTensorImpl()->pyobj_slot()->load_pyobj();
+  if (object != nullptr && is_parameter_object(object)) return true;
+  if (base.requires_grad() || !base.is_leaf()) return false;
+  const auto& fn = t.grad_fn();
+  if (!fn || fn->num_inputs() != 1 || fn->next_edges().empty()) return false;
+  return dynamic_cast<const torch::autograd::AccumulateGrad*>(fn->next_edge(0).function.get()) != nullptr &&
+         fn->name() == "_ToTorchTensorBackward";
 }
 
 /// Runs `pack()` (which returns hooks whose pack ran on `tensor`) with the
@@ -556,6 +579,9 @@ void bind_tables(py::module_& m) {
     }
     return out;
   });
+  m.def("user_stacklevel", &user_stacklevel,
+        "The warnings.warn stacklevel, from the calling frame, that names the user's line: the innermost frame "
+        "outside the torch_offload and torch packages (else outside torch_offload).");
   m.def("compiled_device_policies", [] { return offload::compiled_device_policies(); });
 }
 

@@ -89,7 +89,8 @@ inline constexpr std::array stat_fields{
     StatField{"passed_layout", &Stats::passed_layout, "sparse, quantized, nested or other non-strided tensors"},
     StatField{"passed_subclass", &Stats::passed_subclass,
               "tensors without storage of their own that the manager cannot see into: a tensor subclass without "
-              "__tensor_flatten__ (Python), a wrapper, functional or batched tensor (C++)"},
+              "__tensor_flatten__ (Python), a wrapper, functional or batched tensor (C++); also a jagged nested "
+              "tensor's offsets, which its ragged size is tied to (Python)"},
     StatField{"passed_budget", &Stats::passed_budget, "would have exceeded Options::host_budget_bytes"},
     StatField{"passed_target", &Stats::passed_target,
               "kept on the device by the Options::device_target_bytes plan (eligible, not needed off it)"},

@@ -54,10 +54,22 @@ def _tensors_in(tensors):
     return items
 
 
-def _local(t):
-    """The tensor holding ``t``'s storage: a DTensor's local tensor, else ``t``."""
-    local = getattr(t, "_local_tensor", None)  # torch.distributed.tensor.DTensor
-    return local if isinstance(local, torch.Tensor) else t
+def _storage_holders(t):
+    """The tensors holding ``t``'s data: a traceable wrapper subclass's inner
+    tensors (a DTensor's local tensor, a TwoTensor's two), each by the same
+    rule, else ``t``. RuntimeError naming the type where
+    ``__tensor_flatten__`` raises."""
+    if not is_traceable_wrapper_subclass(t):
+        return [t]
+    try:
+        names, _ = t.__tensor_flatten__()
+        inner = [getattr(t, name) for name in names]
+    except Exception as e:  # the subclass's own code: anything it raises
+        raise RuntimeError(
+            f"torch_offload.Manager.exclude: cannot find the storage of a {_type_name(type(t))}: its "
+            f"__tensor_flatten__ failed ({type(e).__name__}: {e}); nothing was excluded"
+        ) from e
+    return [x for i in inner for x in _storage_holders(i)]
 
 
 def _type_name(cls):
@@ -66,7 +78,7 @@ def _type_name(cls):
 
 def _types_in(types):
     """``exclude_types`` as a tuple of tensor subclasses; TypeError otherwise."""
-    items = (types,) if isinstance(types, type) else types
+    items = (types,) if isinstance(types, (type, str, bytes)) else types
     try:
         items = tuple(items)
     except TypeError:
@@ -76,14 +88,30 @@ def _types_in(types):
             raise TypeError(
                 "torch_offload.Manager: exclude_types must be tensor subclasses other than torch.Tensor "
                 f"and nn.Parameter (a type or a tuple of them), got {cls!r}"
+                + (" (a name, not the type)" if isinstance(cls, str) else "")
             )
     return items
 
 
+class _Kept:
+    """An inner tensor a subclass needs back as the same Python object (see
+    _identity_inner): the object, and the handle pack gave for it (counted
+    and checked for in-place changes as any tensor that stays)."""
+
+    __slots__ = ("tensor", "handle")
+
+    def __init__(self, tensor, handle):
+        self.tensor, self.handle = tensor, handle
+
+    def unpack(self):
+        _C.unpack(self.handle)  # autograd's in-place check
+        return self.tensor
+
+
 class _SubclassPacked:
     """What pack returns for a tensor subclass offloaded through its inner
-    tensors (``__tensor_flatten__``): each inner tensor's handle, and what
-    ``__tensor_unflatten__`` needs to rebuild the same subclass."""
+    tensors (``__tensor_flatten__``): each inner tensor's handle (or _Kept),
+    and what ``__tensor_unflatten__`` needs to rebuild the same subclass."""
 
     __slots__ = ("cls", "inner", "ctx", "size", "stride")
 
@@ -91,8 +119,27 @@ class _SubclassPacked:
         self.cls, self.inner, self.ctx, self.size, self.stride = cls, inner, ctx, size, stride
 
     def unpack(self):
-        inner = {name: _C.unpack(handle) for name, handle in self.inner.items()}
+        inner = {
+            name: handle.unpack() if type(handle) is _Kept else _C.unpack(handle) for name, handle in self.inner.items()
+        }
         return self.cls.__tensor_unflatten__(inner, self.ctx, self.size, self.stride)
+
+
+def _identity_inner(t, inner):
+    """The names of ``t``'s inner tensors that must come back as the same
+    Python objects: where a size of ``t`` is symbolic, those a nested int
+    is made from. A jagged nested tensor's ragged size is a nested int made
+    per offsets (or lengths) tensor object, so a copy of its offsets would
+    rebuild it with another ragged size than the one autograd recorded.
+    Where torch's registry of those is not found, every inner tensor of
+    such a ``t`` (it then stays whole)."""
+    if all(type(s) is int for s in t.size()):
+        return ()
+    registry = getattr(getattr(torch.nested, "_internal", None), "nested_tensor", None)
+    registry = getattr(registry, "_tensor_symint_registry", None)
+    if registry is None:
+        return tuple(inner)
+    return tuple(name for name, x in inner.items() if x in registry)
 
 
 def _flatten_checked(t):
@@ -155,7 +202,13 @@ class _SubclassRule:
             return self._impl.pack_passing(t, "excluded")
         if is_traceable_wrapper_subclass(t):
             inner, ctx = _flatten_checked(t)
-            return _SubclassPacked(type(t), {name: pack(x) for name, x in inner.items()}, ctx, t.size(), t.stride())
+            self._check_nested(inner)  # the whole tree, before anything of it is offloaded
+            kept = _identity_inner(t, inner)
+            handles = {
+                name: _Kept(x, self._impl.pack_passing(x, "subclass")) if name in kept else pack(x)
+                for name, x in inner.items()
+            }
+            return _SubclassPacked(type(t), handles, ctx, t.size(), t.stride())
         cls = type(t)
         if cls not in self._warned:
             self._warned.add(cls)
@@ -164,9 +217,20 @@ class _SubclassRule:
                 "tensor subclass without __tensor_flatten__ / __tensor_unflatten__, so the manager could not rebuild "
                 "it as the same type after a copy (counted in Stats.passed_subclass; warned once per type and manager)",
                 OffloadWarning,
-                stacklevel=2,
+                stacklevel=_C.user_stacklevel(),
             )
         return self._impl.pack_passing(t, "subclass")
+
+    def _check_nested(self, inner):
+        """Checks the round trip of every traceable wrapper subclass among
+        ``inner`` and theirs, as pack will meet them."""
+        for x in inner.values():
+            if (
+                is_traceable_wrapper_subclass(x)
+                and not _is_parameter(x)
+                and not (self._exclude_types and isinstance(x, self._exclude_types))
+            ):
+                self._check_nested(_flatten_checked(x)[0])
 
 
 _threads = threading.local()  # per thread: the Manager and no_offload regions open, in the order opened
@@ -239,7 +303,7 @@ class _HookRegion:
                 "it closed (a saved_tensors_hooks region opened before it was closed inside it); the hooks on top "
                 "were removed instead: close regions innermost first",
                 OffloadWarning,
-                stacklevel=3,
+                stacklevel=_C.user_stacklevel(),
             )
             return True
         return not above
@@ -398,16 +462,20 @@ class Manager(_HookRegion):
         """Never offload tensors sharing storage with any of ``tensors``: a
         tensor, an iterable of tensors (e.g. ``model.buffers()``), or an
         ``nn.Module``, for all its parameters (frozen ones too) and buffers.
-        A DTensor stands for its local tensor's storage. Parameters are never
-        offloaded anyway.
+        A traceable wrapper subclass stands for its inner tensors' storages (a
+        DTensor for its local tensor's). Parameters are never offloaded
+        anyway, except a frozen DTensor parameter's ``to_local()``, which
+        torch does not link to its parameter: ``exclude(model)`` names it.
 
         Raises TypeError naming the type of anything that is not a tensor,
-        before anything is excluded (thread-safe)."""
+        RuntimeError naming the type of a wrapper subclass whose
+        ``__tensor_flatten__`` fails, before anything is excluded
+        (thread-safe)."""
         if isinstance(tensors, torch.nn.Module):
             items = [*tensors.parameters(), *tensors.buffers()]
         else:
             items = [tensors] if isinstance(tensors, torch.Tensor) else _tensors_in(tensors)
-        self._impl.exclude([_local(t) for t in items])
+        self._impl.exclude([x for t in items for x in _storage_holders(t)])
 
     @property
     def options(self):
@@ -444,7 +512,7 @@ class no_offload(_HookRegion):
                 "torch_offload.no_offload was closed while a region opened after it on the same thread was still "
                 "open; it no longer applies, the inner region does: close regions innermost first",
                 OffloadWarning,
-                stacklevel=2,
+                stacklevel=_C.user_stacklevel(),
             )
 
 

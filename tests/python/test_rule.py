@@ -164,6 +164,8 @@ def test_unknown_subclass_passes_through_with_one_warning_per_type():
     mine = [w for w in caught if issubclass(w.category, torch_offload.OffloadWarning)]
     assert len(mine) == 1, [str(w.message) for w in caught]
     assert "test_rule.Opaque" in str(mine[0].message) and "passed_subclass" in str(mine[0].message)
+    # The user's line, not torch's (Tensor.__torch_function__ runs the op) nor the package's.
+    assert mine[0].filename == __file__
     s = manager.stats()
     assert s.passed_subclass == 2 and s.tensors_offloaded == 0
 
@@ -188,6 +190,13 @@ def test_a_failing_flatten_round_trip_raises_at_pack_naming_the_type_and_exclude
         with manager:
             (BadUnflatten(a, a) * w).sin().sum()
     assert manager.stats().tensors_offloaded == 0
+    # Nested: the outer round trip works, an inner one fails. Nothing of the
+    # outer tensor is offloaded either (the tree is checked first).
+    nested = torch_offload.Manager(DEV, min_offload_bytes=0)
+    with pytest.raises(RuntimeError, match=r"cannot offload a saved test_rule\.BadUnflatten"):
+        with nested:
+            (TwoTensor(a * 1, BadUnflatten(a, a)) * w).sum()
+    assert nested.stats().tensors_offloaded == 0 and nested.stats().bytes_offloaded == 0
 
     # Opted out: the graph trains without offloading that type.
     def forward():
@@ -204,6 +213,8 @@ def test_exclude_types_must_be_tensor_subclasses():
     for bad in (int, (TwoTensor, "x"), torch.Tensor, torch.nn.Parameter):
         with pytest.raises(TypeError, match="exclude_types must be tensor subclasses"):
             torch_offload.Manager(DEV, exclude_types=bad)
+    with pytest.raises(TypeError, match=r"got 'TwoTensor' \(a name, not the type\)"):
+        torch_offload.Manager(DEV, exclude_types="TwoTensor")  # the name, whole
     torch_offload.Manager(DEV, exclude_types=TwoTensor)  # a single type
 
 
@@ -244,6 +255,97 @@ def test_dtensor_activation_is_offloaded_and_comes_back_a_dtensor(sync):
         assert type(back) is DTensor and back.placements == (Replicate(),) and back.device_mesh == mesh
     finally:
         dist.destroy_process_group()
+
+
+@pytest.mark.parametrize("sync", SYNCS)
+def test_a_dtensor_parameters_to_local_stays_and_a_frozen_ones_with_exclude(sync):
+    import torch.distributed as dist
+    from torch.distributed.device_mesh import init_device_mesh
+    from torch.distributed.tensor import Replicate, distribute_tensor
+
+    backend = f"cpu:gloo,{DEV}:{torch_offload.sim.collective_backend}" if DEV == "sim" else "cpu:gloo,cuda:nccl"
+    dist.init_process_group(backend, store=dist.HashStore(), rank=0, world_size=1)
+    try:
+        mesh = init_device_mesh(DEV, (1,))
+        torch.manual_seed(0)
+        weight = torch.nn.Parameter(distribute_tensor(torch.randn(64, 64, device=DEV), mesh, [Replicate()]))
+        frozen = torch.nn.Parameter(
+            distribute_tensor(torch.randn(64, 64, device=DEV), mesh, [Replicate()]), requires_grad=False
+        )
+        x = torch.randn(16, 64, device=DEV, requires_grad=True)
+
+        def forward():
+            # as an expert layer with custom kernels does: the weight's local tensor, a plain view
+            h = (x * 1) @ weight.to_local()  # saves x * 1 (offloaded) and weight's local (stays)
+            return (h @ frozen.to_local()).sum()  # saves the frozen local (offloaded unless excluded)
+
+        ref = run(None, forward, [weight, x])
+        manager = torch_offload.Manager(DEV, sync=sync, min_offload_bytes=0)
+        got = run(manager, forward, [weight, x])
+        assert_bitwise([ref[0], ref[1].to_local(), ref[2]], [got[0], got[1].to_local(), got[2]])
+        s = manager.stats()
+        assert s.tensors_seen == 3 and s.passed_leaf == 1 and s.tensors_offloaded == 2
+
+        module = torch.nn.Module()
+        module.weight, module.frozen = weight, frozen
+        manager = torch_offload.Manager(DEV, sync=sync, min_offload_bytes=0)
+        manager.exclude(module)  # a DTensor parameter stands for its local tensor
+        got = run(manager, forward, [weight, x])
+        assert_bitwise([ref[0], ref[1].to_local(), ref[2]], [got[0], got[1].to_local(), got[2]])
+        s = manager.stats()
+        assert s.passed_leaf == 1 and s.passed_excluded == 1 and s.tensors_offloaded == 1
+        assert s.bytes_offloaded == 16 * 64 * 4
+    finally:
+        dist.destroy_process_group()
+
+
+@pytest.mark.parametrize("sync", SYNCS)
+def test_a_jagged_nested_tensor_comes_back_with_its_ragged_size(sync):
+    # Its ragged size is a nested int made per offsets tensor object: the
+    # offsets stay as that object (passed_subclass), the values are offloaded.
+    torch.manual_seed(0)
+    lengths = [3, 5] * 80  # offsets: 161 int64
+    nt = torch.nested.nested_tensor([torch.randn(n, 64) for n in lengths], layout=torch.jagged, device=DEV)
+    w = torch.randn(64, device=DEV, requires_grad=True)
+
+    def forward():
+        return (nt * w).sin().values().sum()  # mul saves nt, sin saves nt * w: jagged both
+
+    ref = run(None, forward, [w])
+    manager = torch_offload.Manager(DEV, sync=sync)
+    got = run(manager, forward, [w])
+    assert_bitwise(ref, got)
+    s = manager.stats()
+    # each jagged tensor saved: its values offloaded, its offsets kept
+    assert s.tensors_offloaded >= 2 and s.bytes_offloaded == s.tensors_offloaded * sum(lengths) * 64 * 4
+    assert s.passed_subclass == s.tensors_offloaded
+
+
+def test_exclude_a_wrapper_subclass_covers_its_inner_tensors():
+    a, b = torch.randn(64, 64, device=DEV), torch.randn(64, 64, device=DEV)
+    w = torch.randn(64, 64, device=DEV, requires_grad=True)
+    cache = TwoTensor(a, b)
+    manager = torch_offload.Manager(DEV, min_offload_bytes=0)
+    manager.exclude(cache)
+    with manager:
+        loss = (cache * w).sum()  # mul saves the cache: both inner tensors
+    loss.backward()
+    s = manager.stats()
+    assert s.passed_excluded == 2 and s.tensors_offloaded == 0
+
+    class NoFlatten(TwoTensor):
+        def __tensor_flatten__(self):
+            raise ValueError("opaque")
+
+    other = torch_offload.Manager(DEV, min_offload_bytes=0)
+    with pytest.raises(
+        RuntimeError, match=r"exclude: cannot find the storage of a .*NoFlatten: .*\(ValueError: opaque\)"
+    ):
+        other.exclude([a, NoFlatten(a, b)])
+    with other:  # nothing was excluded, a included
+        loss = (a * w).sum()
+    loss.backward()
+    assert other.stats().passed_excluded == 0 and other.stats().tensors_offloaded == 1
 
 
 def test_exclude_a_module_covers_frozen_parameters_and_buffers():
