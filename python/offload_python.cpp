@@ -498,17 +498,17 @@ void bind_plan(ManagerClass& cls) {
       // manager has no target.
       .def(
           "plan_block",
-          [](offload::AnyManager& self, std::int64_t input_bytes) -> py::object {
+          [](offload::AnyManager& self, std::int64_t input_bytes, int device_index) -> py::object {
             const auto planner = offload::interface_of(self)->block_planner();
             if (!planner) return py::none();
-            const auto turn = planner->next_block(input_bytes);
+            const auto turn = planner->next_block(input_bytes, device_index);
             const char* choice = turn.choice == offload::BlockChoice::keep                   ? "keep"
                                  : turn.choice == offload::BlockChoice::offload              ? "offload"
                                  : turn.choice == offload::BlockChoice::recompute_input_kept ? "recompute_input_kept"
                                                                                              : "recompute";
             return py::make_tuple(turn.index, choice, turn.measure, turn.probe_link);
           },
-          py::arg("input_bytes"))
+          py::arg("input_bytes"), py::arg("device_index") = -1)
       // The block begun by the last plan_block returned (or raised).
       .def("plan_block_done",
            [](offload::AnyManager& self) {

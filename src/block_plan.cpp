@@ -437,6 +437,7 @@ bool BlockPlanner::begin_step(std::int64_t needed, std::int64_t allocated, std::
     measured_ns_ = std::chrono::duration_cast<std::chrono::nanoseconds>(now - step_start_).count();
     for (auto& c : counts_) c = 0;
     for (auto c : ran_choices_) ++counts_[static_cast<int>(c)];
+    guarded_before_ = guarded_;
     const auto ran = static_cast<std::size_t>(next_index_);
     if (measuring_) {
       const bool complete = ran > 0 && costs_.size() == ran && !measure_next_ &&
@@ -463,9 +464,11 @@ bool BlockPlanner::begin_step(std::int64_t needed, std::int64_t allocated, std::
       if (ran != choices_.size()) measure_next_ = true;  // fewer blocks than planned
       if (!measure_next_ && needed > target_ && needed > predicted_peak_) {
         // The step needed more than the model predicted: plan again with
-        // the difference.
+        // the difference. Where nothing fits then, the blocks no longer
+        // save what was measured (data-dependent sizes, another model
+        // under the same manager): this step measures again instead.
         correction_ += needed - predicted_peak_;
-        plan_locked();
+        plan_locked(/*remeasure_if_unfit=*/true);
       }
     }
   }
@@ -492,12 +495,15 @@ bool BlockPlanner::begin_step(std::int64_t needed, std::int64_t allocated, std::
   }
   diverged_ = false;
   ran_choices_.clear();
+  guarded_ = 0;
   ran_outside_kept_ = !measuring_ && outside_kept_;
   const auto& now_choices = measuring_ ? std::vector<BlockChoice>(previous.size(), BlockChoice::recompute) : choices_;
   return remeasure || now_choices != previous || ran_outside_kept_ != outside_was_kept;
 }
 
-BlockPlanner::Turn BlockPlanner::next_block(std::int64_t input_bytes) {
+BlockPlanner::Turn BlockPlanner::next_block(std::int64_t input_bytes, int device_index) {
+  // Read before the lock, as recomputing() reads the peak.
+  const auto allocated = allocated_ && device_index >= 0 ? allocated_(device_index) : std::int64_t{-1};
   const std::lock_guard lock(mutex_);
   Turn turn;
   turn.index = next_index_++;
@@ -519,10 +525,31 @@ BlockPlanner::Turn BlockPlanner::next_block(std::int64_t input_bytes) {
     measure_next_ = true;
   } else {
     turn.choice = choices_[index];
+    const bool keeps = turn.choice == BlockChoice::keep || turn.choice == BlockChoice::recompute_input_kept;
+    if (keeps && allocated >= 0 && allocated + kept_from(index) > target_) {
+      turn.choice = turn.choice == BlockChoice::keep ? BlockChoice::offload : BlockChoice::recompute;
+      turn.guarded = true;
+      ++guarded_;
+    }
   }
   ran_choices_.push_back(turn.choice);
   ++open_blocks_;  // last: nothing after it throws, so block_done() pairs with it
   return turn;
+}
+
+std::int64_t BlockPlanner::kept_from(std::size_t index) const {
+  std::int64_t kept = 0;
+  std::int64_t largest = 0;
+  for (std::size_t j = 0; j < costs_.size(); ++j) {
+    largest = std::max({largest, costs_[j].largest_storage, std::int64_t{0}});
+    if (j < index || j >= choices_.size()) continue;
+    if (choices_[j] == BlockChoice::keep) kept += costs_[j].saved_bytes;
+    if (choices_[j] == BlockChoice::recompute_input_kept) kept += costs_[j].input_bytes;
+  }
+  if (outside_kept_) {
+    for (std::size_t k = index + 1; k < outside_.bytes.size(); ++k) kept += outside_.bytes[k];
+  }
+  return kept + largest;
 }
 
 void BlockPlanner::block_done() {
@@ -657,11 +684,12 @@ void BlockPlanner::add_stats(Stats& stats) const {
   stats.blocks_offloaded += counts[static_cast<int>(BlockChoice::offload)];
   stats.blocks_recomputed +=
       counts[static_cast<int>(BlockChoice::recompute)] + counts[static_cast<int>(BlockChoice::recompute_input_kept)];
+  stats.blocks_guarded += ran_choices_.empty() ? guarded_before_ : guarded_;
   if (planned_ && base_ns_ >= 0) stats.plan_predicted_step_us += (base_ns_ + extra_ns_) / 1000;
   if (!costs_.empty() || !choices_.empty()) stats.plan_measured_step_us += measured_ns_ / 1000;
 }
 
-void BlockPlanner::plan_locked() {
+void BlockPlanner::plan_locked(bool remeasure_if_unfit) {
   if (base_peak_ < 0) {
     // No memory statistics: nothing to plan against; keep recomputing.
     choices_.assign(costs_.size(), BlockChoice::recompute);
@@ -685,6 +713,11 @@ void BlockPlanner::plan_locked() {
   }
   const auto result = plan_blocks(costs, link_, base_peak_ + correction_, target_,
                                   forward_peak_ >= 0 ? forward_peak_ + correction_ : -1, outside_);
+  if (!result.fits && remeasure_if_unfit && correction_ > 0) {
+    measure_next_ = true;
+    correction_ = 0;
+    return;
+  }
   choices_ = result.choices;
   outside_kept_ = result.outside_kept;
   extra_ns_ = result.extra_ns;

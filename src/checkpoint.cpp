@@ -554,7 +554,7 @@ std::vector<at::Tensor> run_planned(Block block, const std::vector<at::Tensor>& 
   if (!plan) return block(inputs);
   const PlannedDepth depth;
   const auto [input_bytes, device] = device_inputs(inputs);
-  const auto turn = plan->next_block(input_bytes);
+  const auto turn = plan->next_block(input_bytes, device ? device->index() : -1);
   const struct Done {
     BlockPlanner& plan;
     ~Done() { plan.block_done(); }

@@ -624,6 +624,64 @@ TEST_CASE("BlockPlanner: a step that needed more than predicted re-plans with th
   CHECK(tight.next_block(20).choice == R);
 }
 
+TEST_CASE("BlockPlanner: where a step needed so much more than predicted that nothing fits, the next step measures") {
+  // The blocks save more than measured (data-dependent sizes, another
+  // model under the manager): the correction would leave no choice that
+  // fits, and a target below what recomputing everything needs would be a
+  // false alarm. The step after measures instead, without a warning.
+  offload::BlockPlanner planner(/*target=*/1000, /*overlaps=*/true);
+  planner.begin_step(-1);
+  for (int i = 0; i < 3; ++i) planner.measured(planner.next_block(20).index, BlockCost{1000, 100, 2, 20});
+  planner.link_measured(400, 400, 100, 100);
+  planner.begin_step(300);  // all kept, predicted 500
+  for (int i = 0; i < 3; ++i) CHECK(planner.next_block(20).choice == K);
+  CHECK(planner.begin_step(5000));
+  CHECK(planner.take_warning().empty());
+  for (int i = 0; i < 3; ++i) {
+    const auto turn = planner.next_block(20);
+    CHECK(turn.measure);
+    CHECK(turn.choice == R);
+    planner.measured(turn.index, BlockCost{1000, 300, 2, 20});
+  }
+  CHECK(planner.begin_step(700));  // measured afresh: 700 recomputing all, 300 per block
+  CHECK(planner.take_warning().empty());
+  CHECK_FALSE(planner.next_block(20).measure);
+}
+
+TEST_CASE(
+    "BlockPlanner: the guard offloads a kept block where what the device holds plus what is kept from there "
+    "would cross the target") {
+  std::int64_t allocated = 0;
+  offload::BlockPlanner planner(/*target=*/1000, /*overlaps=*/true, {}, 0, 0, 0, [&](int) { return allocated; });
+  planner.begin_step(-1);
+  for (int i = 0; i < 3; ++i) {
+    planner.measured(planner.next_block(20, 0).index, BlockCost{1000, 100, 2, 20, -1, -1, /*largest_storage=*/50});
+  }
+  planner.link_measured(400, 400, 100, 100);
+  CHECK(planner.begin_step(300));  // all kept
+  allocated = 600;                 // 600 + 3 x 100 kept + 50 (the largest storage) <= 1000: kept
+  auto turn = planner.next_block(20, 0);
+  CHECK(turn.choice == K);
+  CHECK_FALSE(turn.guarded);
+  allocated = 760;  // 760 + 2 x 100 + 50 > 1000: offloaded
+  turn = planner.next_block(20, 0);
+  CHECK(turn.choice == O);
+  CHECK(turn.guarded);
+  allocated = 5000;  // no device to read (index -1): no guard
+  CHECK(planner.next_block(20).choice == K);
+  offload::Stats stats;
+  planner.add_stats(stats);
+  CHECK(stats.blocks_kept == 2);
+  CHECK(stats.blocks_offloaded == 1);
+  CHECK(stats.blocks_guarded == 1);
+  CHECK(planner.begin_step(300));  // what ran differs from the plan, which stays
+  stats = {};
+  planner.add_stats(stats);
+  CHECK(stats.blocks_guarded == 1);  // the step before
+  allocated = 0;
+  CHECK(planner.next_block(20, 0).choice == K);
+}
+
 TEST_CASE(
     "BlockPlanner: a begin with no block run is not a step; smaller inputs follow the plan; a block left "
     "unmeasured measures again") {

@@ -199,6 +199,11 @@ class BlockPlanner {
     BlockChoice choice = BlockChoice::recompute;  ///< what to do with it
     bool measure = false;                         ///< this step measures: report with measured()
     bool probe_link = false;                      ///< also time the link with this block's input (link_measured())
+    /// The plan kept this block (its saved tensors, or its inputs), but
+    /// what the device holds now plus what the plan keeps from here on
+    /// would cross the target (the guard, next_block()): `choice` is
+    /// offload (or recompute, its inputs offloaded) instead.
+    bool guarded = false;
   };
 
   /// `target`: Options::device_target_bytes (> 0); `overlaps`: the sync
@@ -206,15 +211,22 @@ class BlockPlanner {
   /// the given index has had allocated at once so far (-1: not reported),
   /// read by recomputing(); empty: not read. `prefetch_depth`,
   /// `prefetch_bytes`, `forward_stash`: the options' prefetch window and
-  /// forward stash of an overlapping sync policy (LinkCost).
+  /// forward stash of an overlapping sync policy (LinkCost). `allocated`:
+  /// the bytes the device with the given index has allocated now (-1: not
+  /// reported), read by next_block() for the guard; empty: no guard.
   BlockPlanner(std::int64_t target, bool overlaps, std::function<std::int64_t(int)> peak = {},
-               std::int64_t prefetch_depth = 0, std::int64_t prefetch_bytes = 0, std::int64_t forward_stash = 0)
-      : target_(target), overlaps_(overlaps), peak_(std::move(peak)), link_{0,
-                                                                            0,
-                                                                            overlaps,
-                                                                            overlaps ? prefetch_depth : 0,
-                                                                            overlaps ? prefetch_bytes : 0,
-                                                                            overlaps ? forward_stash : 0} {}
+               std::int64_t prefetch_depth = 0, std::int64_t prefetch_bytes = 0, std::int64_t forward_stash = 0,
+               std::function<std::int64_t(int)> allocated = {})
+      : target_(target),
+        overlaps_(overlaps),
+        peak_(std::move(peak)),
+        allocated_(std::move(allocated)),
+        link_{0,
+              0,
+              overlaps,
+              overlaps ? prefetch_depth : 0,
+              overlaps ? prefetch_bytes : 0,
+              overlaps ? forward_stash : 0} {}
 
   /// A step begins (the manager's outermost scope opened); a begin with no
   /// planned block run since the last one is not a step (nothing changes,
@@ -234,12 +246,23 @@ class BlockPlanner {
   bool begin_step(std::int64_t needed, std::int64_t allocated = -1, std::int64_t peak = -1);
 
   /// A marked block is about to run with `input_bytes` of inputs on the
-  /// device: its choice in this step. A block the plan did not expect (a
+  /// device with index `device_index` (-1: none on a device): its choice
+  /// in this step. A block the plan did not expect (a
   /// block beyond those planned, or larger inputs than measured; smaller
   /// ones follow the plan) is recomputed with every later block of the
-  /// step, and the next step measures. Each call is paired with
-  /// block_done() when the block returns (or throws).
-  Turn next_block(std::int64_t input_bytes);
+  /// step, and the next step measures. The guard: where the plan keeps
+  /// this block (or its inputs) and the device's allocated bytes now, plus
+  /// what the plan keeps from this block on (kept blocks' saved bytes,
+  /// kept inputs, what is saved outside blocks after it where kept), plus
+  /// the largest storage a block saves (what an operation allocates on
+  /// top), exceed the target, the block is offloaded instead (recomputed
+  /// with its inputs offloaded where its inputs were to be kept):
+  /// Turn::guarded, Stats::blocks_guarded. What the plan's model did not
+  /// see (copies lagging behind compute still holding their storages,
+  /// the per-tensor plan keeping more inside offloaded blocks, data-
+  /// dependent sizes) thus meets the target in forward. Each call is
+  /// paired with block_done() when the block returns (or throws).
+  Turn next_block(std::int64_t input_bytes, int device_index = -1);
 
   /// The block begun by the matching next_block() returned or threw: what
   /// is saved from now until the next block begins is outside blocks.
@@ -299,12 +322,18 @@ class BlockPlanner {
 
  private:
   using Clock = std::chrono::steady_clock;
-  void plan_locked();
+  // `remeasure_if_unfit`: a planned step's feedback; where nothing fits
+  // with its correction, measure again (measure_next_) instead of warning.
+  void plan_locked(bool remeasure_if_unfit = false);
+  // The guard's sum (next_block()): what the plan keeps from block `index`
+  // on, plus the largest storage a block saves.
+  std::int64_t kept_from(std::size_t index) const;
 
   mutable std::mutex mutex_;
   std::int64_t target_;
   bool overlaps_;
   std::function<std::int64_t(int)> peak_;
+  std::function<std::int64_t(int)> allocated_;
   bool measuring_ = true;                 // this step recomputes and measures every block
   bool measure_next_ = false;             // a block was unexpected: the next step measures
   bool planned_ = false;                  // choices_ come from a plan
@@ -339,6 +368,8 @@ class BlockPlanner {
   bool warned_ = false;
   std::string warning_;
   std::int64_t counts_[4] = {0, 0, 0, 0};  // by BlockChoice, the step before (or this one while none ended)
+  std::int64_t guarded_ = 0;               // blocks the guard offloaded in this step
+  std::int64_t guarded_before_ = 0;        // ... in the step before
 };
 
 }  // namespace offload

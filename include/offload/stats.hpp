@@ -52,6 +52,7 @@ struct Stats {
   std::int64_t blocks_kept = 0;
   std::int64_t blocks_offloaded = 0;
   std::int64_t blocks_recomputed = 0;
+  std::int64_t blocks_guarded = 0;
   std::int64_t plan_predicted_step_us = 0;
   std::int64_t plan_measured_step_us = 0;
 
@@ -133,6 +134,10 @@ inline constexpr std::array stat_fields{
               "planned blocks checkpointed (recomputed in backward; inputs through the manager, or kept on the "
               "device), in that "
               "step"},
+    StatField{"blocks_guarded", &Stats::blocks_guarded,
+              "of those, planned blocks the plan kept (or whose inputs it kept) that its forward guard offloaded "
+              "instead, as what the device held plus what the plan kept from there would have crossed the target, "
+              "in that step"},
     StatField{"plan_predicted_step_us", &Stats::plan_predicted_step_us,
               "the step time the automatic plan predicts for its choices, microseconds (0 before a plan)"},
     StatField{"plan_measured_step_us", &Stats::plan_measured_step_us,

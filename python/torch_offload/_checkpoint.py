@@ -14,6 +14,29 @@ from torch.multiprocessing.reductions import StorageWeakRef
 from ._manager import Manager, no_offload
 
 
+def _checkpoint(function, *args, **kwargs):
+    """``torch.utils.checkpoint.checkpoint(function, *args, **kwargs)``.
+
+    Where ``function`` raises, torch's checkpoint leaves its saved-tensor
+    hooks pushed: a generator in its frame pops them, and the exception's
+    traceback keeps that frame alive while the exception propagates, so an
+    enclosing Manager or no_offload would close with hooks above its own
+    (out of order, warned). Its frames are cleared here, which closes the
+    generator: the hooks are popped now, innermost first."""
+    try:
+        return torch.utils.checkpoint.checkpoint(function, *args, **kwargs)
+    except BaseException as e:
+        tb = e.__traceback__
+        while tb is not None:
+            if tb.tb_frame.f_globals.get("__name__") == "torch.utils.checkpoint":
+                try:
+                    tb.tb_frame.clear()
+                except RuntimeError:  # still running (a frame of a caller): not ours to clear
+                    pass
+            tb = tb.tb_next
+        raise
+
+
 class CheckpointOffload:
     """A ``gradient_checkpointing_func``: ``fn(function, *args, **kwargs)``
     runs ``torch.utils.checkpoint.checkpoint(function, *args,
@@ -55,7 +78,7 @@ class CheckpointOffload:
 
     def __call__(self, function, *args, **kwargs):
         with self.manager:
-            return torch.utils.checkpoint.checkpoint(function, *args, **self._kwargs, **kwargs)
+            return _checkpoint(function, *args, **self._kwargs, **kwargs)
 
     def __repr__(self):
         return f"CheckpointOffload({self.manager!r})"
@@ -81,6 +104,13 @@ def enable_gradient_checkpointing(model, manager=None, every_n_layers=1, plan=No
     """
     if plan not in (None, "auto"):
         raise ValueError(f"enable_gradient_checkpointing: plan must be None or 'auto', got {plan!r}")
+    if not any(hasattr(module, "gradient_checkpointing") for module in model.modules()):
+        raise ValueError(
+            f"enable_gradient_checkpointing: no module of the {type(model).__name__} has a gradient_checkpointing "
+            "attribute (the Hugging Face convention for a layer that can be checkpointed), so nothing would be "
+            "checkpointed; for a stack of blocks use torch_offload.PlannedModuleList or call a PlannedCheckpoint "
+            "or CheckpointOffload yourself"
+        )
     if plan == "auto":
         func = PlannedCheckpoint(manager, **checkpoint_kwargs)
     else:
@@ -109,7 +139,7 @@ def enable_gradient_checkpointing(model, manager=None, every_n_layers=1, plan=No
 
 # The same without offloading, for comparisons: what HF's default
 # (use_reentrant=False) gradient_checkpointing_func is.
-plain_checkpoint = functools.partial(torch.utils.checkpoint.checkpoint, use_reentrant=False)
+plain_checkpoint = functools.partial(_checkpoint, use_reentrant=False)
 
 
 # ------------------------------------------------------------ the automatic plan
@@ -312,7 +342,8 @@ class PlannedCheckpoint:
     def _run(self, function, args, kwargs):
         tensors = [a for a in args if isinstance(a, torch.Tensor)]
         impl = self.manager._impl
-        turn = impl.plan_block(_device_bytes(tensors))
+        index = next((t.device.index for t in tensors if t.device.type != "cpu"), None)
+        turn = impl.plan_block(_device_bytes(tensors), -1 if index is None else index)
         if turn is None:
             return function(*args, **kwargs)
         try:
@@ -331,9 +362,9 @@ class PlannedCheckpoint:
             return function(*args, **kwargs)
         if choice == "recompute_input_kept":
             with no_offload():  # checkpoint saves the inputs here; its own hooks record the rest
-                return torch.utils.checkpoint.checkpoint(function, *args, **self._kwargs, **kwargs)
+                return _checkpoint(function, *args, **self._kwargs, **kwargs)
         if not measure:
-            return torch.utils.checkpoint.checkpoint(function, *args, **self._kwargs, **kwargs)
+            return _checkpoint(function, *args, **self._kwargs, **kwargs)
         return self._measured(index, probe, tensors, function, args, kwargs)
 
     def _measured(self, index, probe, tensors, function, args, kwargs):
@@ -364,7 +395,7 @@ class PlannedCheckpoint:
         try:
 
             def run():
-                return torch.utils.checkpoint.checkpoint(block, *args, **run_kwargs, **kwargs)
+                return _checkpoint(block, *args, **run_kwargs, **kwargs)
 
             if device is None:
                 begin = time.perf_counter_ns()
@@ -396,11 +427,29 @@ class PlannedModuleList(torch.nn.Module):
     ``.blocks`` (state_dict keys ``blocks.N...``)."""
 
     def __init__(self, blocks, manager, **checkpoint_kwargs):
+        if isinstance(blocks, torch.nn.Module) and not isinstance(blocks, torch.nn.ModuleList):
+            raise TypeError(
+                "PlannedModuleList: blocks must be an nn.ModuleList or an iterable of modules, got "
+                f"{type(blocks).__name__} (a single module: wrap it in a list)"
+            )
+        planned = PlannedCheckpoint(manager, **checkpoint_kwargs)  # checks the manager first
+        try:
+            blocks = blocks if isinstance(blocks, torch.nn.ModuleList) else torch.nn.ModuleList(blocks)
+        except TypeError:
+            raise TypeError(
+                "PlannedModuleList: blocks must be an nn.ModuleList or an iterable of modules, got "
+                f"{type(blocks).__name__}"
+            ) from None
         super().__init__()
-        self.blocks = blocks if isinstance(blocks, torch.nn.ModuleList) else torch.nn.ModuleList(blocks)
-        self.planned = PlannedCheckpoint(manager, **checkpoint_kwargs)
+        self.blocks = blocks
+        self.planned = planned
 
     def forward(self, x, *args, **kwargs):
         for block in self.blocks:
             x = self.planned(block, x, *args, **kwargs)
         return x
+
+    def summary(self):
+        """What the plan was made from and chose, one line per block (a str;
+        PlannedCheckpoint.summary)."""
+        return self.planned.summary()

@@ -305,3 +305,96 @@ def test_planned_bad_input():
         torch_offload.PlannedCheckpoint(torch_offload.Manager(DEV, device_target_bytes=1 << 20), use_reentrant=True)
     with pytest.raises(ValueError, match="plan must be None or 'auto', got 'sometimes'"):
         torch_offload.enable_gradient_checkpointing(TinyLM(), plan="sometimes")
+    manager = torch_offload.Manager(DEV, device_target_bytes=1 << 20)
+    plain = nn.Sequential(nn.Linear(4, 4), nn.ReLU())
+    with pytest.raises(ValueError, match="no module of the Sequential has a gradient_checkpointing attribute"):
+        torch_offload.enable_gradient_checkpointing(plain, manager, plan="auto")
+    with pytest.raises(TypeError, match="PlannedModuleList: blocks must be an nn.ModuleList .*got Linear"):
+        torch_offload.PlannedModuleList(nn.Linear(4, 4), manager)
+    with pytest.raises(TypeError, match="PlannedModuleList: blocks must be an nn.ModuleList .*got int"):
+        torch_offload.PlannedModuleList(3, manager)
+
+
+def test_an_exception_in_a_planned_block_closes_every_region_in_order():
+    # torch.utils.checkpoint leaves its hooks pushed while an exception from
+    # the block propagates; the manager then closed under them and warned of
+    # an out-of-order close the user never made.
+    class Block(nn.Module):
+        def __init__(self):
+            super().__init__()
+            self.lin, self.fail = nn.Linear(32, 32), False
+
+        def forward(self, x):
+            if self.fail:
+                raise ValueError("bad input")
+            return torch.relu(self.lin(x))
+
+    torch.manual_seed(0)
+    blocks = nn.ModuleList(Block() for _ in range(4)).to(DEV)
+    x = torch.randn(16, 32, device=DEV)
+    for target in (1, 1 << 30):  # every block recomputed; every block kept
+        manager = torch_offload.Manager(DEV, device_target_bytes=target)
+        planned = torch_offload.PlannedModuleList(blocks, manager)
+        with warnings.catch_warnings():
+            warnings.simplefilter("ignore")  # the target's own warning
+            for _ in range(3):
+                with manager:
+                    loss = planned(x).sum()
+                loss.backward()
+        blocks[1].fail = True
+        with warnings.catch_warnings(record=True) as caught:
+            warnings.simplefilter("always")
+            with pytest.raises(ValueError, match="bad input"):
+                with manager:
+                    planned(x)
+        blocks[1].fail = False
+        assert not [str(w.message) for w in caught if issubclass(w.category, torch_offload.OffloadWarning)]
+        assert torch._C._autograd._top_saved_tensors_default_hooks(True) is None
+        with manager:  # and the next step trains
+            loss = planned(x).sum()
+        loss.backward()
+
+
+def test_a_kept_block_is_offloaded_by_the_guard_where_the_device_holds_more_than_planned():
+    # A step that holds more on the device than the one the plan was made
+    # from (here a buffer made between blocks, standing for copies still in
+    # flight or another part of the model growing) offloads a kept block
+    # instead of crossing the target; bitwise either way.
+    torch.manual_seed(0)
+    blocks = nn.ModuleList(nn.Sequential(nn.Linear(64, 256), nn.GELU(), nn.Linear(256, 64)) for _ in range(4)).to(DEV)
+    x = torch.randn(64, 64, device=DEV)
+    device = torch.get_device_module(DEV.split(":")[0])
+
+    def step(planned, extra_bytes):
+        h, held = x, None
+        for i, block in enumerate(blocks):
+            if i == 2 and extra_bytes:
+                held = torch.ones(extra_bytes // 4, device=DEV)  # kept until backward
+            h = planned(block, h) if planned is not None else block(h)
+        loss = h.square().mean() + (held.sum() * 0 if held is not None else 0)
+        return loss, torch.autograd.grad(loss, [blocks[0][0].weight])[0]
+
+    device.synchronize()
+    device.reset_peak_memory_stats(0)
+    base = device.memory_allocated(0)
+    want = step(None, 0)
+    plain_peak = device.max_memory_allocated(0) - base
+    # room for what `want` holds and a third to spare
+    manager = torch_offload.Manager(DEV, sync="blocking", device_target_bytes=base + plain_peak + plain_peak // 3)
+    planned = torch_offload.PlannedCheckpoint(manager)
+    for _ in range(3):  # measure, then every block kept
+        with manager:
+            loss, grad = step(planned, 0)
+        assert torch.equal(loss, want[0]) and torch.equal(grad, want[1])
+        del loss, grad
+    s = manager.stats()
+    assert s.blocks_kept == 4 and s.blocks_guarded == 0, planned.summary()
+    extra = plain_peak // 2
+    device.synchronize()
+    device.reset_peak_memory_stats(0)
+    with manager:
+        loss, grad = step(planned, extra)
+    assert torch.equal(loss, want[0]) and torch.equal(grad, want[1])
+    s = manager.stats()
+    assert s.blocks_guarded >= 1 and s.blocks_offloaded == s.blocks_guarded, planned.summary()
+    assert device.max_memory_allocated(0) <= manager.options["device_target_bytes"]

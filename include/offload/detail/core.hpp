@@ -122,7 +122,8 @@ class Core final : public ManagerInterface, public std::enable_shared_from_this<
                     ? std::make_shared<BlockPlanner>(
                           options_.device_target_bytes, /*overlaps=*/serves_target,
                           [](int index) { return peak_on(static_cast<c10::DeviceIndex>(index)); },
-                          options_.prefetch_depth, options_.prefetch_bytes, options_.max_fwd_stash)
+                          options_.prefetch_depth, options_.prefetch_bytes, options_.max_fwd_stash,
+                          [](int index) { return allocated_on(static_cast<c10::DeviceIndex>(index)); })
                     : nullptr) {}
 
   std::unique_ptr<torch::autograd::SavedVariableHooks> make_hooks() override {
