@@ -502,9 +502,10 @@ bool BlockPlanner::begin_step(std::int64_t needed, std::int64_t allocated, std::
 }
 
 BlockPlanner::Turn BlockPlanner::next_block(std::int64_t input_bytes, int device_index) {
-  // Read before the lock, as recomputing() reads the peak.
-  const auto allocated = allocated_ && device_index >= 0 ? allocated_(device_index) : std::int64_t{-1};
-  const std::lock_guard lock(mutex_);
+  // Read without the lock, as recomputing() reads the peak.
+  const auto read = [&] { return allocated_ && device_index >= 0 ? allocated_(device_index) : std::int64_t{-1}; };
+  auto allocated = read();
+  std::unique_lock lock(mutex_);
   Turn turn;
   turn.index = next_index_++;
   const auto index = static_cast<std::size_t>(turn.index);
@@ -526,7 +527,16 @@ BlockPlanner::Turn BlockPlanner::next_block(std::int64_t input_bytes, int device
   } else {
     turn.choice = choices_[index];
     const bool keeps = turn.choice == BlockChoice::keep || turn.choice == BlockChoice::recompute_input_kept;
-    if (keeps && allocated >= 0 && allocated + kept_from(index) > target_) {
+    const auto kept = keeps ? kept_from(index) : 0;
+    if (keeps && allocated >= 0 && allocated + kept > target_ && relieve_) {
+      // Copies in flight hold their storages until they end: end them
+      // first (a step's planned blocks run on one thread at a time).
+      lock.unlock();
+      relieve_();
+      allocated = read();
+      lock.lock();
+    }
+    if (keeps && allocated >= 0 && allocated + kept > target_) {
       turn.choice = turn.choice == BlockChoice::keep ? BlockChoice::offload : BlockChoice::recompute;
       turn.guarded = true;
       ++guarded_;
@@ -539,17 +549,15 @@ BlockPlanner::Turn BlockPlanner::next_block(std::int64_t input_bytes, int device
 
 std::int64_t BlockPlanner::kept_from(std::size_t index) const {
   std::int64_t kept = 0;
-  std::int64_t largest = 0;
-  for (std::size_t j = 0; j < costs_.size(); ++j) {
-    largest = std::max({largest, costs_[j].largest_storage, std::int64_t{0}});
-    if (j < index || j >= choices_.size()) continue;
+  for (std::size_t j = index; j < costs_.size(); ++j) {
+    if (j >= choices_.size()) continue;
     if (choices_[j] == BlockChoice::keep) kept += costs_[j].saved_bytes;
     if (choices_[j] == BlockChoice::recompute_input_kept) kept += costs_[j].input_bytes;
   }
   if (outside_kept_) {
     for (std::size_t k = index + 1; k < outside_.bytes.size(); ++k) kept += outside_.bytes[k];
   }
-  return kept + largest;
+  return kept;
 }
 
 void BlockPlanner::block_done() {

@@ -659,11 +659,11 @@ TEST_CASE(
   }
   planner.link_measured(400, 400, 100, 100);
   CHECK(planner.begin_step(300));  // all kept
-  allocated = 600;                 // 600 + 3 x 100 kept + 50 (the largest storage) <= 1000: kept
+  allocated = 650;                 // 650 + 3 x 100 kept <= 1000: kept
   auto turn = planner.next_block(20, 0);
   CHECK(turn.choice == K);
   CHECK_FALSE(turn.guarded);
-  allocated = 760;  // 760 + 2 x 100 + 50 > 1000: offloaded
+  allocated = 810;  // 810 + 2 x 100 > 1000: offloaded
   turn = planner.next_block(20, 0);
   CHECK(turn.choice == O);
   CHECK(turn.guarded);
@@ -680,6 +680,30 @@ TEST_CASE(
   CHECK(stats.blocks_guarded == 1);  // the step before
   allocated = 0;
   CHECK(planner.next_block(20, 0).choice == K);
+
+  // With copies in flight (what `relieve` ends, freeing their storages)
+  // the guard ends them first and keeps the block where that is enough.
+  int relieved = 0;
+  offload::BlockPlanner streamed(/*target=*/1000, /*overlaps=*/true, {}, 0, 0, 0, [&](int) { return allocated; },
+                                 [&] {
+                                   ++relieved;
+                                   allocated -= 200;
+                                 });
+  streamed.begin_step(-1);
+  for (int i = 0; i < 3; ++i) streamed.measured(streamed.next_block(20, 0).index, BlockCost{1000, 100, 2, 20});
+  streamed.link_measured(400, 400, 100, 100);
+  CHECK(streamed.begin_step(300));
+  allocated = 650;
+  CHECK(streamed.next_block(20, 0).choice == K);
+  CHECK(relieved == 0);
+  allocated = 900;  // 900 + 200 > 1000; relieved: 700 + 200 <= 1000
+  turn = streamed.next_block(20, 0);
+  CHECK(turn.choice == K);
+  CHECK_FALSE(turn.guarded);
+  CHECK(relieved == 1);
+  allocated = 1000;  // 1000 + 100 > 1000; relieved: 800 + 100 <= 1000
+  CHECK(streamed.next_block(20, 0).choice == K);
+  CHECK(relieved == 2);
 }
 
 TEST_CASE(

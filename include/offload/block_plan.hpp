@@ -214,13 +214,18 @@ class BlockPlanner {
   /// forward stash of an overlapping sync policy (LinkCost). `allocated`:
   /// the bytes the device with the given index has allocated now (-1: not
   /// reported), read by next_block() for the guard; empty: no guard.
+  /// `relieve`: ends the sync policy's forward copies in flight (the
+  /// compute stream waits for them and their device storages are
+  /// released), called by the guard before it offloads a block; empty:
+  /// none. Called without this planner's lock held.
   BlockPlanner(std::int64_t target, bool overlaps, std::function<std::int64_t(int)> peak = {},
                std::int64_t prefetch_depth = 0, std::int64_t prefetch_bytes = 0, std::int64_t forward_stash = 0,
-               std::function<std::int64_t(int)> allocated = {})
+               std::function<std::int64_t(int)> allocated = {}, std::function<void()> relieve = {})
       : target_(target),
         overlaps_(overlaps),
         peak_(std::move(peak)),
         allocated_(std::move(allocated)),
+        relieve_(std::move(relieve)),
         link_{0,
               0,
               overlaps,
@@ -253,9 +258,10 @@ class BlockPlanner {
   /// step, and the next step measures. The guard: where the plan keeps
   /// this block (or its inputs) and the device's allocated bytes now, plus
   /// what the plan keeps from this block on (kept blocks' saved bytes,
-  /// kept inputs, what is saved outside blocks after it where kept), plus
-  /// the largest storage a block saves (what an operation allocates on
-  /// top), exceed the target, the block is offloaded instead (recomputed
+  /// kept inputs, what is saved outside blocks after it where kept)
+  /// exceed the target, the copies in flight are ended first (`relieve`;
+  /// their storages were still counted), and where that is not enough
+  /// the block is offloaded instead (recomputed
   /// with its inputs offloaded where its inputs were to be kept):
   /// Turn::guarded, Stats::blocks_guarded. What the plan's model did not
   /// see (copies lagging behind compute still holding their storages,
@@ -326,7 +332,9 @@ class BlockPlanner {
   // with its correction, measure again (measure_next_) instead of warning.
   void plan_locked(bool remeasure_if_unfit = false);
   // The guard's sum (next_block()): what the plan keeps from block `index`
-  // on, plus the largest storage a block saves.
+  // on. (What operations allocate on top is the model's to plan for: the
+  // guard covers what the model did not see, and a margin of its own made
+  // it offload blocks the model had rightly kept.)
   std::int64_t kept_from(std::size_t index) const;
 
   mutable std::mutex mutex_;
@@ -334,6 +342,7 @@ class BlockPlanner {
   bool overlaps_;
   std::function<std::int64_t(int)> peak_;
   std::function<std::int64_t(int)> allocated_;
+  std::function<void()> relieve_;
   bool measuring_ = true;                 // this step recomputes and measures every block
   bool measure_next_ = false;             // a block was unexpected: the next step measures
   bool planned_ = false;                  // choices_ come from a plan

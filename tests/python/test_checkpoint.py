@@ -365,6 +365,8 @@ def test_a_kept_block_is_offloaded_by_the_guard_where_the_device_holds_more_than
     x = torch.randn(64, 64, device=DEV)
     device = torch.get_device_module(DEV.split(":")[0])
 
+    forward_peaks = []
+
     def step(planned, extra_bytes):
         h, held = x, None
         for i, block in enumerate(blocks):
@@ -372,6 +374,7 @@ def test_a_kept_block_is_offloaded_by_the_guard_where_the_device_holds_more_than
                 held = torch.ones(extra_bytes // 4, device=DEV)  # kept until backward
             h = planned(block, h) if planned is not None else block(h)
         loss = h.square().mean() + (held.sum() * 0 if held is not None else 0)
+        forward_peaks.append(device.max_memory_allocated(0))
         return loss, torch.autograd.grad(loss, [blocks[0][0].weight])[0]
 
     device.synchronize()
@@ -397,4 +400,10 @@ def test_a_kept_block_is_offloaded_by_the_guard_where_the_device_holds_more_than
     assert torch.equal(loss, want[0]) and torch.equal(grad, want[1])
     s = manager.stats()
     assert s.blocks_guarded >= 1 and s.blocks_offloaded == s.blocks_guarded, planned.summary()
-    assert device.max_memory_allocated(0) <= manager.options["device_target_bytes"]
+    # The guard is forward's: forward stays under the target; backward, whose
+    # slack the buffer took, within one activation's gradient of it (the
+    # largest storage a block saves, 64 x 256 floats). Without the guard the
+    # step would need the buffer less the slack over the target (~170 KiB).
+    target = manager.options["device_target_bytes"]
+    assert forward_peaks[-1] <= target
+    assert device.max_memory_allocated(0) <= target + 64 * 256 * 4

@@ -123,7 +123,10 @@ class Core final : public ManagerInterface, public std::enable_shared_from_this<
                           options_.device_target_bytes, /*overlaps=*/serves_target,
                           [](int index) { return peak_on(static_cast<c10::DeviceIndex>(index)); },
                           options_.prefetch_depth, options_.prefetch_bytes, options_.max_fwd_stash,
-                          [](int index) { return allocated_on(static_cast<c10::DeviceIndex>(index)); })
+                          [](int index) { return allocated_on(static_cast<c10::DeviceIndex>(index)); },
+                          // The plan is reached through this manager, which
+                          // outlives every next_block() call.
+                          [this] { relieve_forward(); })
                     : nullptr) {}
 
   std::unique_ptr<torch::autograd::SavedVariableHooks> make_hooks() override {
@@ -536,6 +539,14 @@ class Core final : public ManagerInterface, public std::enable_shared_from_this<
   // device memory leaves less than the reserve under the target, its stash
   // is released now, as at the end of forward (the compute stream waits
   // for those copies).
+  // The automatic plan's guard (BlockPlanner, relieve): the forward
+  // stash's copies end now, as at the end of forward.
+  void relieve_forward() {
+    if constexpr (steps) {
+      const std::lock_guard lock(mutex_);
+      sync_.end_forward();
+    }
+  }
   void relieve_if_over(c10::DeviceIndex index) {
     if constexpr (steps) {
       if (planner_.active() && planner_.over(allocated_on(index))) sync_.end_forward();
