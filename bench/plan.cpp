@@ -169,6 +169,7 @@ Json row_of(const Strategy& s, const Run& r, const Run& none, std::int64_t targe
                        {"blocks_kept", Json(r.last.blocks_kept)},
                        {"blocks_offloaded", Json(r.last.blocks_offloaded)},
                        {"blocks_recomputed", Json(r.last.blocks_recomputed)},
+                       {"blocks_guarded", Json(r.last.blocks_guarded)},
                        {"peaks", Json(r.peaks)},
                        {"step_seconds", Json(r.seconds)},
                        {"losses_bitwise_equal", Json(equal)},

@@ -192,22 +192,28 @@ bool is_parameter_object(PyObject* object) {
 
 /// Whether the plain tensor `t` is a view of a parameter: its base has a
 /// Python object that is a parameter (`weight.t()`, which Linear saves), or
-/// `t` is what `to_local()` gave for a DTensor parameter that requires grad:
-/// a view of the DTensor's local tensor (a leaf that does not require grad,
-/// with no link back to its DTensor) whose history is DTensor's
-/// `_ToTorchTensor` Function over a leaf that requires grad. (A frozen
-/// DTensor parameter's `to_local()` has no history: `Manager.exclude`
-/// names it, docs/distributed.md.) GIL held.
+/// `t` is what `to_local()` gave for a DTensor parameter that requires grad,
+/// or a view of it (`F.linear` saves `weight.to_local().t()`): a view of the
+/// DTensor's local tensor (a leaf that does not require grad, with no link
+/// back to its DTensor) whose history leads, through nodes of one input
+/// each (the views), to DTensor's `_ToTorchTensor` Function over a leaf that
+/// requires grad. (A frozen DTensor parameter's `to_local()` has no
+/// history: `Manager.exclude` names it, docs/distributed.md.) GIL held.
 bool is_view_of_parameter(const at::Tensor& t) {
   if (!t.is_view()) return false;
   const at::TensorBase& base = t._base();
   PyObject* object = base.unsafeGetTensorImpl()->pyobj_slot()->load_pyobj();
   if (object != nullptr && is_parameter_object(object)) return true;
   if (base.requires_grad() || !base.is_leaf()) return false;
-  const auto& fn = t.grad_fn();
-  if (!fn || fn->num_inputs() != 1 || fn->next_edges().empty()) return false;
-  return dynamic_cast<const torch::autograd::AccumulateGrad*>(fn->next_edge(0).function.get()) != nullptr &&
-         fn->name() == "_ToTorchTensorBackward";
+  const torch::autograd::Node* fn = t.grad_fn().get();
+  for (int depth = 0; depth < 8 && fn != nullptr && fn->num_inputs() == 1 && fn->next_edges().size() == 1; ++depth) {
+    const torch::autograd::Node* next = fn->next_edge(0).function.get();
+    if (dynamic_cast<const torch::autograd::AccumulateGrad*>(next) != nullptr) {
+      return fn->name() == "_ToTorchTensorBackward";
+    }
+    fn = next;
+  }
+  return false;
 }
 
 /// Runs `pack()` (which returns hooks whose pack ran on `tensor`) with the
@@ -501,7 +507,12 @@ void bind_plan(ManagerClass& cls) {
           [](offload::AnyManager& self, std::int64_t input_bytes, int device_index) -> py::object {
             const auto planner = offload::interface_of(self)->block_planner();
             if (!planner) return py::none();
-            const auto turn = planner->next_block(input_bytes, device_index);
+            offload::BlockPlanner::Turn turn;
+            {
+              // The guard may end the copies in flight (the manager's lock).
+              const py::gil_scoped_release released;
+              turn = planner->next_block(input_bytes, device_index);
+            }
             const char* choice = turn.choice == offload::BlockChoice::keep                   ? "keep"
                                  : turn.choice == offload::BlockChoice::offload              ? "offload"
                                  : turn.choice == offload::BlockChoice::recompute_input_kept ? "recompute_input_kept"

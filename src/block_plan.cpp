@@ -468,7 +468,15 @@ bool BlockPlanner::begin_step(std::int64_t needed, std::int64_t allocated, std::
         // save what was measured (data-dependent sizes, another model
         // under the same manager): this step measures again instead.
         correction_ += needed - predicted_peak_;
-        plan_locked(/*remeasure_if_unfit=*/true);
+        // Once only in a row: where the fresh measurement misses again,
+        // the plan warns and recomputes every block (which fits wherever
+        // anything does) instead of measuring every other step.
+        const bool again = unfit_remeasured_;
+        unfit_remeasured_ = false;
+        plan_locked(/*remeasure_if_unfit=*/!again);
+        if (measure_next_) unfit_remeasured_ = true;
+      } else if (!measure_next_) {
+        unfit_remeasured_ = false;  // a planned step within the model
       }
     }
   }
@@ -527,13 +535,20 @@ BlockPlanner::Turn BlockPlanner::next_block(std::int64_t input_bytes, int device
   } else {
     turn.choice = choices_[index];
     const bool keeps = turn.choice == BlockChoice::keep || turn.choice == BlockChoice::recompute_input_kept;
-    const auto kept = keeps ? kept_from(index) : 0;
+    // What is kept from here, less the block's input, which `allocated`
+    // holds already (a kept block's first operation saves it, a block
+    // recomputed with its input kept keeps just that).
+    const auto kept = keeps ? kept_from(index) - std::min(input_bytes, costs_[index].input_bytes) : 0;
     if (keeps && allocated >= 0 && allocated + kept > target_ && relieve_) {
       // Copies in flight hold their storages until they end: end them
       // first (a step's planned blocks run on one thread at a time).
+      const auto relieve = relieve_;
       lock.unlock();
-      relieve_();
-      allocated = read();
+      try {
+        relieve();
+        allocated = read();
+      } catch (...) {  // a device error ending the copies: nothing relieved; the guard decides on what was read
+      }
       lock.lock();
     }
     if (keeps && allocated >= 0 && allocated + kept > target_) {
@@ -558,6 +573,11 @@ std::int64_t BlockPlanner::kept_from(std::size_t index) const {
     for (std::size_t k = index + 1; k < outside_.bytes.size(); ++k) kept += outside_.bytes[k];
   }
   return kept;
+}
+
+void BlockPlanner::set_relieve(std::function<void()> relieve) {
+  const std::lock_guard lock(mutex_);
+  relieve_ = std::move(relieve);
 }
 
 void BlockPlanner::block_done() {

@@ -646,6 +646,14 @@ TEST_CASE("BlockPlanner: where a step needed so much more than predicted that no
   CHECK(planner.begin_step(700));  // measured afresh: 700 recomputing all, 300 per block
   CHECK(planner.take_warning().empty());
   CHECK_FALSE(planner.next_block(20).measure);
+  for (int i = 1; i < 3; ++i) (void)planner.next_block(20);
+  // Missed again right after measuring afresh: no third measurement, but
+  // the warning and every block recomputed, as for a target too low.
+  planner.begin_step(5000);
+  CHECK(planner.take_warning().find("is below what recomputing every planned block") != std::string::npos);
+  const auto turn = planner.next_block(20);
+  CHECK_FALSE(turn.measure);
+  CHECK(turn.choice == R);
 }
 
 TEST_CASE(
@@ -659,11 +667,11 @@ TEST_CASE(
   }
   planner.link_measured(400, 400, 100, 100);
   CHECK(planner.begin_step(300));  // all kept
-  allocated = 650;                 // 650 + 3 x 100 kept <= 1000: kept
+  allocated = 650;                 // 650 + 3 x 100 kept - 20 (the input, held already) <= 1000: kept
   auto turn = planner.next_block(20, 0);
   CHECK(turn.choice == K);
   CHECK_FALSE(turn.guarded);
-  allocated = 810;  // 810 + 2 x 100 > 1000: offloaded
+  allocated = 830;  // 830 + 2 x 100 - 20 > 1000: offloaded
   turn = planner.next_block(20, 0);
   CHECK(turn.choice == O);
   CHECK(turn.guarded);
@@ -696,12 +704,12 @@ TEST_CASE(
   allocated = 650;
   CHECK(streamed.next_block(20, 0).choice == K);
   CHECK(relieved == 0);
-  allocated = 900;  // 900 + 200 > 1000; relieved: 700 + 200 <= 1000
+  allocated = 900;  // 900 + 200 - 20 > 1000; relieved: 700 + 180 <= 1000
   turn = streamed.next_block(20, 0);
   CHECK(turn.choice == K);
   CHECK_FALSE(turn.guarded);
   CHECK(relieved == 1);
-  allocated = 1000;  // 1000 + 100 > 1000; relieved: 800 + 100 <= 1000
+  allocated = 1000;  // 1000 + 100 - 20 > 1000; relieved: 800 + 80 <= 1000
   CHECK(streamed.next_block(20, 0).choice == K);
   CHECK(relieved == 2);
 }

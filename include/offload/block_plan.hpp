@@ -217,7 +217,8 @@ class BlockPlanner {
   /// `relieve`: ends the sync policy's forward copies in flight (the
   /// compute stream waits for them and their device storages are
   /// released), called by the guard before it offloads a block; empty:
-  /// none. Called without this planner's lock held.
+  /// none. Called without this planner's lock held; an exception from it
+  /// counts as nothing relieved.
   BlockPlanner(std::int64_t target, bool overlaps, std::function<std::int64_t(int)> peak = {},
                std::int64_t prefetch_depth = 0, std::int64_t prefetch_bytes = 0, std::int64_t forward_stash = 0,
                std::function<std::int64_t(int)> allocated = {}, std::function<void()> relieve = {})
@@ -246,8 +247,9 @@ class BlockPlanner {
   /// stretch in backward whose running peak never rises above it was not
   /// measured and counts as such (BlockCost::backward_peak -1; reset the
   /// device's peak statistics before training for every stretch
-  /// measured). Returns true when this step's choices differ from the
-  /// step before's (what the per-tensor plan recorded no longer applies).
+  /// measured). Returns true when this step's choices differ from what
+  /// the step before ran (the guard's changes included: what the
+  /// per-tensor plan recorded no longer applies).
   bool begin_step(std::int64_t needed, std::int64_t allocated = -1, std::int64_t peak = -1);
 
   /// A marked block is about to run with `input_bytes` of inputs on the
@@ -293,6 +295,10 @@ class BlockPlanner {
   /// step began, or -1 where that peak is not the step's own (an earlier
   /// one was higher) or not known.
   void end_forward(std::int64_t forward_peak);
+
+  /// Replaces the guard's `relieve` callback (empty: none); the manager
+  /// that gave it clears it when destroyed.
+  void set_relieve(std::function<void()> relieve);
 
   /// What the plan was made from and chose, one line per block, for logs.
   std::string summary() const;
@@ -343,6 +349,7 @@ class BlockPlanner {
   std::function<std::int64_t(int)> peak_;
   std::function<std::int64_t(int)> allocated_;
   std::function<void()> relieve_;
+  bool unfit_remeasured_ = false;         // the last planned step's feedback left nothing fitting and measured again
   bool measuring_ = true;                 // this step recomputes and measures every block
   bool measure_next_ = false;             // a block was unexpected: the next step measures
   bool planned_ = false;                  // choices_ come from a plan

@@ -135,9 +135,9 @@ inline constexpr std::array stat_fields{
               "device), in that "
               "step"},
     StatField{"blocks_guarded", &Stats::blocks_guarded,
-              "of those, planned blocks the plan kept (or whose inputs it kept) that its forward guard offloaded "
-              "instead, as what the device held plus what the plan kept from there would have crossed the target, "
-              "in that step"},
+              "planned blocks the plan kept (or whose inputs it kept) that its forward guard offloaded instead "
+              "(counted in blocks_offloaded or blocks_recomputed), as what the device held plus what the plan kept "
+              "from there would have crossed the target, in that step"},
     StatField{"plan_predicted_step_us", &Stats::plan_predicted_step_us,
               "the step time the automatic plan predicts for its choices, microseconds (0 before a plan)"},
     StatField{"plan_measured_step_us", &Stats::plan_measured_step_us,

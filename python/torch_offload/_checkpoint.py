@@ -137,8 +137,9 @@ def enable_gradient_checkpointing(model, manager=None, every_n_layers=1, plan=No
     return func
 
 
-# The same without offloading, for comparisons: what HF's default
-# (use_reentrant=False) gradient_checkpointing_func is.
+# The same without offloading, for comparisons: HF's default
+# (use_reentrant=False) gradient_checkpointing_func, whose hooks an
+# exception from the layer leaves in order (_checkpoint).
 plain_checkpoint = functools.partial(_checkpoint, use_reentrant=False)
 
 
@@ -427,10 +428,10 @@ class PlannedModuleList(torch.nn.Module):
     ``.blocks`` (state_dict keys ``blocks.N...``)."""
 
     def __init__(self, blocks, manager, **checkpoint_kwargs):
-        if isinstance(blocks, torch.nn.Module) and not isinstance(blocks, torch.nn.ModuleList):
+        if isinstance(blocks, torch.nn.Module) and not hasattr(blocks, "__iter__"):
             raise TypeError(
-                "PlannedModuleList: blocks must be an nn.ModuleList or an iterable of modules, got "
-                f"{type(blocks).__name__} (a single module: wrap it in a list)"
+                "PlannedModuleList: blocks must be an nn.ModuleList or an iterable of modules (an nn.Sequential: "
+                f"its children), got {type(blocks).__name__} (a single module: wrap it in a list)"
             )
         planned = PlannedCheckpoint(manager, **checkpoint_kwargs)  # checks the manager first
         try:

@@ -311,6 +311,7 @@ def test_planned_bad_input():
         torch_offload.enable_gradient_checkpointing(plain, manager, plan="auto")
     with pytest.raises(TypeError, match="PlannedModuleList: blocks must be an nn.ModuleList .*got Linear"):
         torch_offload.PlannedModuleList(nn.Linear(4, 4), manager)
+    assert len(torch_offload.PlannedModuleList(nn.Sequential(nn.Linear(4, 4), nn.ReLU()), manager).blocks) == 2
     with pytest.raises(TypeError, match="PlannedModuleList: blocks must be an nn.ModuleList .*got int"):
         torch_offload.PlannedModuleList(3, manager)
 

@@ -277,6 +277,7 @@ def test_a_dtensor_parameters_to_local_stays_and_a_frozen_ones_with_exclude(sync
         def forward():
             # as an expert layer with custom kernels does: the weight's local tensor, a plain view
             h = (x * 1) @ weight.to_local()  # saves x * 1 (offloaded) and weight's local (stays)
+            h = torch.nn.functional.linear(h, weight.to_local())  # saves h (offloaded), to_local().t() (stays)
             return (h @ frozen.to_local()).sum()  # saves the frozen local (offloaded unless excluded)
 
         ref = run(None, forward, [weight, x])
@@ -284,7 +285,7 @@ def test_a_dtensor_parameters_to_local_stays_and_a_frozen_ones_with_exclude(sync
         got = run(manager, forward, [weight, x])
         assert_bitwise([ref[0], ref[1].to_local(), ref[2]], [got[0], got[1].to_local(), got[2]])
         s = manager.stats()
-        assert s.tensors_seen == 3 and s.passed_leaf == 1 and s.tensors_offloaded == 2
+        assert s.tensors_seen == 5 and s.passed_leaf == 2 and s.tensors_offloaded == 3
 
         module = torch.nn.Module()
         module.weight, module.frozen = weight, frozen
@@ -293,8 +294,8 @@ def test_a_dtensor_parameters_to_local_stays_and_a_frozen_ones_with_exclude(sync
         got = run(manager, forward, [weight, x])
         assert_bitwise([ref[0], ref[1].to_local(), ref[2]], [got[0], got[1].to_local(), got[2]])
         s = manager.stats()
-        assert s.passed_leaf == 1 and s.passed_excluded == 1 and s.tensors_offloaded == 1
-        assert s.bytes_offloaded == 16 * 64 * 4
+        assert s.passed_leaf == 2 and s.passed_excluded == 1 and s.tensors_offloaded == 2
+        assert s.bytes_offloaded == 2 * 16 * 64 * 4
     finally:
         dist.destroy_process_group()
 

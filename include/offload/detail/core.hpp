@@ -124,10 +124,16 @@ class Core final : public ManagerInterface, public std::enable_shared_from_this<
                           [](int index) { return peak_on(static_cast<c10::DeviceIndex>(index)); },
                           options_.prefetch_depth, options_.prefetch_bytes, options_.max_fwd_stash,
                           [](int index) { return allocated_on(static_cast<c10::DeviceIndex>(index)); },
-                          // The plan is reached through this manager, which
-                          // outlives every next_block() call.
+                          // Cleared by ~Core: the planner may outlive it
+                          // (block_planner() hands it out).
                           [this] { relieve_forward(); })
                     : nullptr) {}
+
+  ~Core() override {
+    if (blocks_) blocks_->set_relieve({});
+  }
+  Core(const Core&) = delete;
+  Core& operator=(const Core&) = delete;
 
   std::unique_ptr<torch::autograd::SavedVariableHooks> make_hooks() override {
     return std::make_unique<Hooks<Core>>(this->shared_from_this());
@@ -533,12 +539,6 @@ class Core final : public ManagerInterface, public std::enable_shared_from_this<
     planner_.observe(allocated, peak_on(index));
     return allocated;
   }
-  // Forward backpressure under a target: a sync policy whose copies lag
-  // behind compute (a loaded host, a slow link) holds more of its forward
-  // stash than the step the plan was made from showed; when allocated
-  // device memory leaves less than the reserve under the target, its stash
-  // is released now, as at the end of forward (the compute stream waits
-  // for those copies).
   // The automatic plan's guard (BlockPlanner, relieve): the forward
   // stash's copies end now, as at the end of forward.
   void relieve_forward() {
@@ -547,6 +547,12 @@ class Core final : public ManagerInterface, public std::enable_shared_from_this<
       sync_.end_forward();
     }
   }
+  // Forward backpressure under a target: a sync policy whose copies lag
+  // behind compute (a loaded host, a slow link) holds more of its forward
+  // stash than the step the plan was made from showed; when allocated
+  // device memory leaves less than the reserve under the target, its stash
+  // is released now, as at the end of forward (the compute stream waits
+  // for those copies).
   void relieve_if_over(c10::DeviceIndex index) {
     if constexpr (steps) {
       if (planner_.active() && planner_.over(allocated_on(index))) sync_.end_forward();
