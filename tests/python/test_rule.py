@@ -218,16 +218,26 @@ def test_exclude_types_must_be_tensor_subclasses():
     torch_offload.Manager(DEV, exclude_types=TwoTensor)  # a single type
 
 
-@pytest.mark.parametrize("sync", SYNCS)
-def test_dtensor_activation_is_offloaded_and_comes_back_a_dtensor(sync):
+@contextlib.contextmanager
+def one_rank_mesh():
+    """A process group of one rank on the test device (gloo beside it for
+    CPU tensors) and its 1-D device mesh; destroyed on exit."""
     import torch.distributed as dist
     from torch.distributed.device_mesh import init_device_mesh
-    from torch.distributed.tensor import DTensor, Replicate, distribute_tensor
 
     backend = f"cpu:gloo,{DEV}:{torch_offload.sim.collective_backend}" if DEV == "sim" else "cpu:gloo,cuda:nccl"
     dist.init_process_group(backend, store=dist.HashStore(), rank=0, world_size=1)
     try:
-        mesh = init_device_mesh(DEV, (1,))
+        yield init_device_mesh(DEV, (1,))
+    finally:
+        dist.destroy_process_group()
+
+
+@pytest.mark.parametrize("sync", SYNCS)
+def test_dtensor_activation_is_offloaded_and_comes_back_a_dtensor(sync):
+    from torch.distributed.tensor import DTensor, Replicate, distribute_tensor
+
+    with one_rank_mesh() as mesh:
         torch.manual_seed(0)
         weight = torch.nn.Parameter(distribute_tensor(torch.randn(64, 64, device=DEV), mesh, [Replicate()]))
         local = torch.randn(16, 64, device=DEV, requires_grad=True)
@@ -253,20 +263,13 @@ def test_dtensor_activation_is_offloaded_and_comes_back_a_dtensor(sync):
             out = (x @ weight).sin()
         back = out.grad_fn._saved_self
         assert type(back) is DTensor and back.placements == (Replicate(),) and back.device_mesh == mesh
-    finally:
-        dist.destroy_process_group()
 
 
 @pytest.mark.parametrize("sync", SYNCS)
 def test_a_dtensor_parameters_to_local_stays_and_a_frozen_ones_with_exclude(sync):
-    import torch.distributed as dist
-    from torch.distributed.device_mesh import init_device_mesh
     from torch.distributed.tensor import Replicate, distribute_tensor
 
-    backend = f"cpu:gloo,{DEV}:{torch_offload.sim.collective_backend}" if DEV == "sim" else "cpu:gloo,cuda:nccl"
-    dist.init_process_group(backend, store=dist.HashStore(), rank=0, world_size=1)
-    try:
-        mesh = init_device_mesh(DEV, (1,))
+    with one_rank_mesh() as mesh:
         torch.manual_seed(0)
         weight = torch.nn.Parameter(distribute_tensor(torch.randn(64, 64, device=DEV), mesh, [Replicate()]))
         frozen = torch.nn.Parameter(
@@ -296,8 +299,6 @@ def test_a_dtensor_parameters_to_local_stays_and_a_frozen_ones_with_exclude(sync
         s = manager.stats()
         assert s.passed_leaf == 2 and s.passed_excluded == 1 and s.tensors_offloaded == 2
         assert s.bytes_offloaded == 2 * 16 * 64 * 4
-    finally:
-        dist.destroy_process_group()
 
 
 @pytest.mark.parametrize("sync", SYNCS)
