@@ -428,18 +428,14 @@ class PlannedModuleList(torch.nn.Module):
     ``.blocks`` (state_dict keys ``blocks.N...``)."""
 
     def __init__(self, blocks, manager, **checkpoint_kwargs):
-        if isinstance(blocks, torch.nn.Module) and not hasattr(blocks, "__iter__"):
-            raise TypeError(
-                "PlannedModuleList: blocks must be an nn.ModuleList or an iterable of modules (an nn.Sequential: "
-                f"its children), got {type(blocks).__name__} (a single module: wrap it in a list)"
-            )
         planned = PlannedCheckpoint(manager, **checkpoint_kwargs)  # checks the manager first
         try:
             blocks = blocks if isinstance(blocks, torch.nn.ModuleList) else torch.nn.ModuleList(blocks)
         except TypeError:
+            single = " (a single module: wrap it in a list)" if isinstance(blocks, torch.nn.Module) else ""
             raise TypeError(
-                "PlannedModuleList: blocks must be an nn.ModuleList or an iterable of modules, got "
-                f"{type(blocks).__name__}"
+                "PlannedModuleList: blocks must be an nn.ModuleList or an iterable of modules (an nn.Sequential: "
+                f"its children), got {type(blocks).__name__}{single}"
             ) from None
         super().__init__()
         self.blocks = blocks
