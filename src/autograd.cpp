@@ -10,11 +10,14 @@
 #include <memory>
 #include <sstream>
 
+#include <ATen/SequenceNumber.h>
 #include <c10/util/Exception.h>
 #include <torch/csrc/autograd/anomaly_mode.h>
 #include <torch/csrc/autograd/engine.h>
+#include <torch/csrc/autograd/forward_grad.h>
 #include <torch/csrc/autograd/function.h>
 #include <torch/csrc/autograd/graph_task.h>
+#include <torch/csrc/autograd/variable.h>
 
 #include <offload/manager_interface.hpp>
 
@@ -40,6 +43,23 @@ void throw_modified_inplace(const at::Tensor& unpacked, std::uint32_t current, s
                "gradient. The variable in question was changed in there or anywhere later. Good luck!";
   }
   TORCH_CHECK(false, message.str());
+}
+
+bool may_be_saved_output(const at::Tensor& t, const NodeRef& fn) noexcept {
+  const auto seq = fn->sequence_nr();
+  if (seq + 1 >= at::sequence_number::peek()) return true;  // the newest node
+  for (const auto& edge : fn->next_edges()) {
+    // AccumulateGrad takes no number (UINT64_MAX): a leaf's, made any time.
+    const auto* input = edge.function.get();
+    if (input && input->sequence_nr() != UINT64_MAX && input->sequence_nr() > seq) return true;
+  }
+  const auto* meta = torch::autograd::impl::get_autograd_meta(t);
+  if (meta && meta->fw_grad_ && !meta->fw_grad_->empty()) return true;
+  // Left: a node made after the one saving by a custom Function's forward
+  // with grad mode on, or by an in-place _foreach_ op (one node per
+  // element, made before any is saved). Such a saved output is taken for an
+  // input (docs/internals.md).
+  return false;
 }
 
 int current_backward_id() noexcept { return torch::autograd::get_current_graph_task_id(); }

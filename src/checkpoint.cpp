@@ -264,15 +264,16 @@ class RecordHooks final : public torch::autograd::SavedVariableHooks {
   std::size_t index_ = 0;
 };
 
-// What the recomputation's nodes hold: the tensor kept where it is, as a
-// manager keeps one it passes through (used only if someone runs backward
-// through the recomputed graph); the frame collects it for the block's
-// original saved tensors.
+// What the recomputation's nodes hold: the tensor kept where it is, always
+// as its data (the recomputed graph is dropped every step: a saved output
+// taken for an input would make its node own itself and leak every step;
+// used only if someone runs backward through the recomputed graph); the
+// frame collects it for the block's original saved tensors.
 class CollectHooks final : public torch::autograd::SavedVariableHooks {
  public:
   CollectHooks(std::shared_ptr<Frame> frame, std::int64_t pass) : frame_(std::move(frame)), pass_(pass) {}
   void call_pack_hook(const at::Tensor& tensor) override {
-    kept_ = detail::KeptTensor(tensor);
+    kept_ = detail::KeptTensor(tensor, detail::KeptTensor::as_data);
     frame_->collect(pass_, kept_.tensor());
   }
   at::Tensor call_unpack_hook() override { return kept_.unpack(); }

@@ -14,6 +14,7 @@
 
 #include <ATen/ATen.h>
 #include <torch/csrc/autograd/autograd.h>
+#include <torch/csrc/autograd/custom_function.h>
 #include <torch/csrc/autograd/grad_mode.h>
 
 #include <torch/nn/module.h>
@@ -291,6 +292,64 @@ TEST_CASE("checkpoint: a module-like handle's forward, grad mode off, an empty b
   CHECK_THROWS_WITH_AS(offload::checkpoint(offload::Block{}, {x}),
                        doctest::Contains("offload::checkpoint: block must be a callable, got an empty function"),
                        c10::ValueError);
+}
+
+namespace {
+// A custom Function whose forward makes an autograd node (grad mode on)
+// before its output is saved: the one saved output a manager takes for an
+// input (docs/internals.md). Notes every output it makes.
+struct ExpMakingANode : torch::autograd::Function<ExpMakingANode> {
+  static std::vector<c10::weak_intrusive_ptr<c10::TensorImpl>>& outputs() {
+    static std::vector<c10::weak_intrusive_ptr<c10::TensorImpl>> made;
+    return made;
+  }
+  static at::Tensor forward(torch::autograd::AutogradContext* ctx, const at::Tensor& x) {
+    auto out = x.exp();
+    {
+      const torch::autograd::AutoGradMode on(true);
+      (void)(x.detach().requires_grad_() * 2);
+    }
+    ctx->save_for_backward({out});
+    outputs().emplace_back(out.getIntrusivePtr());
+    return out;
+  }
+  static torch::autograd::variable_list backward(torch::autograd::AutogradContext* ctx,
+                                                 torch::autograd::variable_list grads) {
+    return {grads[0] * ctx->get_saved_variables()[0]};
+  }
+};
+}  // namespace
+
+TEST_CASE("checkpoint: the recomputed graph is freed after backward, whatever its nodes save" *
+          fixture::sim_only{kSuiteOnSim}) {
+  // The recomputation holds what it saves as data only: a saved output taken
+  // for an input would make its node own itself, and every step's
+  // recomputed graph would leak.
+  const SlowPoisonedSim sim;
+  const auto x = at::randn({8, 8}).to(sim0).requires_grad_();
+  // The last sin: the early stop throws from the pack hook of the last saved
+  // tensor, and LibTorch keeps a C++ Function's to-save list (holding its
+  // output) when that throws inside the Function (docs/checkpoint.md).
+  const auto block = [](const at::Tensor& t) { return ExpMakingANode::apply(t.sin()).sin(); };
+  block(x * 1).sum().backward();
+  const auto plain = x.grad().cpu();
+  x.mutable_grad() = at::Tensor();
+  ExpMakingANode::outputs().clear();
+  offload::checkpoint(block, x * 1).sum().backward();
+  CHECK(at::equal(x.grad().cpu(), plain));
+  REQUIRE(ExpMakingANode::outputs().size() == 2);  // the forward's and the recomputation's
+  CHECK(ExpMakingANode::outputs()[0].expired());
+  CHECK(ExpMakingANode::outputs()[1].expired());
+
+  // The Function saving last: freed without the early stop (the workaround
+  // docs/checkpoint.md gives).
+  const auto last = [](const at::Tensor& t) { return ExpMakingANode::apply(t.sin()); };
+  x.mutable_grad() = at::Tensor();
+  ExpMakingANode::outputs().clear();
+  offload::checkpoint(last, x * 1, {.name = "last", .preserve_rng_state = true, .early_stop = false}).sum().backward();
+  REQUIRE(ExpMakingANode::outputs().size() == 2);
+  CHECK(ExpMakingANode::outputs()[0].expired());
+  CHECK(ExpMakingANode::outputs()[1].expired());
 }
 
 // docs/bad-input.md, "offload::checkpoint": each row's message.

@@ -19,6 +19,8 @@
 #include <ATen/CPUGeneratorImpl.h>
 #include <c10/core/GradMode.h>
 #include <c10/util/Exception.h>
+#include <torch/csrc/autograd/autograd.h>
+#include <torch/csrc/autograd/custom_function.h>
 
 #include <offload/offload.hpp>
 #include <offload/sim.hpp>
@@ -226,34 +228,109 @@ TEST_CASE("lifecycle: an exception mid-forward leaves nothing held once the grap
 
 TEST_CASE("lifecycle: a forward dropped without backward releases what stayed on the device, and its graph" *
           fixture::sim_only{kSuiteOnSim}) {
-  // tanh, exp and sigmoid save their outputs. A saved output the manager
-  // does not offload (here: under min_offload_bytes; over the host budget or
-  // kept for a device target alike) is held without its autograd history:
-  // the tensor itself would hold its own node, which holds the saved tensor.
+  // tanh, exp and sigmoid save their outputs, sin its input. A saved output
+  // the manager does not offload (here: under min_offload_bytes; over the
+  // host budget or kept for a device target alike) is held without its
+  // autograd history: the tensor itself would hold its own node, which holds
+  // the saved tensor. A saved input is held as itself (no such cycle).
   const fixture::Substrate substrate(/*latency_us=*/0);
   Mlp model(3);
   const auto device_before = harness::settled_device_bytes();
   for (const std::int64_t min_offload_bytes : {std::int64_t{1} << 40, std::int64_t{0}}) {
     CAPTURE(min_offload_bytes);
     Streamed manager(offload::Options{.min_offload_bytes = min_offload_bytes});
-    std::optional<c10::weak_intrusive_ptr<c10::TensorImpl>> h;
+    std::optional<c10::weak_intrusive_ptr<c10::TensorImpl>> h, e;
     {
       const offload::Scope scope(manager);
       auto out = model.x.mm(model.w1).tanh();
       h.emplace(out.getIntrusivePtr());
-      (void)out.exp().sigmoid().sum();
+      auto last = out.sin().exp();
+      e.emplace(last.getIntrusivePtr());
+      (void)last.sigmoid().sum();
     }
     offload::sim::synchronize();
     CHECK(h->expired());
+    CHECK(e->expired());
     CHECK(harness::settled_device_bytes() == device_before);
     const auto stats = manager.stats();
-    // The three outputs and mm's input x (the model input: an activation).
+    // The three outputs, sin's input (tanh's output again) and mm's input x
+    // (the model input: an activation).
     if (min_offload_bytes == 0) {
-      CHECK(stats.tensors_offloaded == 4);
+      CHECK(stats.tensors_offloaded == 5);
     } else {
-      CHECK(stats.passed_small == 4);  // they stayed on the device
+      CHECK(stats.passed_small == 5);  // they stayed on the device
     }
   }
+}
+
+namespace {
+// A custom Function that saves its output, as FlashAttention saves `out`.
+struct ExpSavingOutput : torch::autograd::Function<ExpSavingOutput> {
+  static at::Tensor forward(torch::autograd::AutogradContext* ctx, const at::Tensor& x) {
+    auto out = x.exp();
+    ctx->save_for_backward({out});
+    return out;
+  }
+  static torch::autograd::variable_list backward(torch::autograd::AutogradContext* ctx,
+                                                 torch::autograd::variable_list grads) {
+    return {grads[0] * ctx->get_saved_variables()[0]};
+  }
+};
+}  // namespace
+
+TEST_CASE(
+    "lifecycle: a custom Function's saved output, dropped without backward, frees its graph; with backward, "
+    "bitwise" *
+    fixture::sim_only{kSuiteOnSim}) {
+  const fixture::Substrate substrate(/*latency_us=*/0);
+  Mlp model(3);
+  auto run = [&](offload::AnyManager* manager, bool backward) {
+    std::optional<offload::Scope> scope;
+    if (manager) scope.emplace(*manager);
+    auto out = ExpSavingOutput::apply(model.x.mm(model.w1).sin());
+    const c10::weak_intrusive_ptr<c10::TensorImpl> weak(out.getIntrusivePtr());
+    auto loss = out.sum();
+    scope.reset();
+    at::Tensor grad;
+    if (backward) grad = torch::autograd::grad({loss}, {model.w1})[0];
+    return std::make_pair(weak, grad);
+  };
+  const auto plain_grad = run(nullptr, true).second;
+  for (const std::int64_t min_offload_bytes : {std::int64_t{1} << 40, std::int64_t{0}}) {
+    CAPTURE(min_offload_bytes);
+    offload::AnyManager manager = Streamed(offload::Options{.min_offload_bytes = min_offload_bytes});
+    const auto device_before = harness::settled_device_bytes();
+    const auto dropped = run(&manager, false).first;
+    offload::sim::synchronize();
+    CHECK(dropped.expired());
+    CHECK(harness::settled_device_bytes() == device_before);
+    CHECK(same({run(&manager, true).second}, {plain_grad}));
+    // sin's input, the Function's output and mm's input x, in both runs.
+    CHECK((min_offload_bytes == 0 ? manager.stats().tensors_offloaded : manager.stats().passed_small) == 6);
+  }
+}
+
+TEST_CASE("lifecycle: a saved output whose node is not the newest (a stale view's grad_fn made again) frees its graph" *
+          fixture::sim_only{kSuiteOnSim}) {
+  // exp's node is made, then collecting its input makes the stale view's
+  // grad_fn again: the node saving exp's output is no longer the newest.
+  const fixture::Substrate substrate(/*latency_us=*/0);
+  Mlp model(3);
+  Streamed manager(offload::Options{.min_offload_bytes = std::int64_t{1} << 40});
+  const auto device_before = harness::settled_device_bytes();
+  std::optional<c10::weak_intrusive_ptr<c10::TensorImpl>> weak;
+  {
+    const offload::Scope scope(manager);
+    auto base = model.x.mm(model.w1);
+    auto view = base.narrow(0, 0, 2);
+    base.mul_(2);
+    auto out = view.exp();
+    weak.emplace(out.getIntrusivePtr());
+  }
+  offload::sim::synchronize();
+  CHECK(weak->expired());
+  CHECK(harness::settled_device_bytes() == device_before);
+  CHECK(manager.stats().passed_small == 2);  // mm's input x, exp's output
 }
 
 TEST_CASE("lifecycle: 1000 steps keep device and host memory flat" * fixture::sim_only{kSuiteOnSim}) {

@@ -37,11 +37,14 @@ struct ScopeMark {
 /// passed_excluded.
 enum class PassReason { parameter, subclass, excluded };
 
-/// Hooks that keep the saved tensor (its data without its autograd history,
-/// as autograd keeps a saved output without hooks: same storage and version
-/// counter; a graph dropped without backward is then freed), and at unpack raise autograd's in-place error (the same
-/// message) when it was modified in place since it was saved: for a binding that must hand its engine a hooks object
-/// for every saved tensor, also those no manager takes (a pass-through manager's make_hooks() returns null, an opt-out
+/// Hooks that keep the saved tensor where it is, as autograd keeps one
+/// without hooks (a saved input as itself; a saved output as its data
+/// without its autograd history, same storage and version counter, so a
+/// graph dropped without backward is freed: detail::KeptTensor), and at
+/// unpack raise autograd's in-place error (the same message) when it was
+/// modified in place since it was saved: for a binding that must hand its
+/// engine a hooks object for every saved tensor, also those no manager
+/// takes (a pass-through manager's make_hooks() returns null, an opt-out
 /// region). Defined in liboffload.
 std::unique_ptr<torch::autograd::SavedVariableHooks> make_plain_hooks();
 

@@ -204,10 +204,26 @@ def test_no_offload_keeps_tensors_where_they_are():
     assert manager.stats().tensors_seen == 0
 
 
+class _ExpSavingOutput(torch.autograd.Function):
+    """Saves its output, as FlashAttention's Function saves ``out``."""
+
+    @staticmethod
+    def forward(ctx, x):
+        out = x.exp()
+        ctx.save_for_backward(out)
+        return out
+
+    @staticmethod
+    def backward(ctx, grad):
+        (out,) = ctx.saved_tensors
+        return grad * out
+
+
 @pytest.mark.parametrize("region", ["small", "offloaded", "no_offload"])
 def test_forward_dropped_without_backward_frees_its_graph(region):
-    # exp and sigmoid save their outputs: one held as itself would hold the
-    # node that saves it, and the graph would outlive every reference to it.
+    # exp, the custom Function and sigmoid save their outputs: one held as
+    # itself would hold the node that saves it, and the graph would outlive
+    # every reference to it. sin saves its input (held as itself).
     import gc
     import weakref
 
@@ -217,19 +233,55 @@ def test_forward_dropped_without_backward_frees_its_graph(region):
     before = testdevice.device_bytes(0)
     with manager, torch_offload.no_offload() if region == "no_offload" else contextlib.nullcontext():
         h = a.exp()
-        kept = weakref.ref(h)
-        h.sigmoid().sum()
-        del h
+        f = _ExpSavingOutput.apply(h.sin())
+        kept = weakref.ref(h), weakref.ref(f)
+        f.sigmoid().sum()
+        del h, f
     gc.collect()
     testdevice.synchronize(0)
-    assert kept() is None
+    assert [k() for k in kept] == [None, None]
     assert testdevice.device_bytes(0) == before
     stats = manager.stats()
     assert (stats.tensors_offloaded, stats.passed_small) == {
-        "small": (0, 2),
-        "offloaded": (2, 0),
+        "small": (0, 4),
+        "offloaded": (4, 0),
         "no_offload": (0, 0),
     }[region], stats
+
+
+@pytest.mark.parametrize("case", ["stale_view", "forward_ad"])
+@pytest.mark.parametrize("region", ["small", "no_offload"])
+def test_saved_output_whose_node_is_not_the_newest_frees_its_graph(case, region):
+    # Nodes made after the one saving its output: a stale view's grad_fn,
+    # made again while exp collects its input, and forward-mode AD's tangent
+    # formula. The output must still be held without its history.
+    import gc
+    import weakref
+
+    import torch.autograd.forward_ad as fwAD
+
+    a = leaf(64, 64)
+    manager = torch_offload.Manager(DEV, min_offload_bytes=1 << 40)
+    with (
+        manager,
+        torch_offload.no_offload() if region == "no_offload" else contextlib.nullcontext(),
+        fwAD.dual_level(),
+    ):
+        if case == "stale_view":
+            base = a * 1
+            view = base[:32]
+            base.mul_(2)
+            h = view.exp()
+        else:
+            h = fwAD.make_dual(a * 1, torch.ones_like(a)).exp()
+            assert fwAD.unpack_dual(h).tangent is not None
+        kept = weakref.ref(h)
+        del h
+    gc.collect()
+    assert kept() is None
+    # exp saves its output; forward AD's tangent product saves the tangent.
+    saved = {"stale_view": 1, "forward_ad": 2}[case]
+    assert manager.stats().passed_small == (saved if region == "small" else 0)
 
 
 def test_nested_with_and_backward_after_exit():

@@ -56,6 +56,17 @@ struct weak_of<c10::intrusive_ptr<T>> {
   using type = c10::weak_intrusive_ptr<T>;
 };
 using NodeRef = std::remove_cvref_t<decltype(std::declval<const at::TensorBase&>().grad_fn())>;
+
+/// Whether `t`, a saved tensor whose grad_fn is `fn` (not null), may be a
+/// saved output: the node saving it. False only where that is certain: `fn`
+/// is not the newest autograd node made on this thread (at::sequence_number:
+/// each node takes the next number of its thread when made, and the node
+/// saving an op's tensors is made before they are saved), none of `fn`'s
+/// inputs came from a node made after it (a stale view's grad_fn, made
+/// again while an op collects its inputs) and `t` has no forward-mode
+/// gradient (whose formula makes nodes between an op's node and its saved
+/// outputs). docs/internals.md gives the cases and the one it misses.
+bool may_be_saved_output(const at::Tensor& t, const NodeRef& fn) noexcept;
 using WeakNode = typename weak_of<NodeRef>::type;
 
 /// Throws the c10::Error autograd raises when a saved tensor was modified
@@ -68,17 +79,17 @@ using WeakNode = typename weak_of<NodeRef>::type;
 /// and its node for the error's message.
 class VersionCheck {
  public:
-  /// Notes the version of `t` (defined). Returns whether `t` has autograd
-  /// history (a grad_fn).
-  bool note(const at::Tensor& t) {
+  /// Notes the version of `t` (defined). Returns its grad_fn, null
+  /// without autograd history (valid while `t` is).
+  const NodeRef* note(const at::Tensor& t) {
     const auto& counter = t.unsafeGetTensorImpl()->version_counter();
     enabled_ = counter.enabled();
     saved_ = enabled_ ? counter.current_version() : 0;
     const auto& fn = t.grad_fn();  // a reference: no count taken and dropped
-    if (!fn) return false;
+    if (!fn) return nullptr;
     grad_fn_ = fn;
     output_nr_ = t.output_nr();
-    return true;
+    return &fn;
   }
   /// Throws autograd's c10::Error when `counter` (the saved tensor's
   /// version counter) moved since note(); `unpacked` is named in it.
@@ -98,19 +109,35 @@ class VersionCheck {
 /// A saved tensor kept where it is, as autograd keeps one without hooks,
 /// and handed back after autograd's in-place check.
 ///
-/// A tensor with autograd history is kept as its tensor_data(): the same
-/// storage and version counter without the history, as SavedVariable keeps
-/// a saved output itself. An output's history is the node saving it, so
-/// holding the tensor itself would make that node own itself, and a graph
-/// dropped without backward (an exception mid-forward, a forward without
-/// backward) would never be freed. The SavedVariable restores grad_fn and
-/// requires_grad at unpack, so only the data is needed. (tensor_data(),
-/// not detach(): a shallow copy without an operator call.)
+/// A saved input is kept as itself, as autograd keeps one without hooks.
+/// A saved output (one that may_be_saved_output(), or any tensor kept
+/// with `KeptTensor::as_data`) is kept as its
+/// tensor_data(): the same storage and version counter without the
+/// history, as SavedVariable keeps a saved output itself. An output's
+/// history is the node saving it, so holding the tensor itself would make
+/// that node own itself, and a graph dropped without backward (an
+/// exception mid-forward, a forward without backward) would never be
+/// freed. The SavedVariable restores grad_fn and requires_grad at unpack,
+/// so only the data is needed. (tensor_data(), not detach(): a shallow copy
+/// without an operator call; it is most of what a pass-through costs, so
+/// an input, which cannot make that cycle, is spared it.)
 class KeptTensor {
  public:
+  /// Tag: keep the tensor as its tensor_data() whatever it is (for a graph
+  /// that is always dropped, where a missed output would leak every step).
+  struct AsData {};
+  static constexpr AsData as_data{};
+
   KeptTensor() = default;
   /// Keeps `t` (possibly undefined).
   explicit KeptTensor(const at::Tensor& t) {
+    if (!t.defined()) return;
+    const auto* fn = check_.note(t);
+    tensor_ = fn && may_be_saved_output(t, *fn) ? t.tensor_data() : t;
+  }
+  /// Keeps `t` (possibly undefined) as its tensor_data() when it has
+  /// autograd history.
+  KeptTensor(const at::Tensor& t, AsData) {
     if (t.defined()) tensor_ = check_.note(t) ? t.tensor_data() : t;
   }
   /// The tensor kept; throws autograd's c10::Error when it was modified in
