@@ -5,10 +5,13 @@
 
 #include <offload/detail/autograd.hpp>
 
+#include <array>
+#include <atomic>
 #include <cstdint>
 #include <functional>
 #include <memory>
 #include <sstream>
+#include <typeinfo>
 
 #include <ATen/SequenceNumber.h>
 #include <c10/util/Exception.h>
@@ -45,6 +48,23 @@ void throw_modified_inplace(const at::Tensor& unpacked, std::uint32_t current, s
   TORCH_CHECK(false, message.str());
 }
 
+namespace {
+// Node types known to be TraceableFunctions, by the address of their
+// type_info: a dynamic_cast costs about a third of a pass-through, a load
+// and a compare almost nothing. A slot only ever holds a type that passed
+// the cast, so a racing store leaves another right answer (or a miss).
+std::array<std::atomic<const std::type_info*>, 64> traceable_types{};
+
+bool is_traceable_function(const torch::autograd::Node& node) noexcept {
+  const std::type_info* type = &typeid(node);
+  auto& slot = traceable_types[(reinterpret_cast<std::uintptr_t>(type) >> 4) % traceable_types.size()];
+  if (slot.load(std::memory_order_relaxed) == type) return true;
+  if (dynamic_cast<const torch::autograd::TraceableFunction*>(&node) == nullptr) return false;
+  slot.store(type, std::memory_order_relaxed);
+  return true;
+}
+}  // namespace
+
 bool may_be_saved_output(const at::Tensor& t, const NodeRef& fn) noexcept {
   const auto seq = fn->sequence_nr();
   if (seq + 1 >= at::sequence_number::peek()) return true;  // the newest node
@@ -55,11 +75,16 @@ bool may_be_saved_output(const at::Tensor& t, const NodeRef& fn) noexcept {
   }
   const auto* meta = torch::autograd::impl::get_autograd_meta(t);
   if (meta && meta->fw_grad_ && !meta->fw_grad_->empty()) return true;
-  // Left: a node made after the one saving by a custom Function's forward
-  // with grad mode on, or by an in-place _foreach_ op (one node per
-  // element, made before any is saved). Such a saved output is taken for an
-  // input (docs/internals.md).
-  return false;
+  // Not the newest: an input, where the saving node cannot be `fn` because
+  // nothing makes nodes between it and its saved outputs. A view's node
+  // saves no output. One of LibTorch's operators (a TraceableFunction) makes
+  // none in between, but for an in-place _foreach_ op (one node per
+  // element, made before any is saved: missed, docs/internals.md). A custom
+  // Function's node (Python's PyNode, C++'s CppNode) may: its forward can
+  // call other Functions (each makes a node, grad mode on or off) or turn
+  // grad mode on, so it counts as a possible output.
+  if (meta && meta->is_view_) return false;
+  return !is_traceable_function(*fn);
 }
 
 int current_backward_id() noexcept { return torch::autograd::get_current_graph_task_id(); }

@@ -296,8 +296,7 @@ TEST_CASE("checkpoint: a module-like handle's forward, grad mode off, an empty b
 
 namespace {
 // A custom Function whose forward makes an autograd node (grad mode on)
-// before its output is saved: the one saved output a manager takes for an
-// input (docs/internals.md). Notes every output it makes.
+// before its output is saved. Notes every output it makes.
 struct ExpMakingANode : torch::autograd::Function<ExpMakingANode> {
   static std::vector<c10::weak_intrusive_ptr<c10::TensorImpl>>& outputs() {
     static std::vector<c10::weak_intrusive_ptr<c10::TensorImpl>> made;
@@ -324,25 +323,32 @@ TEST_CASE("checkpoint: the recomputed graph is freed after backward, whatever it
           fixture::sim_only{kSuiteOnSim}) {
   // The recomputation holds what it saves as data only: a saved output taken
   // for an input would make its node own itself, and every step's
-  // recomputed graph would leak.
+  // recomputed graph would leak. An in-place _foreach_ op makes every
+  // element's node before saving any result: the saved output a manager
+  // takes for an input (docs/internals.md). The last sin: the early stop
+  // throws from a LibTorch operator's pack hook.
   const SlowPoisonedSim sim;
   const auto x = at::randn({8, 8}).to(sim0).requires_grad_();
-  // The last sin: the early stop throws from the pack hook of the last saved
-  // tensor, and LibTorch keeps a C++ Function's to-save list (holding its
-  // output) when that throws inside the Function (docs/checkpoint.md).
-  const auto block = [](const at::Tensor& t) { return ExpMakingANode::apply(t.sin()).sin(); };
+  static std::vector<c10::weak_intrusive_ptr<c10::TensorImpl>> made;
+  const auto block = [](const at::Tensor& t) {
+    std::vector<at::Tensor> xs{t * 1, t * 2};
+    at::_foreach_exp_(xs);
+    made.emplace_back(xs[0].getIntrusivePtr());
+    return (xs[0] + xs[1]).sin();
+  };
   block(x * 1).sum().backward();
   const auto plain = x.grad().cpu();
   x.mutable_grad() = at::Tensor();
-  ExpMakingANode::outputs().clear();
+  made.clear();
   offload::checkpoint(block, x * 1).sum().backward();
   CHECK(at::equal(x.grad().cpu(), plain));
-  REQUIRE(ExpMakingANode::outputs().size() == 2);  // the forward's and the recomputation's
-  CHECK(ExpMakingANode::outputs()[0].expired());
-  CHECK(ExpMakingANode::outputs()[1].expired());
+  REQUIRE(made.size() == 2);  // the forward's and the recomputation's
+  CHECK(made[0].expired());
+  CHECK(made[1].expired());
 
-  // The Function saving last: freed without the early stop (the workaround
-  // docs/checkpoint.md gives).
+  // A C++ Function saving last: the early stop would throw inside it, and
+  // LibTorch keeps its to-save list (its output); freed without the early
+  // stop (the workaround docs/checkpoint.md gives).
   const auto last = [](const at::Tensor& t) { return ExpMakingANode::apply(t.sin()); };
   x.mutable_grad() = at::Tensor();
   ExpMakingANode::outputs().clear();

@@ -276,6 +276,20 @@ struct ExpSavingOutput : torch::autograd::Function<ExpSavingOutput> {
     return {grads[0] * ctx->get_saved_variables()[0]};
   }
 };
+// Calls another custom Function in its forward (grad mode off there, but
+// that Function still makes a node), then saves its own output: its node is
+// not the newest when the output is saved.
+struct ExpAfterAFunction : torch::autograd::Function<ExpAfterAFunction> {
+  static at::Tensor forward(torch::autograd::AutogradContext* ctx, const at::Tensor& x) {
+    auto out = ExpSavingOutput::apply(x);
+    ctx->save_for_backward({out});
+    return out;
+  }
+  static torch::autograd::variable_list backward(torch::autograd::AutogradContext* ctx,
+                                                 torch::autograd::variable_list grads) {
+    return {grads[0] * ctx->get_saved_variables()[0]};
+  }
+};
 }  // namespace
 
 TEST_CASE(
@@ -331,6 +345,24 @@ TEST_CASE("lifecycle: a saved output whose node is not the newest (a stale view'
   CHECK(weak->expired());
   CHECK(harness::settled_device_bytes() == device_before);
   CHECK(manager.stats().passed_small == 2);  // mm's input x, exp's output
+}
+
+TEST_CASE("lifecycle: a custom Function calling another in its forward frees its graph" *
+          fixture::sim_only{kSuiteOnSim}) {
+  const fixture::Substrate substrate(/*latency_us=*/0);
+  Mlp model(3);
+  Streamed manager(offload::Options{.min_offload_bytes = std::int64_t{1} << 40});
+  const auto device_before = harness::settled_device_bytes();
+  std::optional<c10::weak_intrusive_ptr<c10::TensorImpl>> weak;
+  {
+    const offload::Scope scope(manager);
+    auto out = ExpAfterAFunction::apply(model.x.mm(model.w1));
+    weak.emplace(out.getIntrusivePtr());
+  }
+  offload::sim::synchronize();
+  CHECK(weak->expired());
+  CHECK(harness::settled_device_bytes() == device_before);
+  CHECK(manager.stats().passed_small == 2);  // mm's input x, the Function's output
 }
 
 TEST_CASE("lifecycle: 1000 steps keep device and host memory flat" * fixture::sim_only{kSuiteOnSim}) {

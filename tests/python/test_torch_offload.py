@@ -249,12 +249,51 @@ def test_forward_dropped_without_backward_frees_its_graph(region):
     }[region], stats
 
 
-@pytest.mark.parametrize("case", ["stale_view", "forward_ad"])
+class _CloneFunction(torch.autograd.Function):
+    @staticmethod
+    def forward(ctx, x):
+        return x.clone()
+
+    @staticmethod
+    def backward(ctx, grad):
+        return grad
+
+
+class _ExpAfterAFunction(torch.autograd.Function):
+    """Calls another Function in its forward (grad mode off there, but it
+    still makes a node), then saves its own output."""
+
+    @staticmethod
+    def forward(ctx, x):
+        out = _CloneFunction.apply(x).exp()
+        ctx.save_for_backward(out)
+        return out
+
+    @staticmethod
+    def backward(ctx, grad):
+        (out,) = ctx.saved_tensors
+        return grad * out
+
+
+class _ExpWithGradOn(_ExpAfterAFunction):
+    """Turns grad mode on in its forward and makes a node there."""
+
+    @staticmethod
+    def forward(ctx, x):
+        with torch.enable_grad():
+            x.detach().requires_grad_() * 2
+        out = x.exp()
+        ctx.save_for_backward(out)
+        return out
+
+
+@pytest.mark.parametrize("case", ["stale_view", "forward_ad", "function_in_function", "function_grad_on"])
 @pytest.mark.parametrize("region", ["small", "no_offload"])
 def test_saved_output_whose_node_is_not_the_newest_frees_its_graph(case, region):
     # Nodes made after the one saving its output: a stale view's grad_fn,
-    # made again while exp collects its input, and forward-mode AD's tangent
-    # formula. The output must still be held without its history.
+    # made again while exp collects its input, forward-mode AD's tangent
+    # formula, a custom Function's forward calling another or making nodes
+    # with grad mode on. The output must still be held without its history.
     import gc
     import weakref
 
@@ -272,15 +311,19 @@ def test_saved_output_whose_node_is_not_the_newest_frees_its_graph(case, region)
             view = base[:32]
             base.mul_(2)
             h = view.exp()
-        else:
+        elif case == "forward_ad":
             h = fwAD.make_dual(a * 1, torch.ones_like(a)).exp()
             assert fwAD.unpack_dual(h).tangent is not None
+        elif case == "function_in_function":
+            h = _ExpAfterAFunction.apply(a * 1)
+        else:
+            h = _ExpWithGradOn.apply(a * 1)
         kept = weakref.ref(h)
         del h
     gc.collect()
     assert kept() is None
     # exp saves its output; forward AD's tangent product saves the tangent.
-    saved = {"stale_view": 1, "forward_ad": 2}[case]
+    saved = {"forward_ad": 2}.get(case, 1)
     assert manager.stats().passed_small == (saved if region == "small" else 0)
 
 

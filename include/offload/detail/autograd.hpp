@@ -58,14 +58,17 @@ struct weak_of<c10::intrusive_ptr<T>> {
 using NodeRef = std::remove_cvref_t<decltype(std::declval<const at::TensorBase&>().grad_fn())>;
 
 /// Whether `t`, a saved tensor whose grad_fn is `fn` (not null), may be a
-/// saved output: the node saving it. False only where that is certain: `fn`
-/// is not the newest autograd node made on this thread (at::sequence_number:
-/// each node takes the next number of its thread when made, and the node
-/// saving an op's tensors is made before they are saved), none of `fn`'s
-/// inputs came from a node made after it (a stale view's grad_fn, made
-/// again while an op collects its inputs) and `t` has no forward-mode
-/// gradient (whose formula makes nodes between an op's node and its saved
-/// outputs). docs/internals.md gives the cases and the one it misses.
+/// saved output: `fn` is the node saving it. False only where `fn` is not
+/// the newest autograd node made on this thread (at::sequence_number: each
+/// node takes the next number of its thread when made, and the node saving
+/// an op's tensors is made before they are saved), none of `fn`'s inputs
+/// came from a node made after it (a stale view's grad_fn, made again while
+/// an op collects its inputs), `t` has no forward-mode gradient (whose
+/// formula makes nodes between an op's node and its saved outputs), and
+/// `t` is a view or `fn` one of LibTorch's operators (a TraceableFunction;
+/// a custom Function's forward may make nodes). Thread-safe, no lock.
+/// docs/internals.md gives the cases and those it misses (in-place
+/// `_foreach_` ops).
 bool may_be_saved_output(const at::Tensor& t, const NodeRef& fn) noexcept;
 using WeakNode = typename weak_of<NodeRef>::type;
 
