@@ -290,6 +290,19 @@ struct ExpAfterAFunction : torch::autograd::Function<ExpAfterAFunction> {
     return {grads[0] * ctx->get_saved_variables()[0]};
   }
 };
+// The same, returning and saving a view it made (a view that a view op's
+// node did not make).
+struct ExpTAfterAFunction : torch::autograd::Function<ExpTAfterAFunction> {
+  static at::Tensor forward(torch::autograd::AutogradContext* ctx, const at::Tensor& x) {
+    auto out = ExpSavingOutput::apply(x).t();
+    ctx->save_for_backward({out});
+    return out;
+  }
+  static torch::autograd::variable_list backward(torch::autograd::AutogradContext* ctx,
+                                                 torch::autograd::variable_list grads) {
+    return {(grads[0] * ctx->get_saved_variables()[0]).t()};
+  }
+};
 }  // namespace
 
 TEST_CASE(
@@ -347,22 +360,27 @@ TEST_CASE("lifecycle: a saved output whose node is not the newest (a stale view'
   CHECK(manager.stats().passed_small == 2);  // mm's input x, exp's output
 }
 
-TEST_CASE("lifecycle: a custom Function calling another in its forward frees its graph" *
+TEST_CASE("lifecycle: a custom Function calling another in its forward frees its graph, its output a view or not" *
           fixture::sim_only{kSuiteOnSim}) {
   const fixture::Substrate substrate(/*latency_us=*/0);
   Mlp model(3);
-  Streamed manager(offload::Options{.min_offload_bytes = std::int64_t{1} << 40});
-  const auto device_before = harness::settled_device_bytes();
-  std::optional<c10::weak_intrusive_ptr<c10::TensorImpl>> weak;
-  {
-    const offload::Scope scope(manager);
-    auto out = ExpAfterAFunction::apply(model.x.mm(model.w1));
-    weak.emplace(out.getIntrusivePtr());
+  for (const bool view : {false, true}) {
+    CAPTURE(view);
+    Streamed manager(offload::Options{.min_offload_bytes = std::int64_t{1} << 40});
+    const auto device_before = harness::settled_device_bytes();
+    std::optional<c10::weak_intrusive_ptr<c10::TensorImpl>> weak;
+    {
+      const offload::Scope scope(manager);
+      const auto h = model.x.mm(model.w1);
+      auto out = view ? ExpTAfterAFunction::apply(h) : ExpAfterAFunction::apply(h);
+      CHECK(out.is_view() == view);
+      weak.emplace(out.getIntrusivePtr());
+    }
+    offload::sim::synchronize();
+    CHECK(weak->expired());
+    CHECK(harness::settled_device_bytes() == device_before);
+    CHECK(manager.stats().passed_small == 2);  // mm's input x, the Function's output
   }
-  offload::sim::synchronize();
-  CHECK(weak->expired());
-  CHECK(harness::settled_device_bytes() == device_before);
-  CHECK(manager.stats().passed_small == 2);  // mm's input x, the Function's output
 }
 
 TEST_CASE("lifecycle: 1000 steps keep device and host memory flat" * fixture::sim_only{kSuiteOnSim}) {

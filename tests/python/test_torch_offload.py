@@ -287,7 +287,24 @@ class _ExpWithGradOn(_ExpAfterAFunction):
         return out
 
 
-@pytest.mark.parametrize("case", ["stale_view", "forward_ad", "function_in_function", "function_grad_on"])
+class _ExpViewAfterAFunction(_ExpAfterAFunction):
+    """Calls another Function, then returns and saves a view it made."""
+
+    @staticmethod
+    def forward(ctx, x):
+        out = _CloneFunction.apply(x).exp().t()
+        ctx.save_for_backward(out)
+        return out
+
+    @staticmethod
+    def backward(ctx, grad):
+        (out,) = ctx.saved_tensors
+        return (grad * out).t()
+
+
+@pytest.mark.parametrize(
+    "case", ["stale_view", "forward_ad", "function_in_function", "function_grad_on", "function_view_output"]
+)
 @pytest.mark.parametrize("region", ["small", "no_offload"])
 def test_saved_output_whose_node_is_not_the_newest_frees_its_graph(case, region):
     # Nodes made after the one saving its output: a stale view's grad_fn,
@@ -316,6 +333,9 @@ def test_saved_output_whose_node_is_not_the_newest_frees_its_graph(case, region)
             assert fwAD.unpack_dual(h).tangent is not None
         elif case == "function_in_function":
             h = _ExpAfterAFunction.apply(a * 1)
+        elif case == "function_view_output":
+            h = _ExpViewAfterAFunction.apply(a * 1)
+            assert h._is_view()
         else:
             h = _ExpWithGradOn.apply(a * 1)
         kept = weakref.ref(h)

@@ -65,8 +65,9 @@ using NodeRef = std::remove_cvref_t<decltype(std::declval<const at::TensorBase&>
 /// came from a node made after it (a stale view's grad_fn, made again while
 /// an op collects its inputs), `t` has no forward-mode gradient (whose
 /// formula makes nodes between an op's node and its saved outputs), and
-/// `t` is a view or `fn` one of LibTorch's operators (a TraceableFunction;
-/// a custom Function's forward may make nodes). Thread-safe, no lock.
+/// `t` is a view a view op made (not a custom Function's view output) or
+/// `fn` one of LibTorch's operators (a TraceableFunction; a custom
+/// Function's forward may make nodes). Thread-safe, no lock.
 /// docs/internals.md gives the cases and those it misses (in-place
 /// `_foreach_` ops).
 bool may_be_saved_output(const at::Tensor& t, const NodeRef& fn) noexcept;
