@@ -76,15 +76,17 @@ bool may_be_saved_output(const at::Tensor& t, const NodeRef& fn) noexcept {
   const auto* meta = torch::autograd::impl::get_autograd_meta(t);
   if (meta && meta->fw_grad_ && !meta->fw_grad_->empty()) return true;
   // Not the newest: an input, where the saving node cannot be `fn` because
-  // nothing makes nodes between it and its saved outputs. A view op's node
-  // saves no output: a view is an input unless a custom Function returned it
-  // or it is a view of one (CreationMeta::IN_CUSTOM_FUNCTION, set on a
-  // Function's view outputs and inherited by views of them). One of LibTorch's operators (a TraceableFunction) makes
-  // none in between, but for an in-place _foreach_ op (one node per
-  // element, made before any is saved: missed, docs/internals.md). A custom
-  // Function's node (Python's PyNode, C++'s CppNode) may: its forward can
-  // call other Functions (each makes a node, grad mode on or off) or turn
-  // grad mode on, so it counts as a possible output.
+  // nothing makes nodes between it and its saved outputs.
+  // - A view op's node saves no output: a view is an input unless a custom
+  //   Function returned it or it is a view of one (CreationMeta::
+  //   IN_CUSTOM_FUNCTION, set on a Function's view outputs and inherited by
+  //   views of them).
+  // - One of LibTorch's operators (a TraceableFunction) makes no node in
+  //   between, but for an in-place _foreach_ op (one node per element, made
+  //   before any is saved: missed, docs/internals.md).
+  // - A custom Function's node (Python's PyNode, C++'s CppNode) may: its
+  //   forward can call other Functions (each makes a node, grad mode on or
+  //   off) or turn grad mode on, so it counts as a possible output.
   if (meta && meta->is_view_) {
     const auto* view = static_cast<const torch::autograd::DifferentiableViewMeta*>(meta);
     if (view->has_bw_view() && view->get_creation_meta() != torch::autograd::CreationMeta::IN_CUSTOM_FUNCTION)

@@ -287,7 +287,7 @@ struct ExpAfterAFunction : torch::autograd::Function<ExpAfterAFunction> {
   }
   static torch::autograd::variable_list backward(torch::autograd::AutogradContext* ctx,
                                                  torch::autograd::variable_list grads) {
-    return {grads[0] * ctx->get_saved_variables()[0]};
+    return ExpSavingOutput::backward(ctx, std::move(grads));
   }
 };
 // The same, returning and saving a view it made (a view that a view op's

@@ -259,7 +259,7 @@ class _CloneFunction(torch.autograd.Function):
         return grad
 
 
-class _ExpAfterAFunction(torch.autograd.Function):
+class _ExpAfterAFunction(_ExpSavingOutput):
     """Calls another Function in its forward (grad mode off there, but it
     still makes a node), then saves its own output."""
 
@@ -269,13 +269,8 @@ class _ExpAfterAFunction(torch.autograd.Function):
         ctx.save_for_backward(out)
         return out
 
-    @staticmethod
-    def backward(ctx, grad):
-        (out,) = ctx.saved_tensors
-        return grad * out
 
-
-class _ExpWithGradOn(_ExpAfterAFunction):
+class _ExpWithGradOn(_ExpSavingOutput):
     """Turns grad mode on in its forward and makes a node there."""
 
     @staticmethod
@@ -287,7 +282,7 @@ class _ExpWithGradOn(_ExpAfterAFunction):
         return out
 
 
-class _ExpViewAfterAFunction(_ExpAfterAFunction):
+class _ExpViewAfterAFunction(torch.autograd.Function):
     """Calls another Function, then returns and saves a view it made."""
 
     @staticmethod
