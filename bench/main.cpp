@@ -97,6 +97,10 @@ void add_benchmarks(CLI::App& app, bench::Args& args) {
                    "the automatic plan vs every fixed strategy (offload all, device target, checkpoint all / first k, "
                    "with and without offloading) on the GPT at width 256 on sim, R = 0.25 / 1 / 3 / 6, three targets");
   add_text(*plan, args, "r", "the values of R to run, comma-separated, each in (0, 100] (default 0.25,1,3,6)");
+  add_ints(*plan, args,
+           {{"steps", {3, 1000}, "steps per strategy in the survey (default 8; times are the median of steps 3 on)"},
+            {"confirm-steps", {3, 1000}, "steps per strategy in the confirming run (default 24; 12 with --quick)"},
+            {"threads", {1, 256}, "intra-op threads (default 1)"}});
   add("host",
       "host bytes reserved vs in use, fresh pinned allocations and step time: PinnedHost vs PinnedPool on sim in "
       "CUDA-like mode, Blocking and Streamed");
