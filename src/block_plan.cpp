@@ -333,6 +333,16 @@ Prediction predict(const std::vector<BlockCost>& blocks, const LinkCost& link, s
   const auto measured = backward_peak(blocks, link, choices, outside, outside_kept);
   const auto in_backward = measured >= 0 ? measured : base_peak + kept - last_kept + kept_inputs + outside_bytes;
   out.peak = std::max(at_forward_end, in_backward);
+  if (outside.after_blocks_peak >= 0) {
+    // What ran after the last block raised the measuring step's peak: it
+    // holds every kept block's tensors and kept input, and what is saved
+    // outside blocks before the last one where kept (what follows it was
+    // back on the device there in the measuring step too).
+    std::int64_t outside_before = 0;
+    for (std::size_t k = 0; outside_kept && k < outside.bytes.size() && k < blocks.size(); ++k)
+      outside_before += outside.bytes[k];
+    out.peak = std::max(out.peak, outside.after_blocks_peak + kept + kept_inputs + outside_before);
+  }
   return out;
 }
 
@@ -493,6 +503,7 @@ bool BlockPlanner::begin_step(std::int64_t needed, std::int64_t allocated, std::
     measure_allocated_ = allocated;
     before_peak_ = allocated >= 0 && peak > allocated ? peak : -1;
     outside_ = OutsideCost{};
+    blocks_peak_ = -1;
   }
   last_recomputed_ = -1;
   open_blocks_ = 0;
@@ -514,6 +525,7 @@ BlockPlanner::Turn BlockPlanner::next_block(std::int64_t input_bytes, int device
   const auto read = [&] { return allocated_ && device_index >= 0 ? allocated_(device_index) : std::int64_t{-1}; };
   auto allocated = read();
   std::unique_lock lock(mutex_);
+  if (device_index >= 0) device_index_ = device_index;
   Turn turn;
   turn.index = next_index_++;
   const auto index = static_cast<std::size_t>(turn.index);
@@ -581,8 +593,18 @@ void BlockPlanner::set_relieve(std::function<void()> relieve) {
 }
 
 void BlockPlanner::block_done() {
+  int device = -1;
+  {
+    const std::lock_guard lock(mutex_);
+    if (open_blocks_ > 0) --open_blocks_;
+    if (!measuring_ || open_blocks_ > 0 || !peak_ || last_recomputed_ >= 0) return;
+    device = device_index_;
+  }
+  if (device < 0) return;
+  // Read without the lock, as recomputing() reads the peak.
+  const auto peak = peak_(device);
   const std::lock_guard lock(mutex_);
-  if (open_blocks_ > 0) --open_blocks_;
+  if (measuring_ && last_recomputed_ < 0) blocks_peak_ = before_peak_ >= 0 && peak <= before_peak_ ? -1 : peak;
 }
 
 bool BlockPlanner::outside_block() const {
@@ -630,6 +652,10 @@ void BlockPlanner::recomputing(std::int32_t index, int device_index) {
   if (last_recomputed_ >= 0) {
     costs_[static_cast<std::size_t>(last_recomputed_)].backward_peak =
         before_peak_ >= 0 && peak <= before_peak_ ? -1 : peak;
+  } else if (blocks_peak_ >= 0 && peak > blocks_peak_) {
+    // Backward's first recomputation: what ran since the last block's
+    // forward ended (an output head, the loss) raised the peak.
+    outside_.after_blocks_peak = peak;
   }
   last_recomputed_ = index;
 }
@@ -681,7 +707,10 @@ std::string BlockPlanner::summary() const {
   out << "outside blocks: " << outside_.total() << " B in";
   for (std::size_t k = 0; k < outside_.bytes.size(); ++k)
     out << (k == 0 ? " " : ", ") << outside_.bytes[k] << " B (" << outside_.storages[k] << ")";
-  out << ": " << (outside_kept_ ? "keep" : "offload") << "\n";
+  out << ": " << (outside_kept_ ? "keep" : "offload");
+  if (outside_.after_blocks_peak >= 0)
+    out << "; after the last block the device peaked at " << outside_.after_blocks_peak << " B";
+  out << "\n";
   for (std::size_t i = 0; i < costs_.size(); ++i) {
     const auto& c = costs_[i];
     out << "block " << i << ": forward " << c.forward_ns << " ns, saves " << c.saved_bytes << " B in "
@@ -728,8 +757,10 @@ void BlockPlanner::plan_locked(bool remeasure_if_unfit) {
     if (!warned_) {
       warned_ = true;
       warning_ =
-          "offload: the automatic plan needs the device's allocated-memory statistics, which this device does not "
-          "report; every planned block is recomputed (warned once per manager)";
+          "offload: the automatic plan measured no peak in its measuring step: the device reports no "
+          "allocated-memory statistics, or nothing saved in that step went through the manager (a planned block's "
+          "inputs smaller than Options::min_offload_bytes stay on the device unseen); every planned block is "
+          "recomputed (warned once per manager)";
     }
     return;
   }
@@ -739,8 +770,10 @@ void BlockPlanner::plan_locked(bool remeasure_if_unfit) {
   for (auto& c : costs) {
     if (c.backward_peak >= 0) c.backward_peak += growth_ + correction_;
   }
+  auto outside = outside_;
+  if (outside.after_blocks_peak >= 0) outside.after_blocks_peak += growth_ + correction_;
   const auto result = plan_blocks(costs, link_, base_peak_ + correction_, target_,
-                                  forward_peak_ >= 0 ? forward_peak_ + correction_ : -1, outside_);
+                                  forward_peak_ >= 0 ? forward_peak_ + correction_ : -1, outside);
   if (!result.fits && remeasure_if_unfit && correction_ > 0) {
     measure_next_ = true;
     correction_ = 0;

@@ -432,6 +432,27 @@ TEST_CASE("plan_blocks: where each block's backward stretch was measured, kept b
   CHECK(offload::plan_blocks(blocks, LinkCost{0.0, 0, true}, 230, 300, 150).extra_ns == 3000);
 }
 
+TEST_CASE("plan_blocks: where what ran after the last block raised the peak, it holds every kept block") {
+  // Four blocks saving 100 bytes each; the measuring step (every block
+  // recomputed) peaked at 230 after the last block (an output head), where
+  // no block's tensors were held; every block's stretch read that running
+  // peak.
+  auto blocks = four_blocks();
+  for (auto& b : blocks) b.backward_peak = 230;
+  offload::OutsideCost outside;
+  outside.after_blocks_peak = 230;
+  // Everything kept: the head holds the four blocks (230 + 400), not three
+  // (block 3's stretch counts the blocks before it: 230 + 300).
+  const auto all = offload::plan_blocks(blocks, LinkCost{0.0, 0, true}, 230, 1000, 150, outside);
+  CHECK(all.choices == std::vector<BlockChoice>{K, K, K, K});
+  CHECK(all.peak_bytes == 630);
+  CHECK(offload::plan_blocks(blocks, LinkCost{0.0, 0, true}, 230, 1000, 150).peak_bytes == 530);
+  // Under 600 only three blocks fit there (230 + 300).
+  const auto three = offload::plan_blocks(blocks, LinkCost{0.0, 0, true}, 230, 600, 150, outside);
+  CHECK(three.choices == std::vector<BlockChoice>{R, K, K, K});
+  CHECK(three.peak_bytes == 530);
+}
+
 TEST_CASE("plan_blocks: what is saved outside blocks is kept where it fits, else its copies are counted") {
   // 200 bytes saved after the last block (an output head's), in one storage.
   const offload::OutsideCost head{{0, 0, 0, 0, 200}, {0, 0, 0, 0, 1}};
@@ -565,6 +586,32 @@ TEST_CASE("BlockPlanner: records each block's stretch of backward, and plans fro
   planner.recomputing(0, 0);
   planner.recomputing(1, 0);
   CHECK(planner.summary().find("backward peak 170 B") != std::string::npos);
+}
+
+TEST_CASE("BlockPlanner: measures where what runs after the last block raises the peak, and plans for it") {
+  std::int64_t peak = 0;
+  offload::BlockPlanner planner(/*target=*/290, /*overlaps=*/true,
+                                [&](int device) { return device == 0 ? peak : std::int64_t{-1}; });
+  planner.begin_step(-1, 10);
+  for (int i = 0; i < 2; ++i) {
+    peak = 40 + 10 * i;
+    planner.measured(planner.next_block(20, 0).index, BlockCost{1000, 100, 2, 20});
+    planner.block_done();  // the device's peak here: 50 after the last block
+  }
+  planner.end_forward(40);
+  // The output head's forward and backward raise the peak to 120 before
+  // block 1's recomputation; block 0's raises it no further.
+  peak = 120;
+  planner.recomputing(1, 0);
+  planner.recomputing(0, 0);
+  CHECK(planner.begin_step(120, 10));
+  CHECK(planner.summary().find("after the last block the device peaked at 120 B") != std::string::npos);
+  // Both kept would hold 120 + 200 there, over 290; one kept, 220. Without
+  // the head's measure, block 1's stretch (120 + the 100 of block 0) would
+  // have let both be kept.
+  CHECK(planner.next_block(20, 0).choice == R);
+  CHECK(planner.next_block(20, 0).choice == K);
+  CHECK(planner.summary().find("predicted peak 220 B") != std::string::npos);
 }
 
 TEST_CASE("BlockPlanner: counts what is saved outside blocks while measuring, and keeps it where the plan says") {

@@ -86,6 +86,13 @@ struct LinkCost {
 struct OutsideCost {
   std::vector<std::int64_t> bytes;     ///< storage bytes offloaded there
   std::vector<std::int64_t> storages;  ///< how many copies those are (same size as bytes)
+  /// The device's running peak (bytes, on the footing of the step's base
+  /// peak) when backward's first recomputation began in the measuring step,
+  /// where what ran after the last block (an output head's forward and
+  /// backward) raised it above where it stood when the last block's forward
+  /// ended; -1: it did not, or not measured. Every kept block's saved
+  /// tensors are held there.
+  std::int64_t after_blocks_peak = -1;
   /// Every entry's bytes.
   std::int64_t total() const noexcept {
     std::int64_t sum = 0;
@@ -167,6 +174,10 @@ struct BlockPlanResult {
 ///   bytes saved before block i (what comes after the last block is freed
 ///   when backward begins); offloaded, its copies join the pipelines where
 ///   it was saved (what follows the last block is the first needed back).
+///   Where what ran after the last block raised the measuring step's peak
+///   (OutsideCost::after_blocks_peak), that stretch holds every kept
+///   block's tensors, every kept input and what was kept outside blocks
+///   before the last one on top of it.
 /// The choice is the candidate with the least predicted extra time whose
 /// predicted peak is at most `limit` bytes (ties: fewer bytes moved, then
 /// fewer recomputed), each with what is saved outside blocks offloaded and
@@ -374,6 +385,8 @@ class BlockPlanner {
   std::int64_t growth_ = 0;              // allocated since the measuring step began (optimizer state)
   std::int64_t measure_allocated_ = -1;  // allocated when the measuring step began
   std::int32_t last_recomputed_ = -1;    // the block whose recomputation began last in this step
+  int device_index_ = -1;                // the device of the step's blocks (next_block())
+  std::int64_t blocks_peak_ = -1;        // a measuring step: the device's peak when the last block's forward ended
   std::int64_t before_peak_ = -1;        // a measuring step: the device's peak from before it, where above allocated
   std::int64_t predicted_peak_ = 0;
   std::int64_t extra_ns_ = 0;     // the plan's predicted extra time
