@@ -69,7 +69,7 @@ class CheckpointOffload:
         if checkpoint_kwargs.get("use_reentrant", False):
             raise ValueError(
                 "CheckpointOffload: use_reentrant must be False (non-reentrant checkpoint saves the block's "
-                "inputs through the manager), got True"
+                f"inputs through the manager), got {checkpoint_kwargs['use_reentrant']!r}"
             )
         if manager is not None and not isinstance(manager, Manager):
             raise TypeError(f"CheckpointOffload: manager must be a torch_offload.Manager, got {type(manager).__name__}")
@@ -102,8 +102,17 @@ def enable_gradient_checkpointing(model, manager=None, every_n_layers=1, plan=No
     plan keeps, offloads or recomputes each layer; run each step's forward
     inside ``with manager:``.
     """
+    if not isinstance(model, torch.nn.Module):
+        raise TypeError(f"enable_gradient_checkpointing: model must be a torch.nn.Module, got {type(model).__name__}")
     if plan not in (None, "auto"):
         raise ValueError(f"enable_gradient_checkpointing: plan must be None or 'auto', got {plan!r}")
+    if isinstance(every_n_layers, bool) or not isinstance(every_n_layers, int) or every_n_layers < 1:
+        raise ValueError(f"enable_gradient_checkpointing: every_n_layers must be an int >= 1, got {every_n_layers!r}")
+    if plan == "auto" and not isinstance(manager, Manager):
+        raise TypeError(
+            "enable_gradient_checkpointing: plan='auto' needs manager, a torch_offload.Manager with "
+            f"device_target_bytes, got {type(manager).__name__}"
+        )
     if not any(hasattr(module, "gradient_checkpointing") for module in model.modules()):
         raise ValueError(
             f"enable_gradient_checkpointing: no module of the {type(model).__name__} has a gradient_checkpointing "
@@ -326,7 +335,9 @@ class PlannedCheckpoint:
                 "PlannedCheckpoint: the manager's device_target_bytes must be > 0 (the plan meets that target), got 0"
             )
         if checkpoint_kwargs.get("use_reentrant", False):
-            raise ValueError("PlannedCheckpoint: use_reentrant must be False, got True")
+            raise ValueError(
+                f"PlannedCheckpoint: use_reentrant must be False, got {checkpoint_kwargs['use_reentrant']!r}"
+            )
         self.manager = manager
         self._kwargs = {**checkpoint_kwargs, "use_reentrant": False}
         torch.utils.checkpoint._allowed_determinism_checks_to_fns.setdefault(_MEASURE_KEY, _measure_saved)
@@ -442,8 +453,10 @@ class PlannedModuleList(torch.nn.Module):
         self.planned = planned
 
     def forward(self, x, *args, **kwargs):
+        # Keyword arguments are the blocks' (bound here), never checkpoint's
+        # options (``debug``, ``determinism_check``: PlannedModuleList's own).
         for block in self.blocks:
-            x = self.planned(block, x, *args, **kwargs)
+            x = self.planned(functools.partial(block, **kwargs) if kwargs else block, x, *args)
         return x
 
     def summary(self):

@@ -7,6 +7,7 @@ Bitwise parity with torch.utils.checkpoint without offloading (dropout on),
 only the layers' inputs reach the manager, and a lower peak of device
 memory. transformers' own models: tests/thirdparty/test_checkpoint_hf.py."""
 
+import contextlib
 import functools
 import warnings
 
@@ -305,6 +306,17 @@ def test_planned_bad_input():
         torch_offload.PlannedCheckpoint(torch_offload.Manager(DEV, device_target_bytes=1 << 20), use_reentrant=True)
     with pytest.raises(ValueError, match="plan must be None or 'auto', got 'sometimes'"):
         torch_offload.enable_gradient_checkpointing(TinyLM(), plan="sometimes")
+    with pytest.raises(ValueError, match="PlannedCheckpoint: use_reentrant must be False, got 'yes'"):
+        torch_offload.PlannedCheckpoint(torch_offload.Manager(DEV, device_target_bytes=1 << 20), use_reentrant="yes")
+    with pytest.raises(TypeError, match="enable_gradient_checkpointing: model must be a torch.nn.Module, got str"):
+        torch_offload.enable_gradient_checkpointing("model", plan="auto")
+    for bad in (0, -3, "x", True):
+        with pytest.raises(ValueError, match=f"every_n_layers must be an int >= 1, got {bad!r}"):
+            torch_offload.enable_gradient_checkpointing(TinyLM(), every_n_layers=bad)
+    untouched = TinyLM()
+    with pytest.raises(TypeError, match="plan='auto' needs manager, a torch_offload.Manager .*got NoneType"):
+        torch_offload.enable_gradient_checkpointing(untouched, plan="auto")
+    assert not any(getattr(m, "gradient_checkpointing", False) for m in untouched.modules())
     manager = torch_offload.Manager(DEV, device_target_bytes=1 << 20)
     plain = nn.Sequential(nn.Linear(4, 4), nn.ReLU())
     with pytest.raises(ValueError, match="no module of the Sequential has a gradient_checkpointing attribute"):
@@ -408,3 +420,109 @@ def test_a_kept_block_is_offloaded_by_the_guard_where_the_device_holds_more_than
     target = manager.options["device_target_bytes"]
     assert forward_peaks[-1] <= target
     assert device.max_memory_allocated(0) <= target + 64 * 256 * 4
+
+
+def _steps_with_peaks(model, manager, planned, steps=5, seq=64):
+    """Losses and each step's device peak (absolute) of `steps` AdamW steps
+    of `model` (a TinyLM) whose layers run through `planned` (a
+    PlannedModuleList; None: plainly), each forward inside `with manager:`."""
+    g = torch.Generator().manual_seed(1)
+    data = torch.randint(0, 64, (8, seq + 1), generator=g)
+    ids, labels = data[:, :-1].to(DEV), data[:, 1:].to(DEV)
+    optimizer = torch.optim.AdamW(model.parameters(), lr=1e-2)
+    losses, peaks = [], []
+    for _ in range(steps):
+        optimizer.zero_grad()
+        testdevice.synchronize(0)
+        testdevice.reset_peak(0)
+        h = model.embed(ids)
+        with manager if manager is not None else contextlib.nullcontext():
+            h = planned(h) if planned is not None else functools.reduce(lambda x, m: m(x), model.layers, h)
+            logits = model.head(h)
+            loss = F.cross_entropy(logits.reshape(-1, logits.size(-1)), labels.reshape(-1))
+        loss.backward()
+        optimizer.step()
+        testdevice.synchronize(0)
+        peaks.append(testdevice.peak_bytes(0))
+        losses.append(loss.item())
+    return losses, peaks
+
+
+@pytest.mark.parametrize("sync", ["streamed", "blocking"])
+def test_a_plan_counts_every_kept_block_where_the_output_head_peaks(sync):
+    # An output head over 4096 tokens peaks after the last block, where a
+    # plan keeping every block holds all of them. The target sits half a
+    # block's saved bytes under the peak without offloading: keeping every
+    # block would cross it (the model once counted all but the last there).
+    def fresh():
+        testdevice.warm_up()
+        torch.manual_seed(0)
+        return TinyLM(vocab=4096, width=128, layers=4).to(DEV).train()
+
+    none_losses, none_peaks = _steps_with_peaks(fresh(), None, None)
+    probe = torch_offload.Manager(DEV, sync=sync, device_target_bytes=1 << 40)
+    model = fresh()
+    planned = torch_offload.PlannedModuleList(model.layers, probe)
+    _steps_with_peaks(model, probe, planned, steps=1)
+    saves = int(planned.summary().split("block 0: ")[1].split(" saves ")[1].split(" B")[0])
+    del model, planned, probe
+    target = none_peaks[-1] - saves // 2
+    manager = torch_offload.Manager(DEV, sync=sync, device_target_bytes=target)
+    model = fresh()
+    planned = torch_offload.PlannedModuleList(model.layers, manager)
+    losses, peaks = _steps_with_peaks(model, manager, planned)
+    assert losses == none_losses
+    summary = planned.summary()
+    assert "after the last block the device peaked at" in summary, summary
+    assert manager.stats().blocks_kept < 4, summary
+    assert all(p <= target * 1.02 for p in peaks[1:]), (peaks, target, summary)
+
+
+def test_planned_blocks_whose_inputs_the_manager_never_sees_warn_and_recompute():
+    # Inputs under min_offload_bytes stay on the device unseen: the measuring
+    # step measures no peak, so the plan says so and recomputes every block.
+    torch.manual_seed(0)
+    blocks = nn.ModuleList(nn.Sequential(nn.Linear(32, 64), nn.GELU(), nn.Linear(64, 32)) for _ in range(4)).to(DEV)
+    x = torch.randn(4, 32, device=DEV)
+    expected = functools.reduce(lambda h, m: m(h), blocks, x).square().mean()
+    (want,) = torch.autograd.grad(expected, [blocks[0][0].weight])
+    manager = torch_offload.Manager(DEV, device_target_bytes=1 << 30, min_offload_bytes=1 << 20)
+    planned = torch_offload.PlannedModuleList(blocks, manager)
+    with warnings.catch_warnings(record=True) as caught:
+        warnings.simplefilter("always")
+        for _ in range(3):
+            with manager:
+                loss = planned(x).square().mean()
+            (got,) = torch.autograd.grad(loss, [blocks[0][0].weight])
+            assert torch.equal(loss, expected) and torch.equal(got, want)
+    messages = [str(w.message) for w in caught if "measured no peak" in str(w.message)]
+    assert len(messages) == 1 and "min_offload_bytes" in messages[0], [str(w.message) for w in caught]
+    assert manager.stats().blocks_recomputed == 4
+
+
+class _Flagged(nn.Module):
+    """A block taking keyword arguments named like torch.utils.checkpoint's options."""
+
+    def __init__(self):
+        super().__init__()
+        self.lin = nn.Linear(32, 32)
+
+    def forward(self, x, debug=False, determinism_check="none"):
+        return self.lin(x) * (2.0 if debug else 1.0) + (1.0 if determinism_check == "block's" else 0.0)
+
+
+def test_planned_module_list_passes_keyword_arguments_to_the_blocks_whatever_the_plan_chooses():
+    torch.manual_seed(0)
+    blocks = nn.ModuleList(_Flagged() for _ in range(3)).to(DEV)
+    x = torch.randn(8, 32, device=DEV)
+    expected = functools.reduce(lambda h, m: m(h, debug=True, determinism_check="block's"), blocks, x).sum()
+    for target in (1 << 12, 1 << 30):  # every block recomputed; every block kept
+        manager = torch_offload.Manager(DEV, device_target_bytes=target)
+        planned = torch_offload.PlannedModuleList(blocks, manager)
+        with warnings.catch_warnings():
+            warnings.simplefilter("ignore")  # the low target's warning
+            for _ in range(3):
+                with manager:
+                    loss = planned(x, debug=True, determinism_check="block's").sum()
+                loss.backward()
+                assert torch.equal(loss, expected)
