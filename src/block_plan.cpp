@@ -335,13 +335,13 @@ Prediction predict(const std::vector<BlockCost>& blocks, const LinkCost& link, s
   out.peak = std::max(at_forward_end, in_backward);
   if (outside.after_blocks_peak >= 0) {
     // What ran after the last block raised the measuring step's peak: it
-    // holds every kept block's tensors and kept input, and what is saved
-    // outside blocks before the last one where kept (what follows it was
-    // back on the device there in the measuring step too).
-    std::int64_t outside_before = 0;
-    for (std::size_t k = 0; outside_kept && k < outside.bytes.size() && k < blocks.size(); ++k)
-      outside_before += outside.bytes[k];
-    out.peak = std::max(out.peak, outside.after_blocks_peak + kept + kept_inputs + outside_before);
+    // holds every kept block's tensors and kept input, what is saved
+    // outside blocks where kept (all of it: where the head peaked in its
+    // forward, its own tensors were being offloaded in the measuring step)
+    // and the copies still in flight as forward ends. This errs high where
+    // the measuring step held some of the same bytes there (an input back
+    // ahead of need, the head's tensors back in its backward).
+    out.peak = std::max(out.peak, outside.after_blocks_peak + kept + kept_inputs + outside_bytes + behind);
   }
   return out;
 }
@@ -604,7 +604,9 @@ void BlockPlanner::block_done() {
   // Read without the lock, as recomputing() reads the peak.
   const auto peak = peak_(device);
   const std::lock_guard lock(mutex_);
-  if (measuring_ && last_recomputed_ < 0) blocks_peak_ = before_peak_ >= 0 && peak <= before_peak_ ? -1 : peak;
+  // A running peak still at one from before the step is where the head
+  // starts from too: a head that raises it is measured all the same.
+  if (measuring_ && last_recomputed_ < 0) blocks_peak_ = peak;
 }
 
 bool BlockPlanner::outside_block() const {

@@ -451,6 +451,13 @@ TEST_CASE("plan_blocks: where what ran after the last block raised the peak, it 
   const auto three = offload::plan_blocks(blocks, LinkCost{0.0, 0, true}, 230, 600, 150, outside);
   CHECK(three.choices == std::vector<BlockChoice>{R, K, K, K});
   CHECK(three.peak_bytes == 530);
+  // Offloading over overlapping copies: the copies still in flight as
+  // forward ends (at least the largest offloaded block's 100 bytes) are
+  // held there too, so offloading one block (230 + 300 + 100) does not fit
+  // under 600; two do (230 + 200 + 100).
+  const auto offloaded = offload::plan_blocks(blocks, streamed(10.0), 230, 600, 150, outside);
+  CHECK(offloaded.choices == std::vector<BlockChoice>{O, O, K, K});
+  CHECK(offloaded.peak_bytes == 530);
 }
 
 TEST_CASE("plan_blocks: what is saved outside blocks is kept where it fits, else its copies are counted") {
@@ -612,6 +619,21 @@ TEST_CASE("BlockPlanner: measures where what runs after the last block raises th
   CHECK(planner.next_block(20, 0).choice == R);
   CHECK(planner.next_block(20, 0).choice == K);
   CHECK(planner.summary().find("predicted peak 220 B") != std::string::npos);
+  // Peak statistics not reset since an earlier, higher peak (500): forward
+  // never rises above it, the head does, and is measured all the same.
+  peak = 500;
+  offload::BlockPlanner unreset(/*target=*/2000, /*overlaps=*/true,
+                                [&](int device) { return device == 0 ? peak : std::int64_t{-1}; });
+  unreset.begin_step(-1, 10, 500);
+  for (int i = 0; i < 2; ++i) {
+    unreset.measured(unreset.next_block(20, 0).index, BlockCost{1000, 100, 2, 20});
+    unreset.block_done();
+  }
+  peak = 600;
+  unreset.recomputing(1, 0);
+  unreset.recomputing(0, 0);
+  unreset.begin_step(600, 10);
+  CHECK(unreset.summary().find("after the last block the device peaked at 600 B") != std::string::npos);
 }
 
 TEST_CASE("BlockPlanner: counts what is saved outside blocks while measuring, and keeps it where the plan says") {

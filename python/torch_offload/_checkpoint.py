@@ -4,6 +4,7 @@ block inputs go through a torch_offload Manager (Hugging Face's
 ``gradient_checkpointing_func`` convention), and enable_gradient_checkpointing."""
 
 import functools
+import operator
 import threading
 import time
 
@@ -106,7 +107,11 @@ def enable_gradient_checkpointing(model, manager=None, every_n_layers=1, plan=No
         raise TypeError(f"enable_gradient_checkpointing: model must be a torch.nn.Module, got {type(model).__name__}")
     if plan not in (None, "auto"):
         raise ValueError(f"enable_gradient_checkpointing: plan must be None or 'auto', got {plan!r}")
-    if isinstance(every_n_layers, bool) or not isinstance(every_n_layers, int) or every_n_layers < 1:
+    try:  # an integer of any kind (numpy's, torch's) but bool
+        ok = not isinstance(every_n_layers, bool) and operator.index(every_n_layers) >= 1
+    except TypeError:
+        ok = False
+    if not ok:
         raise ValueError(f"enable_gradient_checkpointing: every_n_layers must be an int >= 1, got {every_n_layers!r}")
     if plan == "auto" and not isinstance(manager, Manager):
         raise TypeError(
