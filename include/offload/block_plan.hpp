@@ -176,8 +176,9 @@ struct BlockPlanResult {
 ///   it was saved (what follows the last block is the first needed back).
 ///   Where what ran after the last block raised the measuring step's peak
 ///   (OutsideCost::after_blocks_peak), that stretch holds every kept
-///   block's tensors, every kept input and what was kept outside blocks
-///   before the last one on top of it.
+///   block's tensors, every kept input, everything kept outside blocks and
+///   the copies still in flight as forward ends on top of it (erring high
+///   where the measuring step held some of the same bytes there).
 /// The choice is the candidate with the least predicted extra time whose
 /// predicted peak is at most `limit` bytes (ties: fewer bytes moved, then
 /// fewer recomputed), each with what is saved outside blocks offloaded and
