@@ -346,6 +346,24 @@ Prediction predict(const std::vector<BlockCost>& blocks, const LinkCost& link, s
   return out;
 }
 
+// Every block offloaded, as predict() has it; with `floor`, each block's
+// measured stretch of backward holds, of its own saved tensors, only its
+// largest storage: a bound under what offloading every block needs (its
+// recomputation held all its tensors at once; offloaded, they come back
+// as backward unpacks them, at least the largest at once), to tell whether
+// trying it is worthwhile.
+Prediction offload_all(std::vector<BlockCost> blocks, const LinkCost& link, std::int64_t base_peak,
+                       std::int64_t forward_peak, const OutsideCost& outside, bool floor) {
+  if (floor) {
+    for (auto& b : blocks) {
+      const auto largest = b.largest_storage > 0 ? b.largest_storage : b.saved_bytes;
+      if (b.backward_peak >= 0) b.backward_peak -= std::max<std::int64_t>(0, b.saved_bytes - largest);
+    }
+  }
+  const std::vector<BlockChoice> choices(blocks.size(), BlockChoice::offload);
+  return predict(blocks, link, base_peak, forward_peak, choices, outside, false);
+}
+
 // The predicted extra time of recomputing every block (no choice fits
 // under a limit of -1).
 std::int64_t recompute_all_extra_ns(const std::vector<BlockCost>& blocks, const LinkCost& link,
@@ -462,6 +480,8 @@ bool BlockPlanner::begin_step(std::int64_t needed, std::int64_t allocated, std::
         base_peak_ = needed;
         forward_peak_ = step_forward_peak_ >= 0 && allocated >= 0 ? step_forward_peak_ + allocated : -1;
         correction_ = 0;
+        offload_all_peak_ = -1;
+        trial_ = false;
         outside_.bytes.resize(ran + 1, 0);
         outside_.storages.resize(ran + 1, 0);
         base_ns_ =
@@ -472,7 +492,15 @@ bool BlockPlanner::begin_step(std::int64_t needed, std::int64_t allocated, std::
       }
     } else {
       if (ran != choices_.size()) measure_next_ = true;  // fewer blocks than planned
-      if (!measure_next_ && needed > target_ && needed > predicted_peak_) {
+      if (trial_) {
+        // The step tried every block offloaded (the model found nothing
+        // that fits): plan again knowing what that needed.
+        trial_ = false;
+        if (!measure_next_) {
+          offload_all_peak_ = needed >= 0 ? needed - correction_ : std::numeric_limits<std::int64_t>::max() / 2;
+          plan_locked();
+        }
+      } else if (!measure_next_ && needed > target_ && needed > predicted_peak_) {
         // The step needed more than the model predicted: plan again with
         // the difference. Where nothing fits then, the blocks no longer
         // save what was measured (data-dependent sizes, another model
@@ -713,6 +741,9 @@ std::string BlockPlanner::summary() const {
   if (outside_.after_blocks_peak >= 0)
     out << "; after the last block the device peaked at " << outside_.after_blocks_peak << " B";
   out << "\n";
+  if (trial_) out << "this step tries every block offloaded (the model found nothing that fits)\n";
+  if (offload_all_peak_ >= 0)
+    out << "every block offloaded, tried, needed " << offload_all_peak_ + correction_ << " B\n";
   for (std::size_t i = 0; i < costs_.size(); ++i) {
     const auto& c = costs_[i];
     out << "block " << i << ": forward " << c.forward_ns << " ns, saves " << c.saved_bytes << " B in "
@@ -781,17 +812,47 @@ void BlockPlanner::plan_locked(bool remeasure_if_unfit) {
     correction_ = 0;
     return;
   }
-  choices_ = result.choices;
-  outside_kept_ = result.outside_kept;
-  extra_ns_ = result.extra_ns;
-  predicted_peak_ = result.peak_bytes;
-  planned_ = true;
+  bool offloaded = false;  // every block offloaded: it fits, or it needed less than recomputing every block
+  if (!result.fits && link_.bytes_per_ns > 0 && !costs.empty()) {
+    // The model errs high for offloaded blocks in backward (each holds its
+    // tensors there as its recomputation did): where offloading every
+    // block may fit, try it for a step (trial_), then keep it where the
+    // step it ran in met the target, or needed less than recomputing
+    // every block is predicted to (then with the warning).
+    const auto base = base_peak_ + correction_;
+    const auto forward = forward_peak_ >= 0 ? forward_peak_ + correction_ : -1;
+    const bool tried = offload_all_peak_ >= 0;
+    const auto tried_peak = offload_all_peak_ + correction_;
+    if (tried ? tried_peak < result.peak_bytes
+              : offload_all(costs, link_, base, forward, outside, /*floor=*/true).peak <= target_) {
+      trial_ = !tried;
+      offloaded = true;
+      choices_.assign(costs_.size(), BlockChoice::offload);
+      outside_kept_ = false;
+      extra_ns_ = static_cast<std::int64_t>(offload_all(costs, link_, base, forward, outside, false).extra_ns);
+      predicted_peak_ = tried ? tried_peak : target_;
+      planned_ = true;
+      if (trial_ || tried_peak <= target_) return;
+    }
+  }
+  if (!offloaded) {
+    choices_ = result.choices;
+    outside_kept_ = result.outside_kept;
+    extra_ns_ = result.extra_ns;
+    predicted_peak_ = result.peak_bytes;
+    planned_ = true;
+  }
   if (!result.fits && !warned_) {
     warned_ = true;
     warning_ = "offload::Options: device_target_bytes " + std::to_string(target_) +
                " is below what recomputing every planned block with its inputs offloaded needs (" +
                std::to_string(result.peak_bytes) + " bytes, predicted from the measuring step's " +
-               std::to_string(base_peak_ + correction_) + "-byte peak); every planned block is recomputed" +
+               std::to_string(base_peak_ + correction_) + "-byte peak" +
+               (offload_all_peak_ >= 0 ? "; offloading every planned block, tried, needed " +
+                                             std::to_string(offload_all_peak_ + correction_) + " bytes"
+                                       : "") +
+               (offloaded ? "); every planned block is offloaded (that needed less)"
+                          : "); every planned block is recomputed") +
                (before_peak_ >= 0 ? " (the device had already peaked at " + std::to_string(before_peak_) +
                                         " bytes before that step, so it measured no block's own peak in backward: "
                                         "reset the device's peak statistics before training)"

@@ -6,6 +6,7 @@
 #include "doctest.hpp"
 
 #include <cstdint>
+#include <memory>
 #include <string>
 #include <vector>
 
@@ -691,6 +692,95 @@ TEST_CASE("BlockPlanner: a step that needed more than predicted re-plans with th
   CHECK(tight.take_warning().find("device_target_bytes 100 is below") != std::string::npos);
   CHECK(tight.take_warning().empty());
   CHECK(tight.next_block(20).choice == R);
+}
+
+TEST_CASE(
+    "BlockPlanner: where nothing fits by the model but offloading every block may, one step tries it; the lower "
+    "of the two stays") {
+  // Blocking copies: an offloaded block's tensors come back as backward
+  // unpacks them, so its stretch of backward needs less than its
+  // recomputation, which held all of them at once; the model takes the
+  // recomputation's. Two blocks of 100 saved bytes in 4 storages (largest
+  // 25); recomputing every block peaks at 180 in backward.
+  std::int64_t peak = 0;
+  const auto measured_planner = [&](std::int64_t target) {
+    auto planner = std::make_unique<offload::BlockPlanner>(target, /*overlaps=*/false, [&](int) { return peak; });
+    peak = 60;
+    planner->begin_step(-1, 10);
+    for (int i = 0; i < 2; ++i) {
+      planner->measured(planner->next_block(20, 0).index, BlockCost{1000, 100, 4, 20, -1, -1, 25});
+      planner->block_done();
+    }
+    planner->link_measured(400, 400, 100, 100);
+    planner->end_forward(50);
+    planner->recomputing(1, 0);
+    peak = 170;  // block 1's stretch; block 0's closes with the step's peak, 180
+    planner->recomputing(0, 0);
+    return planner;
+  };
+  const auto choices = [](offload::BlockPlanner& planner) {
+    std::vector<BlockChoice> out;
+    for (int i = 0; i < 2; ++i) {
+      out.push_back(planner.next_block(20, 0).choice);
+      planner.block_done();
+    }
+    return out;
+  };
+  // Target 150: no candidate fits the model, but every block offloaded may
+  // (block 0's stretch less 75 of its own bytes: 105): the next step tries
+  // it, without a warning.
+  auto planner = measured_planner(150);
+  CHECK(planner->begin_step(180, 10));
+  CHECK(planner->take_warning().empty());
+  CHECK(planner->summary().find("this step tries every block offloaded") != std::string::npos);
+  CHECK(choices(*planner) == std::vector<BlockChoice>{O, O});
+  // It needed 140: under the target, it stays the plan.
+  CHECK_FALSE(planner->begin_step(140, 10));
+  CHECK(planner->take_warning().empty());
+  CHECK(planner->summary().find("every block offloaded, tried, needed 140 B") != std::string::npos);
+  CHECK(planner->summary().find("this step tries") == std::string::npos);
+  CHECK(choices(*planner) == std::vector<BlockChoice>{O, O});
+  CHECK_FALSE(planner->begin_step(140, 10));
+  CHECK(choices(*planner) == std::vector<BlockChoice>{O, O});
+  offload::Stats stats;
+  planner->add_stats(stats);
+  CHECK(stats.blocks_offloaded == 2);
+
+  // Tried and over the target, but under what recomputing every block
+  // needs (180): the warning, with both figures, and every block stays
+  // offloaded (the lower of the two).
+  auto over = measured_planner(150);
+  over->begin_step(180, 10);
+  CHECK(choices(*over) == std::vector<BlockChoice>{O, O});
+  CHECK_FALSE(over->begin_step(160, 10));
+  auto warning = over->take_warning();
+  CHECK_MESSAGE(warning.find("device_target_bytes 150 is below") != std::string::npos, warning);
+  CHECK_MESSAGE(warning.find("offloading every planned block, tried, needed 160 bytes); every planned block is "
+                             "offloaded (that needed less)") != std::string::npos,
+                warning);
+  CHECK(choices(*over) == std::vector<BlockChoice>{O, O});
+  over->begin_step(160, 10);
+  CHECK(over->take_warning().empty());
+  CHECK(choices(*over) == std::vector<BlockChoice>{O, O});
+  // Over what recomputing every block needs: every block recomputed.
+  auto worse = measured_planner(150);
+  worse->begin_step(180, 10);
+  CHECK(choices(*worse) == std::vector<BlockChoice>{O, O});
+  CHECK(worse->begin_step(190, 10));
+  warning = worse->take_warning();
+  CHECK_MESSAGE(warning.find("tried, needed 190 bytes); every planned block is recomputed") != std::string::npos,
+                warning);
+  CHECK(choices(*worse) == std::vector<BlockChoice>{R, R});
+  worse->begin_step(180, 10);
+  CHECK(worse->take_warning().empty());
+  CHECK(choices(*worse) == std::vector<BlockChoice>{R, R});
+
+  // A target under even that bound (100 < 105): no step tries it; the
+  // warning comes at once.
+  auto low = measured_planner(100);
+  low->begin_step(180, 10);
+  CHECK(low->take_warning().find("device_target_bytes 100 is below") != std::string::npos);
+  CHECK(choices(*low) == std::vector<BlockChoice>{R, R});
 }
 
 TEST_CASE("BlockPlanner: where a step needed so much more than predicted that nothing fits, the next step measures") {

@@ -200,7 +200,13 @@ BlockPlanResult plan_blocks(const std::vector<BlockCost>& blocks, const LinkCost
 /// than the model predicted, and more than the target, re-plans with the
 /// difference added. Choices stay until
 /// then, so the per-tensor plan of Options::device_target_bytes learns
-/// each configuration once.
+/// each configuration once. Where the model finds nothing that fits, but
+/// offloading every block might (the model takes an offloaded block's
+/// stretch of backward as its recomputation's, which holds all its saved
+/// tensors at once; brought back as backward unpacks them, they need
+/// less, by down to all but its largest storage), the step after tries
+/// it: every block offloaded, its peak measured. Where that met the target
+/// it stays the plan; else the plan warns and recomputes every block.
 ///
 /// Thread-safety: every member may be called from any thread (one mutex).
 class BlockPlanner {
@@ -335,7 +341,8 @@ class BlockPlanner {
   void link_measured(std::int64_t bytes, std::int64_t ns, std::int64_t small_bytes, std::int64_t small_ns);
 
   /// The warning to give, once (a target below what recomputing every
-  /// block reaches), else empty; cleared by the call.
+  /// block reaches, and offloading every block where tried), else empty;
+  /// cleared by the call.
   std::string take_warning();
 
   /// Whether planned blocks ran under this planner (in any step).
@@ -362,6 +369,8 @@ class BlockPlanner {
   std::function<std::int64_t(int)> allocated_;
   std::function<void()> relieve_;
   bool unfit_remeasured_ = false;         // the last planned step's feedback left nothing fitting and measured again
+  bool trial_ = false;                    // this step offloads every block to measure what that needs
+  std::int64_t offload_all_peak_ = -1;    // ... which it needed (less correction_ then); -1: not tried since measuring
   bool measuring_ = true;                 // this step recomputes and measures every block
   bool measure_next_ = false;             // a block was unexpected: the next step measures
   bool planned_ = false;                  // choices_ come from a plan

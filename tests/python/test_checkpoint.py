@@ -478,6 +478,44 @@ def test_a_plan_counts_every_kept_block_where_the_output_head_peaks(sync):
     assert all(p <= target * 1.02 for p in peaks[1:]), (peaks, target, summary)
 
 
+def test_a_plan_tries_offloading_every_block_where_recomputing_every_block_does_not_fit():
+    # With blocking copies an offloaded block's tensors come back one
+    # operation at a time in backward, while a recomputed block holds all
+    # of its tensors at once: offloading every block peaks lower. A target
+    # between the two used to be called unreachable, and every block was
+    # recomputed, over the target, where the plan's step 2 now tries
+    # offloading every block and keeps doing so.
+    def fresh():
+        testdevice.warm_up()
+        torch.manual_seed(0)
+        return TinyLM(width=128, layers=4).to(DEV).train()
+
+    none_losses, _ = _steps_with_peaks(fresh(), None, None)
+    everything = torch_offload.Manager(DEV, sync="blocking")
+    _, offload_peaks = _steps_with_peaks(fresh(), everything, None)
+    low = torch_offload.Manager(DEV, sync="blocking", device_target_bytes=1)
+    model = fresh()
+    with warnings.catch_warnings():
+        warnings.simplefilter("ignore", torch_offload.OffloadWarning)  # target 1: "below what recomputing ... needs"
+        _, recompute_peaks = _steps_with_peaks(model, low, torch_offload.PlannedModuleList(model.layers, low))
+    assert low.stats().blocks_recomputed == 4
+    assert offload_peaks[-1] < recompute_peaks[-1], (offload_peaks, recompute_peaks)
+    target = (offload_peaks[-1] + recompute_peaks[-1]) // 2
+    manager = torch_offload.Manager(DEV, sync="blocking", device_target_bytes=target)
+    model = fresh()
+    planned = torch_offload.PlannedModuleList(model.layers, manager)
+    with warnings.catch_warnings(record=True) as caught:
+        warnings.simplefilter("always")
+        losses, peaks = _steps_with_peaks(model, manager, planned)
+    assert losses == none_losses
+    summary = planned.summary()
+    assert not [str(w.message) for w in caught if "below what" in str(w.message)], summary
+    assert "every block offloaded, tried, needed" in summary, summary
+    assert manager.stats().blocks_offloaded == 4, summary
+    assert manager.stats().bytes_offloaded > 0
+    assert all(p <= target * 1.02 for p in peaks[1:]), (peaks, target, recompute_peaks, summary)
+
+
 def test_planned_blocks_whose_inputs_the_manager_never_sees_warn_and_recompute():
     # Inputs under min_offload_bytes stay on the device unseen: the measuring
     # step measures no peak, so the plan says so and recomputes every block.
