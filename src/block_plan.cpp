@@ -492,6 +492,12 @@ bool BlockPlanner::begin_step(std::int64_t needed, std::int64_t allocated, std::
       }
     } else {
       if (ran != choices_.size()) measure_next_ = true;  // fewer blocks than planned
+      // A step that ran its plan as planned: its time less the plan's
+      // predicted extra lowers the base of later predictions (the measuring
+      // step may have run cold: a process's first calls, a cold allocator).
+      if (!measure_next_ && !diverged_ && guarded_ == 0 && ran_choices_ == choices_ && base_ns_ >= 0) {
+        base_ns_ = std::min(base_ns_, std::max<std::int64_t>(0, measured_ns_ - extra_ns_));
+      }
       if (trial_) {
         // The step tried every block offloaded (the model found nothing
         // that fits): plan again knowing what that needed.

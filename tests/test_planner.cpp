@@ -5,9 +5,11 @@
 
 #include "doctest.hpp"
 
+#include <chrono>
 #include <cstdint>
 #include <memory>
 #include <string>
+#include <thread>
 #include <vector>
 
 #include <offload/block_plan.hpp>
@@ -668,6 +670,27 @@ TEST_CASE("BlockPlanner: counts what is saved outside blocks while measuring, an
   planner.block_done();
   CHECK_FALSE(planner.begin_step(300));  // the same choices, the outside kept again
   CHECK(planner.summary() == summary);
+}
+
+TEST_CASE("BlockPlanner: a step that ran its plan lowers the base of the predicted step time") {
+  // The measuring step ran cold (here: 300 ms asleep); the planned step
+  // after it did not. Its time less the plan's predicted extra becomes the
+  // base, so the prediction no longer carries the cold step.
+  offload::BlockPlanner planner(/*target=*/1000, /*overlaps=*/true);
+  planner.begin_step(-1);
+  for (int i = 0; i < 3; ++i) planner.measured(planner.next_block(20).index, BlockCost{1000, 100, 2, 20});
+  planner.link_measured(400, 400, 100, 100);
+  std::this_thread::sleep_for(std::chrono::milliseconds(300));
+  planner.begin_step(300);  // all kept
+  offload::Stats cold;
+  planner.add_stats(cold);
+  CHECK(cold.plan_predicted_step_us >= 250'000);
+  for (int i = 0; i < 3; ++i) CHECK(planner.next_block(20).choice == K);
+  planner.begin_step(300);
+  offload::Stats warm;
+  planner.add_stats(warm);
+  CHECK(warm.plan_predicted_step_us < 250'000);
+  CHECK(warm.plan_predicted_step_us <= warm.plan_measured_step_us);
 }
 
 TEST_CASE("BlockPlanner: a step that needed more than predicted re-plans with the difference") {
