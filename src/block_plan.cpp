@@ -449,7 +449,7 @@ BlockPlanResult plan_blocks(const std::vector<BlockCost>& blocks, const LinkCost
   return result;
 }
 
-bool BlockPlanner::begin_step(std::int64_t needed, std::int64_t allocated, std::int64_t peak) {
+bool BlockPlanner::begin_step(std::int64_t needed, std::int64_t allocated, std::int64_t peak, bool needed_is_peak) {
   const std::lock_guard lock(mutex_);
   const auto now = Clock::now();
   const auto previous = ran_choices_;
@@ -481,7 +481,9 @@ bool BlockPlanner::begin_step(std::int64_t needed, std::int64_t allocated, std::
         forward_peak_ = step_forward_peak_ >= 0 && allocated >= 0 ? step_forward_peak_ + allocated : -1;
         correction_ = 0;
         offload_all_peak_ = -1;
+        offload_all_measured_ = true;
         trial_ = false;
+        rebased_ = false;
         outside_.bytes.resize(ran + 1, 0);
         outside_.storages.resize(ran + 1, 0);
         base_ns_ =
@@ -492,20 +494,33 @@ bool BlockPlanner::begin_step(std::int64_t needed, std::int64_t allocated, std::
       }
     } else {
       if (ran != choices_.size()) measure_next_ = true;  // fewer blocks than planned
-      // A step that ran its plan as planned: its time less the plan's
-      // predicted extra lowers the base of later predictions (the measuring
-      // step may have run cold: a process's first calls, a cold allocator).
-      if (!measure_next_ && !diverged_ && guarded_ == 0 && ran_choices_ == choices_ && base_ns_ >= 0) {
-        base_ns_ = std::min(base_ns_, std::max<std::int64_t>(0, measured_ns_ - extra_ns_));
+      // The first step after the measuring step that ran its plan as
+      // planned: its time less the plan's predicted extra is the base of
+      // later predictions (the measuring step may have run cold: a
+      // process's first calls, a cold allocator).
+      if (!rebased_ && !measure_next_ && !diverged_ && guarded_ == 0 && ran_choices_ == choices_ && base_ns_ >= 0) {
+        base_ns_ = std::max<std::int64_t>(0, measured_ns_ - extra_ns_);
+        rebased_ = true;
       }
+      const bool offloading_all_tried =
+          offload_all_peak_ >= 0 && !choices_.empty() &&
+          std::all_of(choices_.begin(), choices_.end(), [](BlockChoice c) { return c == BlockChoice::offload; });
       if (trial_) {
         // The step tried every block offloaded (the model found nothing
-        // that fits): plan again knowing what that needed.
+        // that fits): plan again knowing what that needed. Where the step
+        // did not raise the device's running peak, `needed` is the
+        // per-tensor plan's model, not a measure.
         trial_ = false;
         if (!measure_next_) {
-          offload_all_peak_ = needed >= 0 ? needed - correction_ : std::numeric_limits<std::int64_t>::max() / 2;
+          offload_all_measured_ = needed_is_peak && needed >= 0;
+          offload_all_peak_ = std::max<std::int64_t>(0, needed - correction_);
           plan_locked();
         }
+      } else if (offloading_all_tried) {
+        // Every block offloaded, as tried: it offloads all a plan of blocks
+        // can, and what a step needs beyond the tried one is the per-tensor
+        // plan's (what it keeps inside the blocks, with its own feedback).
+        unfit_remeasured_ = false;
       } else if (!measure_next_ && needed > target_ && needed > predicted_peak_) {
         // The step needed more than the model predicted: plan again with
         // the difference. Where nothing fits then, the blocks no longer
@@ -748,8 +763,13 @@ std::string BlockPlanner::summary() const {
     out << "; after the last block the device peaked at " << outside_.after_blocks_peak << " B";
   out << "\n";
   if (trial_) out << "this step tries every block offloaded (the model found nothing that fits)\n";
-  if (offload_all_peak_ >= 0)
+  if (offload_all_peak_ >= 0 && offload_all_measured_)
     out << "every block offloaded, tried, needed " << offload_all_peak_ + correction_ << " B\n";
+  if (offload_all_peak_ >= 0 && !offload_all_measured_) {
+    out << "every block offloaded, tried: its peak not measured (it did not raise the device's running peak); "
+           "the per-tensor plan's model of it "
+        << offload_all_peak_ + correction_ << " B\n";
+  }
   for (std::size_t i = 0; i < costs_.size(); ++i) {
     const auto& c = costs_[i];
     out << "block " << i << ": forward " << c.forward_ns << " ns, saves " << c.saved_bytes << " B in "
@@ -829,7 +849,10 @@ void BlockPlanner::plan_locked(bool remeasure_if_unfit) {
     const auto forward = forward_peak_ >= 0 ? forward_peak_ + correction_ : -1;
     const bool tried = offload_all_peak_ >= 0;
     const auto tried_peak = offload_all_peak_ + correction_;
-    if (tried ? tried_peak < result.peak_bytes
+    // Not measured: that step did not raise the device's running peak,
+    // which the measuring step had raised (its stretches were measured, or
+    // no step would have been tried): it needed no more than that.
+    if (tried ? !offload_all_measured_ || tried_peak < result.peak_bytes
               : offload_all(costs, link_, base, forward, outside, /*floor=*/true).peak <= target_) {
       trial_ = !tried;
       offloaded = true;
@@ -854,9 +877,14 @@ void BlockPlanner::plan_locked(bool remeasure_if_unfit) {
                " is below what recomputing every planned block with its inputs offloaded needs (" +
                std::to_string(result.peak_bytes) + " bytes, predicted from the measuring step's " +
                std::to_string(base_peak_ + correction_) + "-byte peak" +
-               (offload_all_peak_ >= 0 ? "; offloading every planned block, tried, needed " +
-                                             std::to_string(offload_all_peak_ + correction_) + " bytes"
-                                       : "") +
+               (offload_all_peak_ < 0 ? std::string()
+                : offload_all_measured_
+                    ? "; offloading every planned block, tried, needed " +
+                          std::to_string(offload_all_peak_ + correction_) + " bytes"
+                    : "; offloading every planned block, tried, did not raise the device's peak from the measuring "
+                      "step, so its own was not measured (reset the device's peak statistics before each step to "
+                      "measure it); the per-tensor plan's model of it: " +
+                          std::to_string(offload_all_peak_ + correction_) + " bytes") +
                (offloaded ? "); every planned block is offloaded (that needed less)"
                           : "); every planned block is recomputed") +
                (before_peak_ >= 0 ? " (the device had already peaked at " + std::to_string(before_peak_) +

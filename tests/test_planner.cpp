@@ -763,6 +763,17 @@ TEST_CASE(
   CHECK(planner->summary().find("every block offloaded, tried, needed 140 B") != std::string::npos);
   CHECK(planner->summary().find("this step tries") == std::string::npos);
   CHECK(choices(*planner) == std::vector<BlockChoice>{O, O});
+  // A later step over the target (the per-tensor plan inside the blocks
+  // keeping a little too much) is that plan's to correct: this plan
+  // neither measures again nor warns.
+  CHECK_FALSE(planner->begin_step(151, 10));
+  CHECK(planner->take_warning().empty());
+  auto turn = planner->next_block(20, 0);
+  CHECK_FALSE(turn.measure);
+  CHECK(turn.choice == O);
+  planner->block_done();
+  (void)planner->next_block(20, 0);
+  planner->block_done();
   CHECK_FALSE(planner->begin_step(140, 10));
   CHECK(choices(*planner) == std::vector<BlockChoice>{O, O});
   offload::Stats stats;
@@ -797,6 +808,27 @@ TEST_CASE(
   worse->begin_step(180, 10);
   CHECK(worse->take_warning().empty());
   CHECK(choices(*worse) == std::vector<BlockChoice>{R, R});
+
+  // The tried step did not raise the device's running peak (statistics
+  // not reset since the measuring step): `needed` is the per-tensor plan's
+  // model. Under the target: kept, no warning; over it: kept (it needed no
+  // more than the measuring step), with a warning saying it was not
+  // measured.
+  auto unmeasured = measured_planner(150);
+  unmeasured->begin_step(180, 10);
+  CHECK(choices(*unmeasured) == std::vector<BlockChoice>{O, O});
+  CHECK_FALSE(unmeasured->begin_step(145, 10, -1, /*needed_is_peak=*/false));
+  CHECK(unmeasured->take_warning().empty());
+  CHECK(unmeasured->summary().find("its peak not measured") != std::string::npos);
+  CHECK(choices(*unmeasured) == std::vector<BlockChoice>{O, O});
+  auto modelled_over = measured_planner(150);
+  modelled_over->begin_step(180, 10);
+  CHECK(choices(*modelled_over) == std::vector<BlockChoice>{O, O});
+  CHECK_FALSE(modelled_over->begin_step(200, 10, -1, /*needed_is_peak=*/false));
+  warning = modelled_over->take_warning();
+  CHECK_MESSAGE(warning.find("so its own was not measured") != std::string::npos, warning);
+  CHECK_MESSAGE(warning.find("every planned block is offloaded") != std::string::npos, warning);
+  CHECK(choices(*modelled_over) == std::vector<BlockChoice>{O, O});
 
   // A target under even that bound (100 < 105): no step tries it; the
   // warning comes at once.

@@ -206,7 +206,13 @@ BlockPlanResult plan_blocks(const std::vector<BlockCost>& blocks, const LinkCost
 /// tensors at once; brought back as backward unpacks them, they need
 /// less, by down to all but its largest storage), the step after tries
 /// it: every block offloaded, its peak measured. Where that met the target
-/// it stays the plan; else the plan warns and recomputes every block.
+/// it stays the plan (and the per-tensor plan inside the blocks answers
+/// for later steps' peaks); else the plan warns and keeps whichever needed
+/// less: every block offloaded or every block recomputed. Where that step
+/// did not raise the device's running peak (statistics not reset since a
+/// higher one), its own peak is unknown but not above that earlier one:
+/// every block stays offloaded, without a warning unless the per-tensor
+/// plan's model of it is over the target.
 ///
 /// Thread-safety: every member may be called from any thread (one mutex).
 class BlockPlanner {
@@ -265,10 +271,12 @@ class BlockPlanner {
   /// stretch in backward whose running peak never rises above it was not
   /// measured and counts as such (BlockCost::backward_peak -1; reset the
   /// device's peak statistics before training for every stretch
-  /// measured). Returns true when this step's choices differ from what
+  /// measured). `needed_is_peak`: `needed` is the step's own peak (false:
+  /// the per-tensor plan's model; the step did not raise the device's
+  /// running peak). Returns true when this step's choices differ from what
   /// the step before ran (the guard's changes included: what the
   /// per-tensor plan recorded no longer applies).
-  bool begin_step(std::int64_t needed, std::int64_t allocated = -1, std::int64_t peak = -1);
+  bool begin_step(std::int64_t needed, std::int64_t allocated = -1, std::int64_t peak = -1, bool needed_is_peak = true);
 
   /// A marked block is about to run with `input_bytes` of inputs on the
   /// device with index `device_index` (-1: none on a device): its choice
@@ -371,6 +379,8 @@ class BlockPlanner {
   bool unfit_remeasured_ = false;         // the last planned step's feedback left nothing fitting and measured again
   bool trial_ = false;                    // this step offloads every block to measure what that needs
   std::int64_t offload_all_peak_ = -1;    // ... which it needed (less correction_ then); -1: not tried since measuring
+  bool offload_all_measured_ = true;      // ... its own peak; false: the per-tensor plan's model, or -1 not known
+  bool rebased_ = false;                  // base_ns_ was taken from a planned step since the measuring step
   bool measuring_ = true;                 // this step recomputes and measures every block
   bool measure_next_ = false;             // a block was unexpected: the next step measures
   bool planned_ = false;                  // choices_ come from a plan

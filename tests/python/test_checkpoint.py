@@ -422,19 +422,22 @@ def test_a_kept_block_is_offloaded_by_the_guard_where_the_device_holds_more_than
     assert device.max_memory_allocated(0) <= target + 64 * 256 * 4
 
 
-def _steps_with_peaks(model, manager, planned, steps=5, seq=64):
+def _steps_with_peaks(model, manager, planned, steps=5, seq=64, reset_each_step=True):
     """Losses and each step's device peak (absolute) of `steps` AdamW steps
     of `model` (a TinyLM) whose layers run through `planned` (a
-    PlannedModuleList; None: plainly), each forward inside `with manager:`."""
+    PlannedModuleList; None: plainly), each forward inside `with manager:`.
+    `reset_each_step`: the device's peak statistics are reset before each
+    step (else once, before the first, and the peaks are running ones)."""
     g = torch.Generator().manual_seed(1)
     data = torch.randint(0, 64, (8, seq + 1), generator=g)
     ids, labels = data[:, :-1].to(DEV), data[:, 1:].to(DEV)
     optimizer = torch.optim.AdamW(model.parameters(), lr=1e-2)
     losses, peaks = [], []
-    for _ in range(steps):
+    for step in range(steps):
         optimizer.zero_grad()
         testdevice.synchronize(0)
-        testdevice.reset_peak(0)
+        if reset_each_step or step == 0:
+            testdevice.reset_peak(0)
         h = model.embed(ids)
         with manager if manager is not None else contextlib.nullcontext():
             h = planned(h) if planned is not None else functools.reduce(lambda x, m: m(x), model.layers, h)
@@ -478,19 +481,23 @@ def test_a_plan_counts_every_kept_block_where_the_output_head_peaks(sync):
     assert all(p <= target * 1.02 for p in peaks[1:]), (peaks, target, summary)
 
 
-def test_a_plan_tries_offloading_every_block_where_recomputing_every_block_does_not_fit():
+@pytest.mark.parametrize("reset_each_step", [True, False])
+def test_a_plan_tries_offloading_every_block_where_recomputing_every_block_does_not_fit(reset_each_step):
     # With blocking copies an offloaded block's tensors come back one
     # operation at a time in backward, while a recomputed block holds all
     # of its tensors at once: offloading every block peaks lower. A target
     # between the two used to be called unreachable, and every block was
     # recomputed, over the target, where the plan's step 2 now tries
-    # offloading every block and keeps doing so.
+    # offloading every block and keeps doing so. With the device's peak
+    # statistics reset once, before training, later steps raise no peak:
+    # what they need is the per-tensor plan's model, which must not undo
+    # the choice (it once re-measured and recomputed every block).
     def fresh():
         testdevice.warm_up()
         torch.manual_seed(0)
         return TinyLM(width=128, layers=4).to(DEV).train()
 
-    none_losses, _ = _steps_with_peaks(fresh(), None, None)
+    none_losses, _ = _steps_with_peaks(fresh(), None, None, steps=7)
     everything = torch_offload.Manager(DEV, sync="blocking")
     _, offload_peaks = _steps_with_peaks(fresh(), everything, None)
     low = torch_offload.Manager(DEV, sync="blocking", device_target_bytes=1)
@@ -506,14 +513,15 @@ def test_a_plan_tries_offloading_every_block_where_recomputing_every_block_does_
     planned = torch_offload.PlannedModuleList(model.layers, manager)
     with warnings.catch_warnings(record=True) as caught:
         warnings.simplefilter("always")
-        losses, peaks = _steps_with_peaks(model, manager, planned)
+        losses, peaks = _steps_with_peaks(model, manager, planned, steps=7, reset_each_step=reset_each_step)
     assert losses == none_losses
     summary = planned.summary()
     assert not [str(w.message) for w in caught if "below what" in str(w.message)], summary
     assert "every block offloaded, tried, needed" in summary, summary
     assert manager.stats().blocks_offloaded == 4, summary
     assert manager.stats().bytes_offloaded > 0
-    assert all(p <= target * 1.02 for p in peaks[1:]), (peaks, target, recompute_peaks, summary)
+    if reset_each_step:
+        assert all(p <= target * 1.02 for p in peaks[1:]), (peaks, target, recompute_peaks, summary)
 
 
 def test_planned_blocks_whose_inputs_the_manager_never_sees_warn_and_recompute():

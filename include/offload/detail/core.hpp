@@ -282,9 +282,10 @@ class Core final : public ManagerInterface, public std::enable_shared_from_this<
       // offloaded): where it changes what blocks save, the record the
       // per-tensor plan was made from no longer applies.
       // Only the outermost scope of this manager starts the plan's step.
-      const auto needed = planner_.recorded_peak() >= 0 ? planner_.recorded_peak() : planner_.least_peak();
+      const bool own_peak = planner_.recorded_peak() >= 0;
+      const auto needed = own_peak ? planner_.recorded_peak() : planner_.least_peak();
       try {
-        if (open_scopes_++ == 0 && blocks_->begin_step(needed, step_start_allocated_, step_start_peak_))
+        if (open_scopes_++ == 0 && blocks_->begin_step(needed, step_start_allocated_, step_start_peak_, own_peak))
           planner_.forget();
       } catch (...) {  // out of memory for the plan: the per-tensor plan starts over, as the first step
         planner_.forget();
