@@ -405,7 +405,13 @@ void Frame::recompute(std::int64_t pass, Recomputed& out) {
   }
   const bool cache_now = at::autocast::is_autocast_cache_enabled();
   at::autocast::set_autocast_cache_enabled(autocast_cache_);
+  // One more autocast region, as torch.autocast enters one: the casts the
+  // recomputation caches (leaf weights) are cleared where it ends the
+  // outermost one, as at the end of the forward's; left cached, they would
+  // be used for the weights after the optimizer changed them in place.
+  at::autocast::increment_nesting();
   const auto restore = [&] {
+    if (at::autocast::decrement_nesting() == 0) at::autocast::clear_cache();
     for (std::size_t i = 0; i < rng_.size(); ++i) {
       const std::lock_guard lock(rng_[i].generator.mutex());
       rng_[i].generator.set_state(now[i]);

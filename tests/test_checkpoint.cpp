@@ -13,6 +13,7 @@
 #include <vector>
 
 #include <ATen/ATen.h>
+#include <ATen/autocast_mode.h>
 #include <torch/csrc/autograd/autograd.h>
 #include <torch/csrc/autograd/custom_function.h>
 #include <torch/csrc/autograd/grad_mode.h>
@@ -233,6 +234,50 @@ TEST_CASE("checkpoint: BatchNorm's running statistics are not updated again by t
   CHECK(same_bytes(plain, train_then_evaluate(NormRun::planned, &planned)));
   CHECK(planned.blocks_recomputed == 3);
   CHECK(planned.blocks_kept == 3 * (kSteps - 1));
+}
+
+TEST_CASE("checkpoint: the recomputation under the forward's autocast leaves no cast cached for the next step") {
+  // CPU autocast to bfloat16, as a C++ training loop enables it around its
+  // forward (nesting counted, the cast cache cleared at the outermost
+  // end). Autocast caches the casts of leaf weights while enabled; the
+  // recomputation in backward runs under the forward's autocast state, so
+  // the casts it makes must be cleared at its end as at the forward's: a
+  // cast left cached would be the next step's, though the optimizer has
+  // changed the weight in place since.
+  const auto train = [](bool checkpointed) {
+    at::manual_seed(0);
+    const auto w1 = (at::randn({16, 32}) * 0.3).requires_grad_();
+    const auto w2 = (at::randn({32, 16}) * 0.3).requires_grad_();
+    const auto x = at::randn({8, 16}).requires_grad_();
+    const offload::Block block = [&](const std::vector<at::Tensor>& in) {
+      return std::vector<at::Tensor>{at::matmul(at::relu(at::matmul(in[0], w1)), w2)};
+    };
+    std::vector<at::Tensor> printed;
+    for (int step = 0; step < 3; ++step) {
+      at::autocast::set_autocast_dtype(at::kCPU, at::kBFloat16);
+      at::autocast::set_autocast_enabled(at::kCPU, true);
+      at::autocast::increment_nesting();
+      const auto y = checkpointed ? offload::checkpoint(block, {x}, {.name = "block"})[0] : block({x})[0];
+      const auto loss = y.to(at::kFloat).pow(2).mean();
+      if (at::autocast::decrement_nesting() == 0) at::autocast::clear_cache();
+      at::autocast::set_autocast_enabled(at::kCPU, false);
+      const auto grads = torch::autograd::grad({loss}, {w1, w2});
+      printed.push_back(loss.detach());
+      printed.push_back(grads[0]);
+      printed.push_back(grads[1]);
+      const at::NoGradGuard no_grad;
+      w1.sub_(grads[0] * 4);
+      w2.sub_(grads[1] * 4);
+    }
+    return printed;
+  };
+  const auto plain = train(false);
+  const auto checkpointed = train(true);
+  REQUIRE(plain.size() == checkpointed.size());
+  for (std::size_t i = 0; i < plain.size(); ++i) {
+    CAPTURE(i);
+    CHECK(at::equal(plain[i], checkpointed[i]));
+  }
 }
 
 TEST_CASE("checkpoint: several outputs, an input without grad, torch::autograd::grad, retain_graph" *
