@@ -267,22 +267,33 @@ def _write(state, values):
 def _restoring(function, state):
     """`function` whose later calls (checkpoint's recomputation) run with
     the values `state` held when the first call (the forward) began, and
-    leave `state` as they found it (also when stopped by an exception)."""
+    leave `state` as they found it (also when stopped by an exception).
+    Only what the forward changed is held until then: a buffer it left as
+    it found it (a causal mask, a frozen table) is copied during the
+    forward alone."""
     if not state:
         return function
-    at_forward = None
+    at_forward = None  # per tensor of `state`: its value before the forward, or None: the forward left it
 
     def run(*args, **kwargs):
         nonlocal at_forward
         if at_forward is None:
-            at_forward = [t.detach().clone() for t in state]
+            before = [t.detach().clone() for t in state]
+            at_forward = before
+            try:
+                return function(*args, **kwargs)
+            finally:
+                at_forward = [None if torch.equal(b, t) else b for b, t in zip(before, state, strict=True)]
+        written = [(t, v) for t, v in zip(state, at_forward, strict=True) if v is not None]
+        if not written:
             return function(*args, **kwargs)
-        found = [t.detach().clone() for t in state]
-        _write(state, at_forward)
+        tensors = [t for t, _ in written]
+        found = [t.detach().clone() for t in tensors]
+        _write(tensors, [v for _, v in written])
         try:
             return function(*args, **kwargs)
         finally:
-            _write(state, found)
+            _write(tensors, found)
 
     return run
 

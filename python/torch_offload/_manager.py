@@ -2,6 +2,7 @@
 """torch_offload.Manager, no_offload and Stats."""
 
 import dataclasses
+import functools
 import operator
 import threading
 import warnings
@@ -427,6 +428,27 @@ class Manager(_HookRegion):
         self._impl = impl
         self._requested = device
         self._marks = threading.local()  # per thread: what the manager had seen at each open `with`
+        self._arguments = (
+            (device, storage, sync),
+            {**options, "pin_memory": bool(pin_memory), "fallback": fallback, "exclude_types": exclude_types},
+        )
+
+    def __deepcopy__(self, memo):
+        """The manager itself: it is a handle on the C++ machinery (streams,
+        host memory, what it holds, its plan and statistics), so a deep copy
+        of a model that holds one (``enable_gradient_checkpointing``'s
+        function, a ``PlannedModuleList``; an EMA copy, a reference model)
+        shares it, as it would share a ``torch.cuda.Stream``. Give a copy
+        that trains its own manager (one manager per planned model)."""
+        return self
+
+    def __reduce__(self):
+        """Pickled (``torch.save`` of a model that holds it) as its
+        arguments: loading makes a new manager with the same ones, and
+        nothing of this one's state (what it holds, its plan, its
+        statistics)."""
+        args, kwargs = self._arguments
+        return (functools.partial(Manager, **kwargs), args)
 
     def __enter__(self):
         self._open()

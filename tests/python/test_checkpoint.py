@@ -8,7 +8,9 @@ only the layers' inputs reach the manager, and a lower peak of device
 memory. transformers' own models: tests/thirdparty/test_checkpoint_hf.py."""
 
 import contextlib
+import copy
 import functools
+import io
 import warnings
 
 import pytest
@@ -295,6 +297,89 @@ def test_planned_blocks_with_batchnorm_leave_running_statistics_as_without_check
     assert got[0] == want[0]
     assert torch.equal(got[1], want[1])
     assert all(torch.equal(a, b) for a, b in zip(got[2], want[2], strict=True))
+
+
+class _Masked(nn.Module):
+    """A block with BatchNorm and a constant buffer its forward only reads
+    (as nanoGPT's causal mask): 1 MiB."""
+
+    def __init__(self):
+        super().__init__()
+        self.lin = nn.Linear(32, 32)
+        self.norm = nn.BatchNorm1d(32)
+        self.register_buffer("mask", torch.ones(512, 512))
+
+    def forward(self, x):
+        return self.norm(self.lin(x)) * self.mask[: x.shape[0], :32]
+
+
+def test_a_recomputed_block_holds_no_copy_of_the_buffers_its_forward_leaves_as_they_were():
+    # A recomputed block must rerun with the state its forward saw, so what
+    # the forward writes (BatchNorm's running statistics) is copied when
+    # it begins. A buffer it only reads needs no copy: held from forward to
+    # backward, 4 blocks' masks took 4 MiB, and the plan peaked above the
+    # run without the library.
+    def run(planned):
+        torch.manual_seed(0)
+        blocks = nn.ModuleList(_Masked() for _ in range(4)).to(DEV)
+        manager = torch_offload.Manager(DEV, device_target_bytes=1)
+        forward = torch_offload.PlannedModuleList(blocks, manager) if planned else nn.Sequential(*blocks)
+        torch.manual_seed(1)
+        x = torch.randn(16, 32, device=DEV)
+        losses, held = [], []
+        for _ in range(3):
+            testdevice.synchronize(0)
+            before = testdevice.device_bytes(0)
+            with manager if planned else contextlib.nullcontext():
+                loss = forward(x).square().mean()
+            testdevice.synchronize(0)
+            held.append(testdevice.device_bytes(0) - before)
+            loss.backward()
+            losses.append(loss.item())
+        if planned:
+            assert manager.stats().blocks_recomputed == 4
+        return losses, held, [b.clone() for b in blocks.buffers()]
+
+    want = run(planned=False)
+    with warnings.catch_warnings():
+        warnings.simplefilter("ignore", torch_offload.OffloadWarning)  # target 1: "below what recomputing ... needs"
+        got = run(planned=True)
+    assert got[0] == want[0]
+    assert all(torch.equal(a, b) for a, b in zip(got[2], want[2], strict=True))  # running statistics as without
+    assert all(h < 512 * 512 * 4 for h in got[1]), got[1]  # under one mask
+
+
+@pytest.mark.parametrize("plan", [None, "auto"])
+def test_a_model_with_offloaded_checkpointing_deep_copies_and_pickles(plan):
+    # An EMA copy or a reference model (copy.deepcopy) shares the manager;
+    # torch.save pickles it as its arguments (they raised "cannot pickle
+    # PackHook" before).
+    manager = torch_offload.Manager(DEV, sync="blocking", min_offload_bytes=7, device_target_bytes=1 << 30)
+    torch.manual_seed(0)
+    model = TinyLM().to(DEV).train()
+    torch_offload.enable_gradient_checkpointing(model, manager, plan=plan)
+    twin = copy.deepcopy(model)
+    assert twin.layers[0]._gradient_checkpointing_func.manager is manager
+    ids = torch.randint(0, 64, (4, 16), generator=torch.Generator().manual_seed(1)).to(DEV)
+    losses = []
+    for m in (model, twin):
+        torch.manual_seed(2)  # dropout
+        with manager:
+            loss = m(ids, ids)
+        loss.backward()
+        losses.append(loss.item())
+    assert losses[0] == losses[1]
+    assert all(torch.equal(a.grad, b.grad) for a, b in zip(model.parameters(), twin.parameters(), strict=True))
+
+    on_cpu = TinyLM()
+    torch_offload.enable_gradient_checkpointing(on_cpu, manager, plan=plan)
+    buffer = io.BytesIO()
+    torch.save(on_cpu, buffer)
+    buffer.seek(0)
+    loaded = torch.load(buffer, weights_only=False).layers[0]._gradient_checkpointing_func.manager
+    assert loaded is not manager
+    assert loaded.options == manager.options
+    assert repr(loaded) == repr(manager)
 
 
 def test_planned_bad_input():
