@@ -267,10 +267,12 @@ std::int64_t backward_peak(const std::vector<BlockCost>& blocks, const LinkCost&
 }
 
 // `outside`: what is saved outside blocks; `outside_kept`: it stays on
-// the device (else it is offloaded, as measured).
+// the device (else it is offloaded, as measured). `in_flight`: count what
+// overlapping copies hold in forward (false: none, for a bound under the
+// peak).
 Prediction predict(const std::vector<BlockCost>& blocks, const LinkCost& link, std::int64_t base_peak,
                    std::int64_t forward_peak, const std::vector<BlockChoice>& choices, const OutsideCost& outside,
-                   bool outside_kept) {
+                   bool outside_kept, bool in_flight = true) {
   double forward = 0;         // F: every block's forward
   double before_offload = 0;  // forward time before the first offloaded block starts
   bool offloading = false;
@@ -310,7 +312,7 @@ Prediction predict(const std::vector<BlockCost>& blocks, const LinkCost& link, s
   // at least one block's saved tensors (its copies run while the next
   // block computes), and what the link could not move during forward.
   std::int64_t behind = 0;
-  if (link.overlaps && offloaded > 0 && link.bytes_per_ns > 0) {
+  if (in_flight && link.overlaps && offloaded > 0 && link.bytes_per_ns > 0) {
     const double moved_in_forward = link.bytes_per_ns * (forward - before_offload);
     behind = std::max(largest_offloaded,
                       static_cast<std::int64_t>(std::max(0.0, static_cast<double>(offloaded) - moved_in_forward)));
@@ -348,10 +350,11 @@ Prediction predict(const std::vector<BlockCost>& blocks, const LinkCost& link, s
 
 // Every block offloaded, as predict() has it; with `floor`, each block's
 // measured stretch of backward holds, of its own saved tensors, only its
-// largest storage: a bound under what offloading every block needs (its
-// recomputation held all its tensors at once; offloaded, they come back
-// as backward unpacks them, at least the largest at once), to tell whether
-// trying it is worthwhile.
+// largest storage, and overlapping copies hold nothing at forward's peak:
+// a bound under what offloading every block needs (its recomputation held
+// all its tensors at once; offloaded, they come back as backward unpacks
+// them, at least the largest at once; copies may all have ended by the
+// time forward peaks), to tell whether trying it is worthwhile.
 Prediction offload_all(std::vector<BlockCost> blocks, const LinkCost& link, std::int64_t base_peak,
                        std::int64_t forward_peak, const OutsideCost& outside, bool floor) {
   if (floor) {
@@ -361,7 +364,7 @@ Prediction offload_all(std::vector<BlockCost> blocks, const LinkCost& link, std:
     }
   }
   const std::vector<BlockChoice> choices(blocks.size(), BlockChoice::offload);
-  return predict(blocks, link, base_peak, forward_peak, choices, outside, false);
+  return predict(blocks, link, base_peak, forward_peak, choices, outside, false, /*in_flight=*/!floor);
 }
 
 // The predicted extra time of recomputing every block (no choice fits
@@ -480,6 +483,7 @@ bool BlockPlanner::begin_step(std::int64_t needed, std::int64_t allocated, std::
         base_peak_ = needed;
         forward_peak_ = step_forward_peak_ >= 0 && allocated >= 0 ? step_forward_peak_ + allocated : -1;
         correction_ = 0;
+        late_growth_ = 0;
         offload_all_peak_ = -1;
         offload_all_measured_ = true;
         trial_ = false;
@@ -521,7 +525,11 @@ bool BlockPlanner::begin_step(std::int64_t needed, std::int64_t allocated, std::
         // can, and what a step needs beyond the tried one is the per-tensor
         // plan's (what it keeps inside the blocks, with its own feedback).
         unfit_remeasured_ = false;
-      } else if (!measure_next_ && needed > target_ && needed > predicted_peak_) {
+      } else if (!measure_next_ && needed > target_ + target_ / 50 && needed > predicted_peak_) {
+        // (Within 2 % of the target: what the per-tensor plan inside the
+        // offloaded blocks kept past it, which it corrects itself; a
+        // correction here would change the choices, and that plan would
+        // start over each time.)
         // The step needed more than the model predicted: plan again with
         // the difference. Where nothing fits then, the blocks no longer
         // save what was measured (data-dependent sizes, another model
@@ -580,6 +588,7 @@ BlockPlanner::Turn BlockPlanner::next_block(std::int64_t input_bytes, int device
   const auto index = static_cast<std::size_t>(turn.index);
   if (measuring_) {
     turn.measure = true;
+    if (index == 0) first_block_allocated_ = allocated;
     if (costs_.size() <= index) {
       costs_.resize(index + 1);
       have_cost_.resize(index + 1, false);
@@ -594,6 +603,18 @@ BlockPlanner::Turn BlockPlanner::next_block(std::int64_t input_bytes, int device
     diverged_ = true;
     measure_next_ = true;
   } else {
+    if (index == 0 && allocated >= 0 && first_block_allocated_ >= 0 && base_peak_ >= 0) {
+      // More allocated than at the measuring step's first block, beyond
+      // what the plan counted since (optimizer state made after that step
+      // ended early: a scope without planned blocks opened between backward
+      // and the optimizer's step): plan this step again with it.
+      const auto late = allocated - first_block_allocated_ - growth_ - late_growth_;
+      if (late > target_ / 100) {
+        late_growth_ += late;
+        correction_ += late;
+        plan_locked();
+      }
+    }
     turn.choice = choices_[index];
     const bool keeps = turn.choice == BlockChoice::keep || turn.choice == BlockChoice::recompute_input_kept;
     // What is kept from here, less the block's input, which `allocated`
@@ -823,6 +844,7 @@ void BlockPlanner::plan_locked(bool remeasure_if_unfit) {
     }
     return;
   }
+  trial_ = false;  // set again below where this plan tries every block offloaded
   // The measured stretches, on the footing of base_peak: with what was
   // allocated since (optimizer state) and what planned steps showed.
   auto costs = costs_;
@@ -889,7 +911,7 @@ void BlockPlanner::plan_locked(bool remeasure_if_unfit) {
                           : "); every planned block is recomputed") +
                (before_peak_ >= 0 ? " (the device had already peaked at " + std::to_string(before_peak_) +
                                         " bytes before that step, so it measured no block's own peak in backward: "
-                                        "reset the device's peak statistics before training)"
+                                        "reset the device's peak statistics before each step)"
                                   : "") +
                " (warned once per manager)";
   }

@@ -196,9 +196,16 @@ BlockPlanResult plan_blocks(const std::vector<BlockCost>& blocks, const LinkCost
 /// recomputation time and peak (recomputing(), recomputed()), and what the
 /// manager offloads outside blocks (saved_outside()). The step after a measuring step is
 /// planned from it (plan_blocks), with the target and the peak the
-/// measuring step needed (begin_step()); a later step that needed more
-/// than the model predicted, and more than the target, re-plans with the
-/// difference added. Choices stay until
+/// measuring step needed (begin_step()); a later step whose first block
+/// finds more allocated than the measuring step's first block did, beyond
+/// what the plan counted as allocated since (optimizer state made after
+/// the measuring step ended: a scope without planned blocks opened between
+/// backward and the optimizer's step ends it early), by more than 1 % of
+/// the target, re-plans at once with the difference added; a later step
+/// that needed more than the model predicted, and more than the target,
+/// re-plans with the difference added (within 2 % of the target: what
+/// the per-tensor plan inside offloaded blocks kept past it, which that
+/// plan corrects itself; nothing changes). Choices stay until
 /// then, so the per-tensor plan of Options::device_target_bytes learns
 /// each configuration once. Where the model finds nothing that fits, but
 /// offloading every block might (the model takes an offloaded block's
@@ -398,11 +405,13 @@ class BlockPlanner {
   std::int32_t open_blocks_ = 0;          // blocks begun and not done
   LinkCost link_{};
   bool have_link_ = false;
-  std::int64_t base_peak_ = -1;          // what the measuring step needed
-  std::int64_t forward_peak_ = -1;       // ... by the end of its forward (-1: not known)
-  std::int64_t step_forward_peak_ = -1;  // end_forward() of this step
-  std::int64_t correction_ = 0;          // what planned steps needed beyond the model
-  std::int64_t growth_ = 0;              // allocated since the measuring step began (optimizer state)
+  std::int64_t base_peak_ = -1;              // what the measuring step needed
+  std::int64_t forward_peak_ = -1;           // ... by the end of its forward (-1: not known)
+  std::int64_t step_forward_peak_ = -1;      // end_forward() of this step
+  std::int64_t correction_ = 0;              // what planned steps needed beyond the model
+  std::int64_t growth_ = 0;                  // allocated since the measuring step began (optimizer state)
+  std::int64_t first_block_allocated_ = -1;  // the measuring step: allocated when its first block began
+  std::int64_t late_growth_ = 0;  // allocated at a later step's first block beyond that and growth_ (in correction_)
   std::int64_t measure_allocated_ = -1;  // allocated when the measuring step began
   std::int32_t last_recomputed_ = -1;    // the block whose recomputation began last in this step
   int device_index_ = -1;                // the device of the step's blocks (next_block())

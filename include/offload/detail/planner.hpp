@@ -236,8 +236,12 @@ class Planner {
   /// eligible tensor, as the first does, and is recorded afresh (the
   /// automatic plan changed which blocks save what, so the order of saved
   /// tensors the plan was made for no longer holds). What was learned of
-  /// the reserve stays.
+  /// the reserve stays until this step measures its own (where it raises
+  /// the device's peak): it was learned from what the old configuration
+  /// allocated between observations (a recomputed block's whole forward),
+  /// which the new one may not do.
   void forget() noexcept {
+    relearn_ = true;
     plan_.clear();
     plan_bytes_.clear();
     keep_after_.clear();
@@ -365,7 +369,8 @@ class Planner {
   // the device's peak shows it (the peak rose during the step, so it is the
   // step's), the most an interval between observations allocated above
   // its ends, and at least the largest eligible storage (the gradient of
-  // the largest activation); else what was learned before; at first the
+  // the largest activation), replacing what was learned before the last
+  // forget(); else what was learned before; at first the
   // largest eligible storage. Without measurements only kept bytes count.
   void learn_reserve(const Record& r, std::int64_t largest) {
     std::int64_t highest = 0;
@@ -373,8 +378,10 @@ class Planner {
     if (!r.measured) {
       reserve_ = 0;
     } else if (r.raised_peak()) {
-      reserve_ = std::max<std::int64_t>({learned_ ? reserve_ : 0, r.end_peak - highest, r.excess, largest});
+      reserve_ =
+          std::max<std::int64_t>({learned_ && !relearn_ ? reserve_ : 0, r.end_peak - highest, r.excess, largest});
       learned_ = true;
+      relearn_ = false;
     } else if (!learned_) {
       reserve_ = largest;
     }
@@ -524,6 +531,7 @@ class Planner {
   std::int64_t kept_now_ = 0;  // bytes kept in this step so far
   bool warned_ = false;
   bool learned_ = false;              // reserve_ was measured
+  bool relearn_ = false;              // forget() since: the next measured reserve replaces it
   bool planned_ = false;              // a plan was made (the prefetch headroom applies)
   std::int64_t seen_peak_ = -1;       // observe(): the device's peak at the last observation
   std::int64_t seen_allocated_ = -1;  // ... and its allocated bytes then
