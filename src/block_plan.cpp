@@ -607,12 +607,18 @@ BlockPlanner::Turn BlockPlanner::next_block(std::int64_t input_bytes, int device
       // More allocated than at the measuring step's first block, beyond
       // what the plan counted since (optimizer state made after that step
       // ended early: a scope without planned blocks opened between backward
-      // and the optimizer's step): plan this step again with it.
+      // and the optimizer's step; gradient accumulation, whose next
+      // micro-step holds the gradients): plan this step again with it,
+      // without a warning where nothing fits then (the model counts it on
+      // top of what the measured stretches may hold already, such as
+      // gradients made in that backward: it errs high).
       const auto late = allocated - first_block_allocated_ - growth_ - late_growth_;
       if (late > target_ / 100) {
         late_growth_ += late;
         correction_ += late;
+        const bool warned = std::exchange(warned_, true);
         plan_locked();
+        warned_ = warned;
       }
     }
     turn.choice = choices_[index];

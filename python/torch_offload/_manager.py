@@ -448,7 +448,11 @@ class Manager(_HookRegion):
         nothing of this one's state (what it holds, its plan, its
         statistics)."""
         args, kwargs = self._arguments
-        return (functools.partial(Manager, **kwargs), args)
+        return (functools.partial(type(self), **kwargs), args)
+
+    def __copy__(self):
+        """The manager itself, as for ``copy.deepcopy``."""
+        return self
 
     def __enter__(self):
         self._open()

@@ -360,6 +360,7 @@ def test_a_model_with_offloaded_checkpointing_deep_copies_and_pickles(plan):
     torch_offload.enable_gradient_checkpointing(model, manager, plan=plan)
     twin = copy.deepcopy(model)
     assert twin.layers[0]._gradient_checkpointing_func.manager is manager
+    assert copy.copy(manager) is manager
     ids = torch.randint(0, 64, (4, 16), generator=torch.Generator().manual_seed(1)).to(DEV)
     losses = []
     for m in (model, twin):
