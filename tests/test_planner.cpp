@@ -146,14 +146,16 @@ TEST_CASE("planner: no prefetch headroom without a recorded peak") {
   CHECK(planner.headroom(a2.ticket, 100) == 0);
 }
 
-TEST_CASE("planner: the reserve learns what an operation allocated between two observations that raised the peak") {
-  Planner planner(/*target=*/10'000);
+namespace {
+
+// One recorded step of two saved tensors of 100 in which an operation
+// allocated 1800 above the observations around it: between two points the
+// peak rose to 2000 while they read 100 and 200. The highest point comes
+// later (1500), so the step's peak above it shows only 500.
+void step_allocating_1800_between_observations(Planner& planner) {
   planner.begin_step(0, 0);
   planner.observe(100, 100);
   const auto a = planner.at_pack(100, true, 100);
-  // Between two points the peak rose to 2000 while they read 100 and 200:
-  // an operation allocated 1800 above both. The highest point comes later
-  // (1500), so the step's peak above it shows only 500.
   planner.observe(200, 2000);
   planner.observe(1500, 2000);
   const auto b = planner.at_pack(100, true, 1500);
@@ -161,6 +163,13 @@ TEST_CASE("planner: the reserve learns what an operation allocated between two o
   planner.at_unpack(b.ticket, 1500, 0);
   planner.at_unpack(a.ticket, 100, 0);
   planner.end_backward(2000);
+}
+
+}  // namespace
+
+TEST_CASE("planner: the reserve learns what an operation allocated between two observations that raised the peak") {
+  Planner planner(/*target=*/10'000);
+  step_allocating_1800_between_observations(planner);
   planner.begin_step(2000, 0);
   const auto a2 = planner.at_pack(100, true, 100);
   const auto b2 = planner.at_pack(100, true, 1500);
@@ -179,16 +188,7 @@ TEST_CASE("planner: after forget(), the next step that raises the peak measures 
   // observations replaces the reserve instead of keeping the larger one
   // (which kept nothing the target had room for, and narrowed prefetch).
   Planner planner(/*target=*/10'000);
-  planner.begin_step(0, 0);
-  planner.observe(100, 100);
-  const auto a = planner.at_pack(100, true, 100);
-  planner.observe(200, 2000);
-  planner.observe(1500, 2000);
-  const auto b = planner.at_pack(100, true, 1500);
-  planner.end_forward(1500);
-  planner.at_unpack(b.ticket, 1500, 0);
-  planner.at_unpack(a.ticket, 100, 0);
-  planner.end_backward(2000);
+  step_allocating_1800_between_observations(planner);
   planner.begin_step(2000, 0);  // the reserve: 1800
   planner.forget();
   planner.observe(2100, 2100);
