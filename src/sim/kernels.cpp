@@ -13,6 +13,7 @@
 #include "runtime.hpp"
 
 #include <ATen/EmptyTensor.h>
+#include <ATen/autocast_mode.h>
 #include <ATen/core/LegacyTypeDispatch.h>
 #include <ATen/core/Tensor.h>
 #include <ATen/native/CPUFallback.h>
@@ -490,6 +491,30 @@ bool needs_cpu_kernel(const c10::OperatorHandle& op) {
   return takes_tensor && !is_view(schema);
 }
 
+// torch.autocast("sim"): PyTorch's own op lists and cast policies
+// (ATen/autocast_mode.h, those CUDA registers), every other operator
+// passing through, so mixed precision runs on sim as on an accelerator.
+void register_autocast() {
+  using at::DimnameList, at::IntArrayRef, at::Scalar, at::ScalarType, at::Tensor;  // the lists' signatures
+  auto* all = new torch::Library(torch::Library::IMPL, "_", c10::DispatchKey::AutocastPrivateUse1, __FILE__, __LINE__);
+  all->fallback(torch::CppFunction::makeFallthrough());
+  auto& m =
+      *new torch::Library(torch::Library::IMPL, "aten", c10::DispatchKey::AutocastPrivateUse1, __FILE__, __LINE__);
+#define OFFLOAD_SIM_LOWER(...) KERNEL_PRIVATEUSEONE(__VA_ARGS__, lower_precision_fp)
+#define OFFLOAD_SIM_FP32(...) KERNEL_PRIVATEUSEONE(__VA_ARGS__, fp32)
+#define OFFLOAD_SIM_FP32_SET_OPT_DTYPE(...) KERNEL_PRIVATEUSEONE(__VA_ARGS__, fp32_set_opt_dtype)
+#define OFFLOAD_SIM_PROMOTE(...) KERNEL_PRIVATEUSEONE(__VA_ARGS__, promote)
+  AT_FORALL_LOWER_PRECISION_FP(OFFLOAD_SIM_LOWER)
+  AT_FORALL_FP32(OFFLOAD_SIM_FP32)
+  AT_FORALL_FP32_SET_OPT_DTYPE(OFFLOAD_SIM_FP32_SET_OPT_DTYPE)
+  AT_FORALL_DIFFERENT_REDISPATCH_SIGNATURE(KERNEL_DIFFERENT_REDISPATCH_SIGNATURE_PRIVATEUSEONE)
+  AT_FORALL_PROMOTE(OFFLOAD_SIM_PROMOTE)
+#undef OFFLOAD_SIM_LOWER
+#undef OFFLOAD_SIM_FP32
+#undef OFFLOAD_SIM_FP32_SET_OPT_DTYPE
+#undef OFFLOAD_SIM_PROMOTE
+}
+
 }  // namespace
 
 void register_kernels() {
@@ -553,6 +578,8 @@ void register_kernels() {
 
   auto* all = new torch::Library(torch::Library::IMPL, "_", c10::DispatchKey::PrivateUse1, __FILE__, __LINE__);
   all->fallback(torch::CppFunction::makeFromBoxedFunction<&sim_fallback>());
+
+  register_autocast();
 }
 
 }  // namespace offload::sim::detail

@@ -658,3 +658,36 @@ def test_planned_module_list_passes_keyword_arguments_to_the_blocks_whatever_the
                     loss = planned(x, debug=True, determinism_check="block's").sum()
                 loss.backward()
                 assert torch.equal(loss, expected)
+
+
+def test_planned_blocks_under_autocast_are_bitwise_whatever_the_plan_chooses():
+    # Mixed precision: the blocks' matmuls run in bfloat16 under autocast,
+    # and a recomputed block runs again under the autocast state of its
+    # forward (torch.utils.checkpoint restores it), dropout's RNG included.
+    torch.manual_seed(0)
+    blocks = nn.ModuleList(
+        nn.Sequential(nn.Linear(32, 64), nn.GELU(), nn.Dropout(0.1), nn.Linear(64, 32)) for _ in range(4)
+    ).to(DEV)
+    x = torch.randn(16, 32, device=DEV, requires_grad=True)
+    kind = torch.device(DEV).type
+
+    def run(planned=None, manager=None):
+        torch.manual_seed(1)
+        with torch.autocast(kind, dtype=torch.bfloat16):
+            with manager if manager is not None else contextlib.nullcontext():
+                out = planned(x) if planned is not None else functools.reduce(lambda h, m: m(h), blocks, x)
+            loss = out.float().square().mean()
+        return out, torch.autograd.grad(loss, [x, *blocks.parameters()])
+
+    want_out, want_grads = run()
+    assert want_out.dtype == torch.bfloat16
+    for target, choice in ((1 << 30, "blocks_kept"), (1 << 12, "blocks_recomputed")):
+        manager = torch_offload.Manager(DEV, device_target_bytes=target)
+        planned = torch_offload.PlannedModuleList(blocks, manager)
+        with warnings.catch_warnings():
+            warnings.simplefilter("ignore")  # the low target's warning
+            for _ in range(3):
+                out, grads = run(planned, manager)
+                assert torch.equal(out, want_out)
+                assert all(torch.equal(a, b) for a, b in zip(grads, want_grads, strict=True))
+        assert getattr(manager.stats(), choice) == 4, planned.summary()
