@@ -49,8 +49,12 @@ class CheckpointOffload:
     backward prefetches the next block's input while the current block is
     recomputed); what the block saves is held by checkpoint's hooks (nothing
     in forward, the recomputed tensors for one block in backward), never by
-    the manager. Gradients are bitwise those of ``torch.utils.checkpoint``
-    without offloading.
+    the manager. A layer whose input came by keyword (Hugging Face passes
+    ``partial(forward, self, hidden_states=h, ...)`` and no positional
+    argument) gets it positionally, so it is saved and offloaded as well
+    (the partial's floating-point keyword tensors that require grad).
+    Gradients are bitwise those of ``torch.utils.checkpoint`` without
+    offloading.
 
     Args:
         manager: the Manager to offload through; default
@@ -78,6 +82,7 @@ class CheckpointOffload:
         self._kwargs = {**checkpoint_kwargs, "use_reentrant": False}
 
     def __call__(self, function, *args, **kwargs):
+        function, args = _keyword_inputs_positional(function, args)
         with self.manager:
             return _checkpoint(function, *args, **self._kwargs, **kwargs)
 
@@ -264,6 +269,38 @@ def _write(state, values):
             tensor.data.copy_(value)
 
 
+def _keyword_inputs_positional(function, args):
+    """A layer called with its input by keyword (``layer(hidden_states=h,
+    attention_mask=m)``) reaches a Hugging Face ``gradient_checkpointing_func``
+    as ``partial(forward, self, hidden_states=h, attention_mask=m)`` and no
+    positional argument: the plan would see no input (nothing measured,
+    and a recomputed layer's input never offloaded: the partial holds it).
+    Where no positional argument is a tensor, the partial's floating-point
+    keyword tensors that require grad (the activations flowing through the
+    layers, not masks or tables) are passed positionally instead, to a
+    function giving them back to the same function by name; checkpoint
+    then saves them, and the plan counts them, as a positional input.
+    Returns ``(function, args)``, unchanged otherwise."""
+    if any(isinstance(a, torch.Tensor) for a in args) or not isinstance(function, functools.partial):
+        return function, args
+    names = [
+        name
+        for name, value in function.keywords.items()
+        if isinstance(value, torch.Tensor) and value.is_floating_point() and value.requires_grad
+    ]
+    if not names:
+        return function, args
+    inner = functools.partial(
+        function.func, *function.args, **{k: v for k, v in function.keywords.items() if k not in names}
+    )
+    given = len(args)
+
+    def by_name(*values, **kwargs):
+        return inner(*values[:given], **dict(zip(names, values[given:], strict=True)), **kwargs)
+
+    return by_name, (*args, *(function.keywords[name] for name in names))
+
+
 def _restoring(function, state):
     """`function` whose later calls (checkpoint's recomputation) run with
     the values `state` held when the first call (the forward) began, and
@@ -331,7 +368,12 @@ class PlannedCheckpoint:
     and the values it found are written back after it, as the C++
     ``CheckpointOptions::state`` does (law 7 of docs/checkpoint.md), so
     evaluation after training is bitwise the run without checkpointing.
-    Neither write counts as an in-place change for autograd's check.
+    Neither write counts as an in-place change for autograd's check. A
+    block whose input came by keyword (``layer(hidden_states=h)`` reaches
+    here as ``partial(forward, self, hidden_states=h)``) gets it
+    positionally (the partial's floating-point keyword tensors that
+    require grad), so the plan measures and offloads it as a positional
+    input.
 
     Args:
         manager: a torch_offload.Manager with ``device_target_bytes > 0``.
@@ -368,6 +410,8 @@ class PlannedCheckpoint:
             _planned.depth = 0
 
     def _run(self, function, args, kwargs):
+        state = _state_of(function)
+        function, args = _keyword_inputs_positional(function, args)
         tensors = [a for a in args if isinstance(a, torch.Tensor)]
         impl = self.manager._impl
         index = next((t.device.index for t in tensors if t.device.type != "cpu"), None)
@@ -375,14 +419,14 @@ class PlannedCheckpoint:
         if turn is None:
             return function(*args, **kwargs)
         try:
-            return self._turn(turn, tensors, function, args, kwargs)
+            return self._turn(turn, tensors, function, args, kwargs, state)
         finally:
             impl.plan_block_done()
 
-    def _turn(self, turn, tensors, function, args, kwargs):
+    def _turn(self, turn, tensors, function, args, kwargs, state):
         index, choice, measure, probe = turn
         if choice != "keep" and choice != "offload":
-            function = _restoring(function, _state_of(function))
+            function = _restoring(function, state)
         if choice == "keep":
             with no_offload():
                 return function(*args, **kwargs)

@@ -49,22 +49,23 @@ class Layer(nn.Module):
 
 
 class TinyLM(nn.Module):
-    def __init__(self, vocab=64, width=64, layers=6):
+    def __init__(self, vocab=64, width=64, layers=6, by_keyword=False):
         super().__init__()
         self.embed = nn.Embedding(vocab, width)
         self.layers = nn.ModuleList(Layer(width) for _ in range(layers))
         self.head = nn.Linear(width, vocab)
+        self.by_keyword = by_keyword  # layer(hidden_states=h, ...), as some Hugging Face models call them
 
     def forward(self, input_ids, labels):
         h = self.embed(input_ids)
         mask = torch.ones(h.shape[:2] + (1,), device=h.device)
         for layer in self.layers:
-            h = layer(h, attention_mask=mask)
+            h = layer(hidden_states=h, attention_mask=mask) if self.by_keyword else layer(h, attention_mask=mask)
         logits = self.head(h)
         return F.cross_entropy(logits.reshape(-1, logits.size(-1)), labels.reshape(-1))
 
 
-def train(func, steps=3, layers=6, width=64, seq=32, scope=None):
+def train(func, steps=3, layers=6, width=64, seq=32, scope=None, by_keyword=False):
     """Losses, last gradients, the device peak above what was allocated
     before, and the layers' checkpoint function, of `steps` AdamW steps with
     each layer checkpointed by `func` (None: no checkpoint; "offload":
@@ -73,7 +74,7 @@ def train(func, steps=3, layers=6, width=64, seq=32, scope=None):
     testdevice.warm_up()
     base = testdevice.device_bytes(0)
     torch.manual_seed(0)
-    model = TinyLM(width=width, layers=layers).to(DEV).train()
+    model = TinyLM(width=width, layers=layers, by_keyword=by_keyword).to(DEV).train()
     if func == "offload":
         torch_offload.enable_gradient_checkpointing(model, torch_offload.Manager(DEV, sync="streamed", max_fwd_stash=1))
     elif func is not None:
@@ -170,6 +171,33 @@ def test_planned_checkpoint_is_bitwise_and_plans_every_layer(sync, fraction):
     if fraction > 1:  # everything fits: every layer kept, and what is saved outside them
         assert stats.blocks_kept == 6, summary
         assert outside.endswith(": keep"), summary
+
+
+@pytest.mark.parametrize("plan", [False, True])
+def test_a_layer_given_its_input_by_keyword_has_it_measured_and_offloaded(plan):
+    # layer(hidden_states=h, ...) reaches the checkpoint function as
+    # partial(forward, hidden_states=h, ...) with no positional argument:
+    # the input goes through the manager all the same (checkpoint saves it).
+    none = train(None, steps=3, by_keyword=True)
+    if plan:  # a target only recomputing (or offloading) layers meets
+        plain_peak = train(None, steps=1)[2]
+        testdevice.warm_up()
+        target = testdevice.device_bytes(0) + int(0.5 * plain_peak)
+        manager = torch_offload.Manager(DEV, sync="blocking", device_target_bytes=target)
+        func = torch_offload.PlannedCheckpoint(manager)
+    else:
+        manager = torch_offload.Manager(DEV, sync="blocking")
+        func = torch_offload.CheckpointOffload(manager)
+    with warnings.catch_warnings():
+        warnings.simplefilter("ignore")  # a target the plan cannot meet: not this case's concern
+        got = train(func, steps=3, scope=manager if plan else None, by_keyword=True)
+    assert_same(none, got)
+    assert manager.stats().bytes_offloaded > 0, manager.stats()
+    if plan:
+        summary = func.summary()
+        assert summary.count("\nblock ") == 6, summary
+        # each layer's input (8 x 32 x 64 float32) was measured: not 0 bytes
+        assert "input 0 B" not in summary and "input 65536 B" in summary, summary
 
 
 @testdevice.sim_only("sets sim's link bandwidth so that recomputing beats offloading")
