@@ -2,7 +2,6 @@
 """torch_offload.Manager, no_offload and Stats."""
 
 import dataclasses
-import functools
 import operator
 import threading
 import warnings
@@ -446,9 +445,12 @@ class Manager(_HookRegion):
         """Pickled (``torch.save`` of a model that holds it) as its
         arguments: loading makes a new manager with the same ones, and
         nothing of this one's state (what it holds, its plan, its
-        statistics)."""
+        statistics). Loaded where its device is not there (a model saved on
+        a GPU machine, loaded on one without), it is made with
+        ``fallback="pass_through"`` instead, with an OffloadWarning naming
+        the device: the model loads, and that manager offloads nothing."""
         args, kwargs = self._arguments
-        return (functools.partial(type(self), **kwargs), args)
+        return (_unpickle, (type(self), args, kwargs))
 
     def __copy__(self):
         """The manager itself, as for ``copy.deepcopy``."""
@@ -563,3 +565,22 @@ def pool_trim(device):
     """Returns the slabs of ``device``'s pinned pool that hold no live buffer
     to the pinned allocator."""
     _C.pool_trim(_pool_device(device))
+
+
+def _unpickle(cls, args, kwargs):
+    """A pickled Manager (Manager.__reduce__): made again with its
+    arguments; where its device is not there and it would raise for that,
+    made passing every saved tensor through instead, with a warning."""
+    try:
+        return cls(*args, **kwargs)
+    except RuntimeError as e:
+        if kwargs.get("fallback") != "error" or "fallback='pass_through'" not in str(e):
+            raise
+        why = str(e).removeprefix("torch_offload.Manager: ").split("; pass fallback=")[0]
+        warnings.warn(
+            f"torch_offload.Manager: loaded where its device {args[0]!r} is not there ({why}); "
+            "this manager passes every saved tensor through (offloads nothing)",
+            OffloadWarning,
+            stacklevel=2,
+        )
+        return cls(*args, **{**kwargs, "fallback": "pass_through"})

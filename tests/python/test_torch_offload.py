@@ -9,10 +9,12 @@ bad input; the device module; the README snippet."""
 import builtins
 import contextlib
 import os
+import pickle
 import re
 import subprocess
 import sys
 import threading
+import warnings
 
 import pytest
 import torch
@@ -782,6 +784,42 @@ print(repr(torch_offload.Manager(fallback="pass_through")))
     assert "RAISED torch_offload.Manager: device='auto': no accelerator was detected" in run.stdout
     assert "fallback='pass_through' to run without offloading" in run.stdout
     assert "PassThrough<offloads nothing: no accelerator was detected" in run.stdout
+
+
+@sim_only("loads in a fresh process, where sim is not installed")
+def test_a_manager_loaded_where_its_device_is_absent_warns_and_passes_through():
+    # A model saved with its checkpoint function on an accelerator, loaded
+    # on a machine without it: it loads, its manager offloads nothing and
+    # says why (an OffloadWarning naming the device); gradients are exact.
+    manager = torch_offload.Manager("sim:0", sync="streamed", min_offload_bytes=8)
+    pickled = pickle.dumps(torch_offload.CheckpointOffload(manager))
+    code = f"""
+import pickle, warnings, torch, torch_offload
+with warnings.catch_warnings(record=True) as caught:
+    warnings.simplefilter("always")
+    func = pickle.loads({pickled!r})
+manager = func.manager
+assert [w.category for w in caught] == [torch_offload.OffloadWarning], [str(w.message) for w in caught]
+print(caught[0].message)
+assert manager.options["min_offload_bytes"] == 8
+x = torch.randn(64, 64, requires_grad=True)
+out = func(lambda t: (t * t).sin(), x).sum()
+out.backward()
+assert torch.equal(x.grad, (2 * x) * (x * x).cos())
+print(repr(manager))
+"""
+    run = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, env=os.environ)
+    assert run.returncode == 0, run.stderr
+    assert "loaded where its device 'sim' is not there (device 'sim' is not available in this process" in run.stdout, (
+        run.stdout
+    )
+    assert "passes every saved tensor through" in run.stdout, run.stdout
+    assert "PassThrough<offloads nothing: device 'sim' is not available" in run.stdout, run.stdout
+    # Where the device is there, it loads as it was (no warning).
+    with warnings.catch_warnings():
+        warnings.simplefilter("error")
+        again = pickle.loads(pickled).manager
+    assert again.options["min_offload_bytes"] == 8 and "PassThrough" not in repr(again)
 
 
 def test_import_with_another_torch_version_is_an_import_error():
