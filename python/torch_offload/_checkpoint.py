@@ -38,6 +38,29 @@ def _checkpoint(function, *args, **kwargs):
         raise
 
 
+# torch.utils.checkpoint.checkpoint's own keyword arguments (the rest go to
+# the function).
+_CHECKPOINT_KEYWORDS = frozenset(
+    ("use_reentrant", "context_fn", "determinism_check", "debug", "early_stop", "preserve_rng_state")
+)
+
+
+def _function_kwargs(kwargs):
+    """The keyword arguments a block that just runs (not checkpointed) is
+    called with: those given at the call, less checkpoint's own."""
+    return {k: v for k, v in kwargs.items() if k not in _CHECKPOINT_KEYWORDS}
+
+
+def _call_kwargs(owner, checkpoint_kwargs, kwargs):
+    """The keyword arguments of one checkpoint call: the callable's own, and
+    those given at the call (which override them; torch's checkpoint passes
+    the ones it does not know to the function). ``use_reentrant=True``
+    given at the call raises ValueError, as it does at construction."""
+    if kwargs.get("use_reentrant", False):
+        raise ValueError(f"{owner}: use_reentrant must be False, got {kwargs['use_reentrant']!r}")
+    return {**checkpoint_kwargs, **kwargs}
+
+
 class CheckpointOffload:
     """A ``gradient_checkpointing_func``: ``fn(function, *args, **kwargs)``
     runs ``torch.utils.checkpoint.checkpoint(function, *args,
@@ -66,7 +89,7 @@ class CheckpointOffload:
             would not see them as inputs).
 
     Raises:
-        ValueError: ``use_reentrant=True``.
+        ValueError: ``use_reentrant=True`` (here or at a call).
         TypeError: ``manager`` is not a torch_offload.Manager.
     """
 
@@ -82,9 +105,10 @@ class CheckpointOffload:
         self._kwargs = {**checkpoint_kwargs, "use_reentrant": False}
 
     def __call__(self, function, *args, **kwargs):
-        function, args = _keyword_inputs_positional(function, args)
+        run_kwargs = _call_kwargs("CheckpointOffload", self._kwargs, kwargs)
+        function, args = _keyword_inputs_positional(function, args, kwargs)
         with self.manager:
-            return _checkpoint(function, *args, **self._kwargs, **kwargs)
+            return _checkpoint(function, *args, **run_kwargs)
 
     def __repr__(self):
         return f"CheckpointOffload({self.manager!r})"
@@ -242,10 +266,20 @@ def _probe_link(impl, t):
 
 def _module_of(function):
     """The nn.Module `function` is, or whose method it is (through
-    functools.partial: Hugging Face passes ``partial(super().__call__,
-    **kwargs)``); None otherwise."""
+    functools.partial: Hugging Face passes ``partial(forward, self,
+    **kwargs)``, the class's forward with the layer bound as its first
+    argument, and before 5.x ``partial(super().__call__, **kwargs)``);
+    None otherwise."""
     while isinstance(function, functools.partial):
-        function = function.func
+        first = function.args[0] if function.args else None
+        inner = function.func
+        if (
+            isinstance(first, torch.nn.Module)
+            and not isinstance(inner, (torch.nn.Module, functools.partial))
+            and getattr(inner, "__self__", None) is None
+        ):
+            return first
+        function = inner
     if isinstance(function, torch.nn.Module):
         return function
     owner = getattr(function, "__self__", None)
@@ -269,7 +303,7 @@ def _write(state, values):
             tensor.data.copy_(value)
 
 
-def _keyword_inputs_positional(function, args):
+def _keyword_inputs_positional(function, args, kwargs):
     """A layer called with its input by keyword (``layer(hidden_states=h,
     attention_mask=m)``) reaches a Hugging Face ``gradient_checkpointing_func``
     as ``partial(forward, self, hidden_states=h, attention_mask=m)`` and no
@@ -280,13 +314,15 @@ def _keyword_inputs_positional(function, args):
     layers, not masks or tables) are passed positionally instead, to a
     function giving them back to the same function by name; checkpoint
     then saves them, and the plan counts them, as a positional input.
-    Returns ``(function, args)``, unchanged otherwise."""
+    A name also given at the call (``kwargs``, which overrides the
+    partial's) is left as it is. Returns ``(function, args)``, unchanged
+    otherwise."""
     if any(isinstance(a, torch.Tensor) for a in args) or not isinstance(function, functools.partial):
         return function, args
     names = [
         name
         for name, value in function.keywords.items()
-        if isinstance(value, torch.Tensor) and value.is_floating_point() and value.requires_grad
+        if isinstance(value, torch.Tensor) and value.is_floating_point() and value.requires_grad and name not in kwargs
     ]
     if not names:
         return function, args
@@ -362,9 +398,9 @@ class PlannedCheckpoint:
     planned block, the function just runs and the plan does not count it.
     A block that updates state in forward (BatchNorm's running statistics)
     is not changed twice where it is recomputed: when the function is an
-    ``nn.Module``, or a (``functools.partial`` of a) method of one (what
-    Hugging Face layers pass), the module's buffers are copied when its
-    forward begins; the recomputation runs with those values written back
+    ``nn.Module``, a (``functools.partial`` of a) method of one, or
+    ``partial(forward, module, ...)`` (what Hugging Face layers pass), the
+    module's buffers are copied when its forward begins; the recomputation runs with those values written back
     and the values it found are written back after it, as the C++
     ``CheckpointOptions::state`` does (law 7 of docs/checkpoint.md), so
     evaluation after training is bitwise the run without checkpointing.
@@ -382,7 +418,7 @@ class PlannedCheckpoint:
 
     Raises:
         TypeError: ``manager`` is not a torch_offload.Manager.
-        ValueError: its ``device_target_bytes`` is 0, or ``use_reentrant=True``.
+        ValueError: its ``device_target_bytes`` is 0, or ``use_reentrant=True`` (here or at a call).
     """
 
     def __init__(self, manager, **checkpoint_kwargs):
@@ -401,8 +437,9 @@ class PlannedCheckpoint:
         torch.utils.checkpoint._allowed_determinism_checks_to_fns.setdefault(_MEASURE_KEY, _measure_saved)
 
     def __call__(self, function, *args, **kwargs):
+        _call_kwargs("PlannedCheckpoint", self._kwargs, kwargs)  # use_reentrant=True raises before anything runs
         if not torch.is_grad_enabled() or not self.manager._open_here() or getattr(_planned, "depth", 0):
-            return function(*args, **kwargs)
+            return function(*args, **_function_kwargs(kwargs))
         _planned.depth = 1
         try:
             return self._run(function, args, kwargs)
@@ -411,13 +448,13 @@ class PlannedCheckpoint:
 
     def _run(self, function, args, kwargs):
         state = _state_of(function)
-        function, args = _keyword_inputs_positional(function, args)
+        function, args = _keyword_inputs_positional(function, args, kwargs)
         tensors = [a for a in args if isinstance(a, torch.Tensor)]
         impl = self.manager._impl
         index = next((t.device.index for t in tensors if t.device.type != "cpu"), None)
         turn = impl.plan_block(_device_bytes(tensors), -1 if index is None else index)
         if turn is None:
-            return function(*args, **kwargs)
+            return function(*args, **_function_kwargs(kwargs))
         try:
             return self._turn(turn, tensors, function, args, kwargs, state)
         finally:
@@ -429,20 +466,22 @@ class PlannedCheckpoint:
             function = _restoring(function, state)
         if choice == "keep":
             with no_offload():
-                return function(*args, **kwargs)
+                return function(*args, **_function_kwargs(kwargs))
         if choice == "offload":
-            return function(*args, **kwargs)
+            return function(*args, **_function_kwargs(kwargs))
         if choice == "recompute_input_kept":
             with no_offload():  # checkpoint saves the inputs here; its own hooks record the rest
-                return _checkpoint(function, *args, **self._kwargs, **kwargs)
+                return _checkpoint(function, *args, **{**self._kwargs, **kwargs})
         if not measure:
-            return _checkpoint(function, *args, **self._kwargs, **kwargs)
+            return _checkpoint(function, *args, **{**self._kwargs, **kwargs})
         return self._measured(index, probe, tensors, function, args, kwargs)
 
     def _measured(self, index, probe, tensors, function, args, kwargs):
         on_device = [t for t in tensors if t.device.type != "cpu"]
         device = on_device[0].device if on_device else None
-        run_kwargs = {**self._kwargs, "determinism_check": _MEASURE_KEY}
+        # The measuring step's own determinism check counts what the block
+        # saves (it also runs the default check).
+        run_kwargs = {**self._kwargs, **kwargs, "determinism_check": _MEASURE_KEY}
         impl = self.manager._impl
         calls = 0
 
@@ -467,7 +506,7 @@ class PlannedCheckpoint:
         try:
 
             def run():
-                return _checkpoint(block, *args, **run_kwargs, **kwargs)
+                return _checkpoint(block, *args, **run_kwargs)
 
             if device is None:
                 begin = time.perf_counter_ns()

@@ -573,14 +573,20 @@ def _unpickle(cls, args, kwargs):
     made passing every saved tensor through instead, with a warning."""
     try:
         return cls(*args, **kwargs)
-    except RuntimeError as e:
-        if kwargs.get("fallback") != "error" or "fallback='pass_through'" not in str(e):
+    except (RuntimeError, ValueError) as e:
+        # Not there: a RuntimeError advising fallback='pass_through', or a
+        # ValueError for a device name no backend registers here (a
+        # PrivateUse1 backend's, valid where it was pickled).
+        absent = "fallback='pass_through'" in str(e) if isinstance(e, RuntimeError) else "device must be" in str(e)
+        if kwargs.get("fallback") != "error" or not absent:
             raise
-        why = str(e).removeprefix("torch_offload.Manager: ").split("; pass fallback=")[0]
+        why = str(e).removeprefix("torch_offload.Manager: ").split("; pass ")[0]
         warnings.warn(
             f"torch_offload.Manager: loaded where its device {args[0]!r} is not there ({why}); "
             "this manager passes every saved tensor through (offloads nothing)",
             OffloadWarning,
             stacklevel=2,
         )
-        return cls(*args, **{**kwargs, "fallback": "pass_through"})
+        manager = cls(*args, **{**kwargs, "fallback": "pass_through"})
+        manager._arguments = (args, kwargs)  # pickled again, it asks for its device as it did
+        return manager

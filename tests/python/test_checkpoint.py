@@ -719,3 +719,96 @@ def test_planned_blocks_under_autocast_are_bitwise_whatever_the_plan_chooses():
                 assert torch.equal(out, want_out)
                 assert all(torch.equal(a, b) for a, b in zip(grads, want_grads, strict=True))
         assert getattr(manager.stats(), choice) == 4, planned.summary()
+
+
+class _HFLayer(nn.Module):
+    """A layer checkpointed as transformers 5.x does it: the class's
+    forward, unbound, with the layer as its first argument
+    (``partial(forward, self, **kwargs)``); BatchNorm inside."""
+
+    def __init__(self):
+        super().__init__()
+        self.gradient_checkpointing = False
+        self.lin = nn.Linear(32, 32)
+        self.norm = nn.BatchNorm1d(32)
+        self.drop = nn.Dropout(0.1)
+
+    def __call__(self, *args, **kwargs):
+        if self.gradient_checkpointing and self.training:
+            return self._gradient_checkpointing_func(functools.partial(type(self).forward, self, **kwargs), *args)
+        return super().__call__(*args, **kwargs)
+
+    def forward(self, hidden_states, scale=1.0):
+        return hidden_states + self.drop(self.norm(self.lin(hidden_states))) * scale
+
+
+@pytest.mark.parametrize("by_keyword", [False, True])
+@pytest.mark.parametrize("target", [1 << 30, 1])
+def test_a_transformers_5_layer_with_batchnorm_is_restored_whatever_the_plan(target, by_keyword):
+    # transformers 5.x hands the checkpoint function partial(forward, self,
+    # ...): the layer is the partial's first argument, not a bound method's
+    # owner. A recomputed layer must still run with the running statistics
+    # its forward saw, and leave them as it found them.
+    def run(func=None, manager=None):
+        torch.manual_seed(0)
+        layers = nn.ModuleList(_HFLayer() for _ in range(4)).to(DEV).train()
+        for layer in layers:
+            layer._gradient_checkpointing_func = func
+            layer.gradient_checkpointing = func is not None
+        optimizer = torch.optim.AdamW(layers.parameters(), lr=1e-2)
+        torch.manual_seed(1)
+        x = torch.randn(16, 32, device=DEV)
+        losses = []
+        for _ in range(3):
+            optimizer.zero_grad()
+            with manager if manager is not None else contextlib.nullcontext():
+                h = x
+                for layer in layers:
+                    h = layer(hidden_states=h, scale=0.5) if by_keyword else layer(h, scale=0.5)
+                loss = h.square().mean()
+            loss.backward()
+            optimizer.step()
+            losses.append(loss.item())
+        layers.eval()
+        with torch.no_grad():
+            h = x
+            for layer in layers:
+                h = layer(h, scale=0.5)
+        return losses, h, [b.clone() for b in layers.buffers()]
+
+    want = run()
+    manager = torch_offload.Manager(DEV, device_target_bytes=target)
+    with warnings.catch_warnings():
+        warnings.simplefilter("ignore", torch_offload.OffloadWarning)  # target 1: "below what recomputing ... needs"
+        got = run(torch_offload.PlannedCheckpoint(manager), manager)
+    assert manager.stats().blocks_recomputed == (4 if target == 1 else 0), manager.stats()
+    assert got[0] == want[0]
+    assert torch.equal(got[1], want[1])
+    assert all(torch.equal(a, b) for a, b in zip(got[2], want[2], strict=True))
+
+
+def test_checkpoint_keywords_given_at_the_call_override_the_callables_own():
+    # A keyword given at the call wins over the partial's of the same name
+    # (as for a plain partial and torch's checkpoint); use_reentrant=False
+    # may be repeated there, use_reentrant=True raises before anything runs.
+    manager = torch_offload.Manager(DEV, sync="blocking")
+    func = torch_offload.CheckpointOffload(manager)
+    x = torch.randn(8, 8, device=DEV, requires_grad=True)
+    y = torch.randn(8, 8, device=DEV, requires_grad=True)
+
+    def f(hidden_states):
+        return (hidden_states * 3).sin()
+
+    out = func(functools.partial(f, hidden_states=x), hidden_states=y, use_reentrant=False)
+    assert torch.equal(out, f(y))
+    out.sum().backward()
+    assert x.grad is None and torch.equal(y.grad, (3 * (y * 3).cos()))
+    planned = torch_offload.PlannedCheckpoint(torch_offload.Manager(DEV, device_target_bytes=1 << 30))
+    for callable_ in (func, planned):
+        with pytest.raises(ValueError, match="use_reentrant must be False, got True"):
+            callable_(f, x, use_reentrant=True)
+    # A planned block that just runs (outside the manager, or kept) gets
+    # none of checkpoint's own keywords.
+    assert torch.equal(planned(f, x, use_reentrant=False, determinism_check="none"), f(x))
+    with planned.manager:
+        assert torch.equal(planned(f, x, determinism_check="none", debug=False), f(x))

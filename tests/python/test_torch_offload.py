@@ -802,6 +802,10 @@ manager = func.manager
 assert [w.category for w in caught] == [torch_offload.OffloadWarning], [str(w.message) for w in caught]
 print(caught[0].message)
 assert manager.options["min_offload_bytes"] == 8
+with warnings.catch_warnings(record=True) as again:
+    warnings.simplefilter("always")
+    pickle.loads(pickle.dumps(func))  # pickled again, it asks for its device as it did
+assert [w.category for w in again] == [torch_offload.OffloadWarning], [str(w.message) for w in again]
 x = torch.randn(64, 64, requires_grad=True)
 out = func(lambda t: (t * t).sin(), x).sum()
 out.backward()
