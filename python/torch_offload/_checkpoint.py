@@ -428,12 +428,8 @@ class PlannedCheckpoint:
             raise ValueError(
                 "PlannedCheckpoint: the manager's device_target_bytes must be > 0 (the plan meets that target), got 0"
             )
-        if checkpoint_kwargs.get("use_reentrant", False):
-            raise ValueError(
-                f"PlannedCheckpoint: use_reentrant must be False, got {checkpoint_kwargs['use_reentrant']!r}"
-            )
+        self._kwargs = {**_call_kwargs("PlannedCheckpoint", {}, checkpoint_kwargs), "use_reentrant": False}
         self.manager = manager
-        self._kwargs = {**checkpoint_kwargs, "use_reentrant": False}
         torch.utils.checkpoint._allowed_determinism_checks_to_fns.setdefault(_MEASURE_KEY, _measure_saved)
 
     def __call__(self, function, *args, **kwargs):
@@ -469,11 +465,12 @@ class PlannedCheckpoint:
                 return function(*args, **_function_kwargs(kwargs))
         if choice == "offload":
             return function(*args, **_function_kwargs(kwargs))
+        run_kwargs = {**self._kwargs, **kwargs}
         if choice == "recompute_input_kept":
             with no_offload():  # checkpoint saves the inputs here; its own hooks record the rest
-                return _checkpoint(function, *args, **{**self._kwargs, **kwargs})
+                return _checkpoint(function, *args, **run_kwargs)
         if not measure:
-            return _checkpoint(function, *args, **{**self._kwargs, **kwargs})
+            return _checkpoint(function, *args, **run_kwargs)
         return self._measured(index, probe, tensors, function, args, kwargs)
 
     def _measured(self, index, probe, tensors, function, args, kwargs):
