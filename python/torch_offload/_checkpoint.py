@@ -337,6 +337,23 @@ def _keyword_inputs_positional(function, args, kwargs):
     return by_name, (*args, *(function.keywords[name] for name in names))
 
 
+def _changed(before, after):
+    """Per pair of tensors, whether they differ (in shape, dtype, device or
+    a value; NaN differs from itself, as in ``torch.equal``), with one
+    device-to-host copy per device rather than one per pair."""
+    changed = [None] * len(before)
+    flags = {}  # device: [(index, 0-d bool tensor on that device)]
+    for i, (b, a) in enumerate(zip(before, after, strict=True)):
+        if b.shape != a.shape or b.dtype != a.dtype or b.device != a.device:
+            changed[i] = True
+        else:
+            flags.setdefault(a.device, []).append((i, torch.ne(b, a).any()))
+    for pairs in flags.values():
+        for (i, _), value in zip(pairs, torch.stack([f for _, f in pairs]).tolist(), strict=True):
+            changed[i] = value
+    return changed
+
+
 def _restoring(function, state):
     """`function` whose later calls (checkpoint's recomputation) run with
     the values `state` held when the first call (the forward) began, and
@@ -356,7 +373,7 @@ def _restoring(function, state):
             try:
                 return function(*args, **kwargs)
             finally:
-                at_forward = [None if torch.equal(b, t) else b for b, t in zip(before, state, strict=True)]
+                at_forward = [b if c else None for b, c in zip(before, _changed(before, state), strict=True)]
         written = [(t, v) for t, v in zip(state, at_forward, strict=True) if v is not None]
         if not written:
             return function(*args, **kwargs)
