@@ -94,10 +94,14 @@ struct ForwardCopies {
   std::int64_t largest = 0;
 };
 
-// Forward: a block's copies are counted from its end (those saved outside
-// blocks from where they were saved), one after another; this errs high
-// where they start as the block saves, and so leaves room for what copies
-// cost the host where it makes them (sim). Where more storages are copying
+// Forward: copies run one after another, each as soon as the link is
+// free after it is made: an offloaded block's storages are made through
+// its forward, taken as made, on average, halfway through it (its copies
+// counted from there); a recomputed block's input is saved as the block
+// begins; what is saved outside blocks, where it was saved. (Counted from
+// a block's end, the copies that run beside its own forward
+// were taken as exposed: at R = 1 that took offloading a block for
+// dearer than recomputing it, where it ran faster.) Where more storages are copying
 // than the forward stash holds, sync::Streamed's compute waits for the
 // oldest copy in flight (one queue across forward): a block ends no
 // earlier than when the link, counted from the block's beginning (the
@@ -105,8 +109,8 @@ struct ForwardCopies {
 // but the newest stash's worth of what was queued. That wait errs low: a
 // block makes its storages through its forward, not all at its beginning,
 // and Streamed waits at each one, not at the block's end. The wait only
-// adds time; where the link runs still counts from the block's end, so a
-// tighter stash is never predicted faster.
+// adds time; where the link runs still counts from where the copies are
+// made, so a tighter stash is never predicted faster.
 ForwardCopies forward_copies(const std::vector<BlockCost>& blocks, const LinkCost& link,
                              const std::vector<BlockChoice>& choices, const OutsideCost* outside) {
   struct Queued {
@@ -117,11 +121,11 @@ ForwardCopies forward_copies(const std::vector<BlockCost>& blocks, const LinkCos
   const auto stash = static_cast<double>(link.forward_stash);
   ForwardCopies out;
   double now = 0, link_free = 0, copied = 0;
-  // Queues `c` ns of copies in `storages` made from `at` on, and waits
-  // where the stash is full when they are made (at `now`).
-  const auto copy = [&](double c, std::int64_t storages, double at) {
+  // Queues `c` ns of copies in `storages` made from `at` on (the link
+  // runs them from `from` on), and waits where the stash is full at `now`.
+  const auto copy = [&](double c, std::int64_t storages, double at, double from) {
     copied = std::max(copied, at) + c;
-    link_free = std::max(link_free, now) + c;
+    link_free = std::max(link_free, from) + c;
     const auto count = static_cast<double>(std::max<std::int64_t>(1, storages));
     queued.push_back({count, c / count});
     if (stash <= 0) return;
@@ -136,13 +140,16 @@ ForwardCopies forward_copies(const std::vector<BlockCost>& blocks, const LinkCos
       now = held;
     }
   };
-  if (const auto o = outside_ns(link, outside, 0); o > 0) copy(o, outside->storages[0], now);
+  if (const auto o = outside_ns(link, outside, 0); o > 0) copy(o, outside->storages[0], now, now);
   for (std::size_t i = 0; i < blocks.size(); ++i) {
     const auto& b = blocks[i];
     const double begin = now;
     now += forward_ns_of(b);
-    if (const auto c = moved_ns(link, b, choices[i]); c > 0) copy(c, moved_storages(b, choices[i]), begin);
-    if (const auto o = outside_ns(link, outside, i + 1); o > 0) copy(o, outside->storages[i + 1], now);
+    if (const auto c = moved_ns(link, b, choices[i]); c > 0) {
+      const double from = choices[i] == BlockChoice::offload ? begin + forward_ns_of(b) / 2 : begin;
+      copy(c, moved_storages(b, choices[i]), begin, from);
+    }
+    if (const auto o = outside_ns(link, outside, i + 1); o > 0) copy(o, outside->storages[i + 1], now, now);
     out.largest = std::max(out.largest, largest_moved_storage(b, choices[i]));
   }
   out.stalled += std::max(0.0, link_free - now);
@@ -374,9 +381,11 @@ std::int64_t recompute_all_extra_ns(const std::vector<BlockCost>& blocks, const 
   return plan_blocks(blocks, link, 0, -1, -1, outside).extra_ns;
 }
 
-// Whether a is the better of two predictions that both fit.
+// Whether a is the better of two predictions that both fit. Extra times
+// within 1 ns are the same time (sums taken in another order: offloading
+// one more block whose copies are hidden is not faster by a rounding).
 bool better(const Prediction& a, const Prediction& b) {
-  if (a.extra_ns != b.extra_ns) return a.extra_ns < b.extra_ns;
+  if (std::abs(a.extra_ns - b.extra_ns) >= 1.0) return a.extra_ns < b.extra_ns;
   if (a.moved != b.moved) return a.moved < b.moved;
   return a.recomputed < b.recomputed;
 }

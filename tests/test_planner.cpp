@@ -316,10 +316,10 @@ TEST_CASE("plan_blocks: a link that hides the copies offloads, a slow one recomp
   const auto slow = offload::plan_blocks(four_blocks(), streamed(0.01), 50, 250);
   CHECK(slow.choices == std::vector<BlockChoice>{RK, RK, K, K});
   CHECK(slow.extra_ns == 2000);
-  // Under room for one block less: the first two recomputed cost 5 us (2
-  // us recomputing, 1 us of their inputs' copies running past the end of
-  // forward, 2 us for block 1's input, which backward needs first of what
-  // was offloaded: on demand); the first three recomputed with their
+  // Under room for one block less: the first two recomputed cost 4 us (2
+  // us recomputing, 2 us for block 1's input, which backward needs first
+  // of what was offloaded: on demand; their copies in forward, each from
+  // its block's beginning, end with forward); the first three recomputed with their
   // inputs kept on the device (20 bytes each) cost 3 us and move nothing.
   const auto slower = offload::plan_blocks(four_blocks(), streamed(0.01), 50, 150);
   CHECK(slower.choices == std::vector<BlockChoice>{RK, RK, RK, K});
@@ -333,8 +333,9 @@ TEST_CASE("plan_blocks: a link that hides the copies offloads, a slow one recomp
 
 TEST_CASE("plan_blocks: what backward needs first of the offloaded comes back on demand, behind kept blocks") {
   // One storage per block, at 0.05 bytes/ns: 2 us a block, room for two
-  // blocks fewer. Offloading blocks 0 and 1 costs 1 us in forward (block
-  // 1's copy runs past its end) and 2 us in backward: blocks 3 and 2 are
+  // blocks fewer. Offloading blocks 0 and 1 costs 0.5 us in forward (each
+  // block's copy from its middle: block 1's runs past forward's end) and 2
+  // us in backward: blocks 3 and 2 are
   // kept, so nothing is unpacked that would prefetch block 1's, and it
   // waits for its copy (block 0's comes back while block 1's backward
   // runs). Recomputing block 0 costs 1 us and its input's copy back, on
@@ -345,6 +346,52 @@ TEST_CASE("plan_blocks: what backward needs first of the offloaded comes back on
   const auto plan = offload::plan_blocks(blocks, streamed(0.05), 50, 250);
   CHECK(plan.choices == std::vector<BlockChoice>{R, K, K, K});
   CHECK(plan.extra_ns == 1400);
+}
+
+TEST_CASE("plan_blocks: an offloaded block's copies run beside its own forward") {
+  // What `offload-bench plan` measured at R = 1 (rounded): four blocks of
+  // 30 ms saving 18.9 MB in 16 storages, a 0.51 GB/s link (37 ms a
+  // block), room for three blocks offloaded and one kept. A block's
+  // copies start as it saves, not at its end: offloading blocks 0-2 hides
+  // all but 35 ms. Counted from each block's end, they came to 46 ms, and
+  // recomputing block 2 instead (43 ms) was chosen, which ran slower.
+  const std::int64_t stretch[4] = {47'700'000, 45'600'000, 43'400'000, 40'300'000};
+  std::vector<BlockCost> blocks;
+  for (const auto peak : stretch) {
+    BlockCost b{30'000'000, 18'900'000, 16, 1'000'000};
+    b.backward_peak = peak;
+    b.recompute_ns = 23'000'000;
+    b.largest_storage = 4'200'000;
+    blocks.push_back(b);
+  }
+  const offload::OutsideCost head{{9'000, 0, 0, 0, 2'400'000}, {2, 0, 0, 0, 6}};
+  const auto plan =
+      offload::plan_blocks(blocks, LinkCost{0.51, 40'000, true, 2, 0, 5}, 73'500'000, 85'300'000, 61'800'000, head);
+  CHECK(plan.choices == std::vector<BlockChoice>{O, O, O, K});
+  CHECK(plan.fits);
+  CHECK(plan.extra_ns < 36'000'000);
+}
+
+TEST_CASE("plan_blocks: extra times a rounding apart are the same time: the choice moving less wins") {
+  // What `offload-bench plan` measured at R = 0.25 (one survey run): every
+  // copy hides but the first storage backward needs, so offloading block 3
+  // too costs the same time, 4.7e-9 ns less when summed in its order;
+  // that took it over keeping block 3, for 18.9 MB more moved each way.
+  const std::int64_t forward[4] = {54'436'575, 47'084'195, 42'112'418, 40'184'221};
+  const std::int64_t recompute[4] = {29'991'662, 30'460'917, 32'904'300, 44'058'546};
+  const std::int64_t stretch[4] = {47'670'792, 45'560'328, 43'440'648, 40'281'608};
+  std::vector<BlockCost> blocks;
+  for (std::size_t i = 0; i < 4; ++i) {
+    BlockCost b{forward[i], 18'907'136, 16, 1'048'576};
+    b.backward_peak = stretch[i];
+    b.recompute_ns = recompute[i];
+    b.largest_storage = 4'194'304;
+    blocks.push_back(b);
+  }
+  const offload::OutsideCost head{{9'216, 0, 0, 0, 2'375'680}, {2, 0, 0, 0, 6}};
+  const auto plan =
+      offload::plan_blocks(blocks, LinkCost{2.0786, 77'014, true, 2, 0, 5}, 73'472'008, 85'281'032, 61'804'288, head);
+  CHECK(plan.choices == std::vector<BlockChoice>{O, O, O, K});
 }
 
 TEST_CASE("plan_blocks: a block offloading more storages than the forward stash holds waits for the link") {
