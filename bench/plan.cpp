@@ -4,7 +4,9 @@
 // same target, on the demo GPT (models/gpt.hpp) at width 256 on sim, with
 // sim's link bandwidth set so that R = 0.25, 1, 3 and 6, at targets 1/4,
 // 1/2 and 3/4 of the way from the peak of "checkpoint every block + offload
-// its input" to the peak without offloading. All measured in one run.
+// its input" to the peak without offloading; and, per R, auto under a
+// target everything fits (1.25x the peak without offloading) against no
+// offloading. All measured in one run.
 
 #include "bench.hpp"
 
@@ -176,6 +178,7 @@ Json row_of(const Strategy& s, const Run& r, const Run& none, std::int64_t targe
                        {"blocks_recomputed", Json(r.last.blocks_recomputed)},
                        {"blocks_guarded", Json(r.last.blocks_guarded)},
                        {"peaks", Json(r.peaks)},
+                       {"moved", Json(r.moved)},
                        {"step_seconds", Json(r.seconds)},
                        {"losses_bitwise_equal", Json(equal)},
                        {"plan", r.plan.empty() ? Json(nullptr) : Json(r.plan)}});
@@ -214,6 +217,51 @@ Json verdict(const std::vector<Json>& rows, double r_value, std::int64_t target,
                        {"baseline", Json(baseline_name)},
                        {"baseline_seconds", Json(baseline)},
                        {"auto_faster_than_baseline", Json(baseline > 0 ? 1.0 - automatic / baseline : 0.0)}});
+}
+
+// The "everything fits" cell of one R: auto under a target above the peak
+// without offloading, against no offloading in the same (confirming) run.
+Json fits_verdict(const std::vector<Json>& rows, double r_value, std::int64_t target) {
+  const Json* automatic = nullptr;
+  const Json* none = nullptr;
+  for (const auto& row : rows) {
+    if (number(row, "R") != r_value || row.at("run") != "confirm") continue;
+    if (row.at("strategy") == "none") none = &row;
+    if (row.at("strategy") == "auto" && integer(row, "target_bytes") == target) automatic = &row;
+  }
+  TORCH_CHECK(automatic != nullptr && none != nullptr, "offload-bench plan: the everything-fits rows of R = ", r_value,
+              " are missing");
+  const double auto_s = number(*automatic, "seconds"), none_s = number(*none, "seconds");
+  const auto moved = max_from((*automatic).at("moved").get<std::vector<std::int64_t>>(), 1);
+  const bool bitwise = (*automatic).at("losses_bitwise_equal").get<bool>();
+  const double ratio = none_s > 0 ? auto_s / none_s : 0.0;
+  return Json::object({{"R", Json(r_value)},
+                       {"target_bytes", Json(target)},
+                       {"auto_seconds", Json(auto_s)},
+                       {"none_seconds", Json(none_s)},
+                       {"auto_over_none", Json(ratio)},
+                       {"auto_peak_bytes", (*automatic).at("peak_bytes")},
+                       {"none_peak_bytes", (*none).at("peak_bytes")},
+                       {"moved_bytes_max_from_step_2", Json(moved)},
+                       {"blocks_kept", (*automatic).at("blocks_kept")},
+                       {"losses_bitwise_equal", Json(bitwise)},
+                       {"met", Json(bitwise && moved == 0 && ratio <= 1.01)}});
+}
+
+void print_fits(const std::vector<Json>& cells) {
+  const std::vector<Column> columns = {
+      fixed_column("R", "", "R", 2),
+      mib_column("target", "target_bytes"),
+      mib_column("peak, none", "none_peak_bytes"),
+      mib_column("peak, auto", "auto_peak_bytes"),
+      text_column("blocks kept", "blocks_kept"),
+      mib_column("moved from step 2, most in a step", "moved_bytes_max_from_step_2"),
+      {"none", "s", [](const Json& c) { return fixed(number(c, "none_seconds"), 3); }},
+      {"auto", "s", [](const Json& c) { return fixed(number(c, "auto_seconds"), 3); }},
+      {"auto / none", "", [](const Json& c) { return fixed(number(c, "auto_over_none"), 3) + "x"; }},
+      {"bitwise", "", [](const Json& c) { return c.at("losses_bitwise_equal").get<bool>() ? "yes" : "NO"; }},
+  };
+  print_rows(columns, cells);
 }
 
 void print_cells(const std::vector<Json>& cells) {
@@ -282,14 +330,15 @@ int run_plan(const Args& args) {
                "Survey: every strategy, "
             << steps << " steps each; confirming run: per cell auto, the best fixed strategy of the survey and the "
             << "better of the device target and checkpoint all + offload inputs, " << confirm_steps
-            << " steps each, timed apart from the choice (the table's times). Times are the median of steps 3 "
-               "on.\n\n";
+            << " steps each, timed apart from the choice (the table's times), and auto under a target of 1.25x "
+               "the peak without offloading (everything fits). Times are the median of steps 3 on.\n\n";
   const Run probe_none = train(shape, {"none"}, steps);
   const double forward = mean_from(probe_none.forward_seconds, 1);
   const double moved_all = mean_from(train(shape, {"offload all", 0, false, true}, 2).moved, 1);
   const auto high = max_from(probe_none.peaks, 0);
   std::vector<Json> rows;
   std::vector<Json> cells;
+  std::vector<Json> fits;  // per R: everything fits
   for (const double r_value : r_list) {
     const double gbps = std::min(offload::sim::kMaxCopyBandwidthGbps, moved_all / (r_value * forward) / 1e9);
     offload::sim::set_copy_bandwidth_gbps(gbps);
@@ -331,6 +380,10 @@ int run_plan(const Args& args) {
       add(surveyed.back().at("best_fixed").get<std::string>(), target);
       add(surveyed.back().at("baseline").get<std::string>(), target);
     }
+    // Everything fits: auto under a target above the peak without
+    // offloading, timed against none in the same run.
+    const auto fits_target = high + high / 4;
+    confirm.push_back({"auto", 0, true, true, fits_target});
     const auto again = round_robin(shape, confirm, confirm_steps);
     for (std::size_t i = 0; i < confirm.size(); ++i)
       rows.push_back(row_of(confirm[i], again[i], again.front(), confirm[i].target, r_value, "confirm"));
@@ -339,6 +392,7 @@ int run_plan(const Args& args) {
       cell["survey"] = surveyed[k];
       cells.push_back(std::move(cell));
     }
+    fits.push_back(fits_verdict(rows, r_value, fits_target));
   }
   offload::sim::set_copy_bandwidth_gbps(offload::sim::Config{}.copy_bandwidth_gbps);
   std::cout << "\n";
@@ -351,6 +405,12 @@ int run_plan(const Args& args) {
   std::cout << "\nauto within 1.03x of the best fixed strategy, under the target and bitwise: " << within << " of "
             << cells.size() << " cells; >= 10 % faster than the better of the device target and checkpoint all + "
             << "offload inputs: " << faster << " of " << cells.size() << "\n";
+  std::cout << "\nEverything fits (target 1.25x the peak without offloading; auto and none from the confirming "
+               "run):\n\n";
+  print_fits(fits);
+  const auto fits_met = std::count_if(fits.begin(), fits.end(), [](const Json& c) { return c.at("met").get<bool>(); });
+  std::cout << "\neverything fits: auto within 1.01x of no offloading, nothing moved from step 2 on, bitwise: "
+            << fits_met << " of " << fits.size() << "\n";
   auto json = header(args, torch_version());
   json.push_back({"steps", Json(steps)});
   json.push_back({"confirm_steps", Json(confirm_steps)});
@@ -358,6 +418,7 @@ int run_plan(const Args& args) {
   json.push_back({"forward_seconds", Json(forward)});
   json.push_back({"offload_all_bytes_per_step", Json(moved_all)});
   json.push_back({"cells", Json(cells)});
+  json.push_back({"everything_fits", Json(fits)});
   json.push_back({"rows", Json(rows)});
   write_result(args, "plan.json", json);
   return 0;
