@@ -493,6 +493,8 @@ bool BlockPlanner::begin_step(std::int64_t needed, std::int64_t allocated, std::
         forward_peak_ = step_forward_peak_ >= 0 && allocated >= 0 ? step_forward_peak_ + allocated : -1;
         correction_ = 0;
         late_growth_ = 0;
+        late_gone_ = 0;
+        over_all_offloaded_ = 0;
         offload_all_peak_ = -1;
         offload_all_measured_ = true;
         trial_ = false;
@@ -533,7 +535,21 @@ bool BlockPlanner::begin_step(std::int64_t needed, std::int64_t allocated, std::
         // Every block offloaded, as tried: it offloads all a plan of blocks
         // can, and what a step needs beyond the tried one is the per-tensor
         // plan's (what it keeps inside the blocks, with its own feedback).
+        // Where two steps in a row still needed more than 2 % over the
+        // target (the tried step ran before the optimizer's state existed,
+        // under gradient accumulation), the target is not met: warned.
         unfit_remeasured_ = false;
+        const bool over = !measure_next_ && needed_is_peak && needed > target_ + target_ / 50;
+        over_all_offloaded_ = over ? over_all_offloaded_ + 1 : 0;
+        if (over_all_offloaded_ >= 2 && !warned_) {
+          warned_ = true;
+          warning_ = "offload::Options: device_target_bytes " + std::to_string(target_) +
+                     " is below what offloading every planned block needs: two steps in a row needed more than "
+                     "2 % over it, the last " +
+                     std::to_string(needed) + " bytes (the step that tried it needed " +
+                     std::to_string(offload_all_peak_ + correction_) +
+                     "); every planned block stays offloaded (warned once per manager)";
+        }
       } else if (!measure_next_ && needed > target_ + target_ / 50 && needed > predicted_peak_) {
         // (Within 2 % of the target: what the per-tensor plan inside the
         // offloaded blocks kept past it, which it corrects itself; a
@@ -622,9 +638,18 @@ BlockPlanner::Turn BlockPlanner::next_block(std::int64_t input_bytes, int device
       // top of what the measured stretches may hold already, such as
       // gradients made in that backward: it errs high).
       const auto late = allocated - first_block_allocated_ - growth_ - late_growth_;
-      if (late > target_ / 100) {
-        late_growth_ += late;
-        correction_ += late;
+      const auto gone = late < -(target_ / 100) ? std::min(late_growth_, -late) : std::int64_t{0};
+      // Where what was added has gone again (a tensor the loop held over
+      // one step), the second step in a row to find it gone gives it back
+      // (one alone may be a micro-step of gradient accumulation before its
+      // gradients are made), so one step's extra does not keep the plan
+      // conservative for good.
+      const auto give_back = std::min(gone, late_gone_);
+      late_gone_ = give_back > 0 ? 0 : gone;
+      if (late > target_ / 100 || give_back > 0) {
+        const auto change = give_back > 0 ? -give_back : late;
+        late_growth_ += change;
+        correction_ = std::max<std::int64_t>(0, correction_ + change);
         const bool warned = std::exchange(warned_, true);
         plan_locked();
         warned_ = warned;

@@ -412,6 +412,8 @@ class BlockPlanner {
   std::int64_t growth_ = 0;                  // allocated since the measuring step began (optimizer state)
   std::int64_t first_block_allocated_ = -1;  // the measuring step: allocated when its first block began
   std::int64_t late_growth_ = 0;  // allocated at a later step's first block beyond that and growth_ (in correction_)
+  std::int64_t late_gone_ = 0;    // the step before's first block: how much of late_growth_ was no longer allocated
+  std::int32_t over_all_offloaded_ = 0;  // steps in a row over the target with every block offloaded
   std::int64_t measure_allocated_ = -1;  // allocated when the measuring step began
   std::int32_t last_recomputed_ = -1;    // the block whose recomputation began last in this step
   int device_index_ = -1;                // the device of the step's blocks (next_block())
