@@ -45,6 +45,21 @@ _CHECKPOINT_KEYWORDS = frozenset(
 )
 
 
+def _checked_checkpoint_kwargs(owner, kwargs):
+    """``kwargs`` (a constructor's, for every call of the callable), where
+    each names one of checkpoint's own keyword arguments; else TypeError
+    naming it and the accepted names (a misspelt one would reach every
+    block's function, or be dropped by one taking ``**kwargs``)."""
+    unknown = sorted(set(kwargs) - _CHECKPOINT_KEYWORDS)
+    if unknown:
+        raise TypeError(
+            f"{owner}: {', '.join(map(repr, unknown))} is not a keyword argument of "
+            f"torch.utils.checkpoint.checkpoint; accepted: {', '.join(sorted(_CHECKPOINT_KEYWORDS))} (keyword "
+            "arguments for the function go with each call)"
+        )
+    return kwargs
+
+
 def _function_kwargs(kwargs):
     """The keyword arguments a block that just runs (not checkpointed) is
     called with: those given at the call, less checkpoint's own."""
@@ -90,10 +105,12 @@ class CheckpointOffload:
 
     Raises:
         ValueError: ``use_reentrant=True`` (here or at a call).
-        TypeError: ``manager`` is not a torch_offload.Manager.
+        TypeError: ``manager`` is not a torch_offload.Manager, or a keyword
+            argument is not one of checkpoint's own.
     """
 
     def __init__(self, manager=None, **checkpoint_kwargs):
+        _checked_checkpoint_kwargs("CheckpointOffload", checkpoint_kwargs)
         if checkpoint_kwargs.get("use_reentrant", False):
             raise ValueError(
                 "CheckpointOffload: use_reentrant must be False (non-reentrant checkpoint saves the block's "
@@ -434,7 +451,8 @@ class PlannedCheckpoint:
             (``preserve_rng_state``, ...); ``use_reentrant`` must be False.
 
     Raises:
-        TypeError: ``manager`` is not a torch_offload.Manager.
+        TypeError: ``manager`` is not a torch_offload.Manager, or a keyword
+            argument is not one of checkpoint's own.
         ValueError: its ``device_target_bytes`` is 0, or ``use_reentrant=True`` (here or at a call).
     """
 
@@ -445,6 +463,7 @@ class PlannedCheckpoint:
             raise ValueError(
                 "PlannedCheckpoint: the manager's device_target_bytes must be > 0 (the plan meets that target), got 0"
             )
+        _checked_checkpoint_kwargs("PlannedCheckpoint", checkpoint_kwargs)
         self._kwargs = {**_call_kwargs("PlannedCheckpoint", {}, checkpoint_kwargs), "use_reentrant": False}
         self.manager = manager
         torch.utils.checkpoint._allowed_determinism_checks_to_fns.setdefault(_MEASURE_KEY, _measure_saved)
@@ -556,7 +575,13 @@ class PlannedModuleList(torch.nn.Module):
         try:
             blocks = blocks if isinstance(blocks, torch.nn.ModuleList) else torch.nn.ModuleList(blocks)
         except TypeError:
-            single = " (a single module: wrap it in a list)" if isinstance(blocks, torch.nn.Module) else ""
+            single = (
+                " (pass its .values(), in the order they run)"
+                if isinstance(blocks, torch.nn.ModuleDict)
+                else " (a single module: wrap it in a list)"
+                if isinstance(blocks, torch.nn.Module)
+                else ""
+            )
             raise TypeError(
                 "PlannedModuleList: blocks must be an nn.ModuleList or an iterable of modules (an nn.Sequential: "
                 f"its children), got {type(blocks).__name__}{single}"

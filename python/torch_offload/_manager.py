@@ -414,11 +414,13 @@ class Manager(_HookRegion):
         for name, lo, hi, _ in _C.option_fields():
             value = options[name]
             if isinstance(value, bool):
-                raise TypeError(f"torch_offload.Manager: {name} must be an int, got bool")
+                raise TypeError(f"torch_offload.Manager: {name} must be an int in [{lo}, {hi}], got bool")
             try:
                 value = operator.index(value)  # int, numpy and torch integers
             except TypeError:
-                raise TypeError(f"torch_offload.Manager: {name} must be an int, got {type(value).__name__}") from None
+                raise TypeError(
+                    f"torch_offload.Manager: {name} must be an int in [{lo}, {hi}], got {type(value).__name__}"
+                ) from None
             if not lo <= value <= hi:  # the C++ message, also for values beyond int64
                 raise ValueError(f"offload::Options: {name} must be in [{lo}, {hi}], got {value}")
             options[name] = value

@@ -263,6 +263,24 @@ def stream(s):
         _sim.exchange_stream(previous, s.device_index)
 
 
+@contextlib.contextmanager
+def device(device):
+    """Makes ``device`` (an index, or a sim ``torch.device`` or its name)
+    the current sim device for the block, as ``torch.cuda.device``; None
+    or a negative index changes nothing. What ``torch.load`` of sim tensors
+    and ``Storage.to`` enter."""
+    index = None if device is None else _index(device)
+    if index is None or index < 0:
+        yield
+        return
+    previous = _sim.current_device()
+    _sim.set_device(index)
+    try:
+        yield
+    finally:
+        _sim.set_device(previous)
+
+
 def Stream(device=None, priority=0):  # noqa: N802 (a class-like factory, as torch.cuda.Stream)
     """A stream from the device's pool (torch.Stream)."""
     return torch.Stream(device=torch.device(_name(), _index(device)), priority=priority)
@@ -314,6 +332,7 @@ for _fn_name, _fn in {
         stream_id=0, device_index=_index(device), device_type=_sim.device_type
     ),
     "stream": stream,
+    "device": device,
     "Stream": Stream,
     "Event": Event,
     "empty_cache": _empty_cache,

@@ -440,6 +440,24 @@ def test_planned_bad_input():
     assert len(torch_offload.PlannedModuleList(nn.Sequential(nn.Linear(4, 4), nn.ReLU()), manager).blocks) == 2
     with pytest.raises(TypeError, match="PlannedModuleList: blocks must be an nn.ModuleList .*got int"):
         torch_offload.PlannedModuleList(3, manager)
+    with pytest.raises(TypeError, match=r"got ModuleDict \(pass its .values\(\), in the order they run\)"):
+        torch_offload.PlannedModuleList(nn.ModuleDict({"a": nn.Linear(4, 4)}), manager)
+    # A misspelt checkpoint keyword at construction (it would reach every
+    # block's function, or be dropped by one taking **kwargs) raises before
+    # the model is changed.
+    for make in (
+        lambda: torch_offload.PlannedModuleList([nn.Linear(4, 4)], manager, preserve_rng_stat=False),
+        lambda: torch_offload.PlannedCheckpoint(manager, preserve_rng_stat=False),
+        lambda: torch_offload.CheckpointOffload(manager, preserve_rng_stat=False),
+    ):
+        with pytest.raises(TypeError, match="'preserve_rng_stat' is not a keyword argument of torch.utils.checkpoint"):
+            make()
+    for plan in (None, "auto"):
+        untouched = TinyLM()
+        with pytest.raises(TypeError, match="'foo' is not a keyword argument of torch.utils.checkpoint.checkpoint; "):
+            torch_offload.enable_gradient_checkpointing(untouched, manager, plan=plan, foo=1)
+        assert not any(getattr(m, "gradient_checkpointing", False) for m in untouched.modules())
+    torch_offload.PlannedCheckpoint(manager, preserve_rng_state=False, determinism_check="none", debug=False)
 
 
 def test_an_exception_in_a_planned_block_closes_every_region_in_order():
@@ -636,6 +654,43 @@ def test_a_plan_tries_offloading_every_block_where_recomputing_every_block_does_
     assert manager.stats().bytes_offloaded > 0
     if reset_each_step:
         assert all(p <= target * 1.02 for p in peaks[1:]), (peaks, target, recompute_peaks, summary)
+
+
+def test_one_step_holding_extra_device_memory_does_not_keep_the_plan_conservative():
+    # A loop that holds a tensor over one step (a failed step's graph, an
+    # evaluation batch): that step's first block finds it allocated and the
+    # plan makes room. Once it is gone, the plan went on recomputing every
+    # block for good, though keeping every block fit.
+    torch.manual_seed(0)
+    blocks = nn.ModuleList(nn.Sequential(nn.Linear(64, 256), nn.GELU(), nn.Linear(256, 64)) for _ in range(4)).to(DEV)
+    plain = copy.deepcopy(blocks)
+    x = torch.randn(4, 48, 64, generator=torch.Generator().manual_seed(1)).to(DEV)
+
+    def run(layers, manager, forward):
+        optimizer = torch.optim.AdamW(layers.parameters(), lr=1e-3)
+        losses, kept = [], []
+        for step in range(9):
+            held = torch.empty(1 << 20, device=DEV) if step == 3 else None  # 4 MiB over step 3 only
+            with manager if manager is not None else contextlib.nullcontext():
+                loss = forward(x).square().mean()
+            loss.backward()
+            optimizer.step()
+            optimizer.zero_grad()
+            del held
+            losses.append(loss.item())
+            kept.append(manager.stats().blocks_kept if manager is not None else None)
+        return losses, kept
+
+    want, _ = run(plain, None, nn.Sequential(*plain))
+    testdevice.warm_up()
+    testdevice.synchronize(0)
+    # Room for every block kept, not with the held tensor as well.
+    manager = torch_offload.Manager(DEV, device_target_bytes=testdevice.device_bytes(0) + (6 << 20))
+    planned = torch_offload.PlannedModuleList(blocks, manager)
+    got, kept = run(blocks, manager, planned)
+    assert got == want
+    assert kept[2] == 4 and kept[3] < 4, (kept, planned.summary())  # step 3 made room
+    assert kept[5:] == [4] * 4, (kept, planned.summary())  # given back two steps after
 
 
 def test_planned_blocks_whose_inputs_the_manager_never_sees_warn_and_recompute():

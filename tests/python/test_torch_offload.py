@@ -8,6 +8,7 @@ bad input; the device module; the README snippet."""
 
 import builtins
 import contextlib
+import io
 import os
 import pickle
 import re
@@ -731,9 +732,9 @@ def test_bad_input_row(call, error, message):
 
 
 def test_wrong_types_are_type_errors():
-    with pytest.raises(TypeError, match="min_offload_bytes must be an int, got str"):
+    with pytest.raises(TypeError, match=r"min_offload_bytes must be an int in \[0, \d+\], got str"):
         torch_offload.Manager(DEV, min_offload_bytes="1k")
-    with pytest.raises(TypeError, match="max_fwd_stash must be an int, got float"):
+    with pytest.raises(TypeError, match=r"max_fwd_stash must be an int in \[1, 1024\], got float"):
         torch_offload.Manager(DEV, max_fwd_stash=2.0)
     with pytest.raises(TypeError):
         torch_offload.Manager(None)
@@ -883,6 +884,20 @@ def test_device_module_serves_device_generic_code():
     mod.set_device(1)
     assert mod.current_device() == 1 and torch.ones(1, device="sim").device == torch.device("sim", 1)
     mod.set_device(0)
+    with mod.device(1):
+        assert mod.current_device() == 1
+        with mod.device(None), mod.device(-1):
+            assert mod.current_device() == 1
+    assert mod.current_device() == 0
+    # torch.load of sim tensors enters device(): a state_dict saved from
+    # sim loads back where it was, without map_location.
+    saved = {"a": torch.arange(6.0, device="sim"), "b": torch.ones(3, device=torch.device("sim", 1))}
+    buffer = io.BytesIO()
+    torch.save(saved, buffer)
+    buffer.seek(0)
+    loaded = torch.load(buffer)
+    assert all(loaded[k].device == v.device and torch.equal(loaded[k].cpu(), v.cpu()) for k, v in saved.items())
+    assert mod.current_device() == 0
     mod.manual_seed(3)
     mod.manual_seed_all(3)
     assert torch.ones(2).sim().device.type == "sim"
