@@ -546,9 +546,7 @@ bool BlockPlanner::begin_step(std::int64_t needed, std::int64_t allocated, std::
           warning_ = "offload::Options: device_target_bytes " + std::to_string(target_) +
                      " is below what offloading every planned block needs: two steps in a row needed more than "
                      "2 % over it, the last " +
-                     std::to_string(needed) + " bytes (the step that tried it needed " +
-                     std::to_string(offload_all_peak_ + correction_) +
-                     "); every planned block stays offloaded (warned once per manager)";
+                     std::to_string(needed) + " bytes; every planned block stays offloaded (warned once per manager)";
         }
       } else if (!measure_next_ && needed > target_ + target_ / 50 && needed > predicted_peak_) {
         // (Within 2 % of the target: what the per-tensor plan inside the
