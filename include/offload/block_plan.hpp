@@ -141,8 +141,10 @@ struct BlockPlanResult {
 ///   backward of the blocks after it) and moves nothing. Offloaded bytes cost
 ///   latency x storages + bytes / bandwidth each way (a recomputed block's
 ///   input likewise). Overlapping copies are a pipeline per direction: in
-///   forward a block's copies are counted from its end (erring high); what
-///   is still copying when forward ends is exposed. Where more storages are
+///   forward an offloaded block's copies are counted from halfway through
+///   its forward (its storages are made as it runs), a recomputed block's
+///   input from the block's beginning; what is still copying when forward
+///   ends is exposed. Where more storages are
 ///   copying than LinkCost::forward_stash (one queue across forward), the
 ///   compute stream waits for the oldest copy in flight: a block ends no
 ///   earlier than when the link, counted from the block's beginning (the
@@ -180,8 +182,8 @@ struct BlockPlanResult {
 ///   the copies still in flight as forward ends on top of it (erring high
 ///   where the measuring step held some of the same bytes there).
 /// The choice is the candidate with the least predicted extra time whose
-/// predicted peak is at most `limit` bytes (ties: fewer bytes moved, then
-/// fewer recomputed), each with what is saved outside blocks offloaded and
+/// predicted peak is at most `limit` bytes (ties, extra times within 1 ns
+/// of each other: fewer bytes moved, then fewer recomputed), each with what is saved outside blocks offloaded and
 /// kept. O(n^2) in the number of blocks.
 /// Errors: none; no candidate fits: every block is recomputed, fits = false.
 BlockPlanResult plan_blocks(const std::vector<BlockCost>& blocks, const LinkCost& link, std::int64_t base_peak,
@@ -201,7 +203,9 @@ BlockPlanResult plan_blocks(const std::vector<BlockCost>& blocks, const LinkCost
 /// what the plan counted as allocated since (optimizer state made after
 /// the measuring step ended: a scope without planned blocks opened between
 /// backward and the optimizer's step ends it early), by more than 1 % of
-/// the target, re-plans at once with the difference added; a later step
+/// the target, re-plans at once with the difference added (given back where the
+/// second planned step in a row finds it gone: one alone may be a
+/// micro-step of gradient accumulation before its gradients exist); a later step
 /// that needed more than the model predicted, and more than the target,
 /// re-plans with the difference added (within 2 % of the target: what
 /// the per-tensor plan inside offloaded blocks kept past it, which that
@@ -219,7 +223,10 @@ BlockPlanResult plan_blocks(const std::vector<BlockCost>& blocks, const LinkCost
 /// did not raise the device's running peak (statistics not reset since a
 /// higher one), its own peak is unknown but not above that earlier one:
 /// every block stays offloaded, without a warning unless the per-tensor
-/// plan's model of it is over the target.
+/// plan's model of it is over the target. With every block offloaded,
+/// three steps in a row more than 2 % over the target (by their peak, or
+/// the per-tensor plan's model where they raised none) warn that the
+/// target is not met; every block stays offloaded.
 ///
 /// Thread-safety: every member may be called from any thread (one mutex).
 class BlockPlanner {
@@ -356,7 +363,8 @@ class BlockPlanner {
   void link_measured(std::int64_t bytes, std::int64_t ns, std::int64_t small_bytes, std::int64_t small_ns);
 
   /// The warning to give, once (a target below what recomputing every
-  /// block reaches, and offloading every block where tried), else empty;
+  /// block reaches, and offloading every block where tried; or, every
+  /// block offloaded, three steps in a row over the target), else empty;
   /// cleared by the call.
   std::string take_warning();
 
@@ -413,7 +421,7 @@ class BlockPlanner {
   std::int64_t first_block_allocated_ = -1;  // the measuring step: allocated when its first block began
   std::int64_t late_growth_ = 0;  // allocated at a later step's first block beyond that and growth_ (in correction_)
   std::int64_t late_gone_ = 0;    // the step before's first block: how much of late_growth_ was no longer allocated
-  std::int32_t over_all_offloaded_ = 0;  // steps in a row over the target with every block offloaded
+  std::int32_t over_all_offloaded_ = 0;  // steps in a row over the target with every block offloaded, as tried
   std::int64_t measure_allocated_ = -1;  // allocated when the measuring step began
   std::int32_t last_recomputed_ = -1;    // the block whose recomputation began last in this step
   int device_index_ = -1;                // the device of the step's blocks (next_block())

@@ -4,6 +4,7 @@ block inputs go through a torch_offload Manager (Hugging Face's
 ``gradient_checkpointing_func`` convention), and enable_gradient_checkpointing."""
 
 import functools
+import inspect
 import operator
 import threading
 import time
@@ -39,10 +40,13 @@ def _checkpoint(function, *args, **kwargs):
 
 
 # torch.utils.checkpoint.checkpoint's own keyword arguments (the rest go to
-# the function).
+# the function): its keyword-only parameters, and preserve_rng_state, which
+# it takes from **kwargs.
 _CHECKPOINT_KEYWORDS = frozenset(
-    ("use_reentrant", "context_fn", "determinism_check", "debug", "early_stop", "preserve_rng_state")
-)
+    p.name
+    for p in inspect.signature(torch.utils.checkpoint.checkpoint).parameters.values()
+    if p.kind is inspect.Parameter.KEYWORD_ONLY
+) | {"preserve_rng_state"}
 
 
 def _checked_checkpoint_kwargs(owner, kwargs):
@@ -52,10 +56,11 @@ def _checked_checkpoint_kwargs(owner, kwargs):
     block's function, or be dropped by one taking ``**kwargs``)."""
     unknown = sorted(set(kwargs) - _CHECKPOINT_KEYWORDS)
     if unknown:
+        names = ", ".join(map(repr, unknown))
+        verb = "is not a keyword argument" if len(unknown) == 1 else "are not keyword arguments"
         raise TypeError(
-            f"{owner}: {', '.join(map(repr, unknown))} is not a keyword argument of "
-            f"torch.utils.checkpoint.checkpoint; accepted: {', '.join(sorted(_CHECKPOINT_KEYWORDS))} (keyword "
-            "arguments for the function go with each call)"
+            f"{owner}: {names} {verb} of torch.utils.checkpoint.checkpoint; accepted: "
+            f"{', '.join(sorted(_CHECKPOINT_KEYWORDS))} (keyword arguments for the function go with each call)"
         )
     return kwargs
 
@@ -171,6 +176,7 @@ def enable_gradient_checkpointing(model, manager=None, every_n_layers=1, plan=No
             "checkpointed; for a stack of blocks use torch_offload.PlannedModuleList or call a PlannedCheckpoint "
             "or CheckpointOffload yourself"
         )
+    _checked_checkpoint_kwargs("enable_gradient_checkpointing", checkpoint_kwargs)
     if plan == "auto":
         func = PlannedCheckpoint(manager, **checkpoint_kwargs)
     else:
@@ -355,9 +361,11 @@ def _keyword_inputs_positional(function, args, kwargs):
 
 
 def _changed(before, after):
-    """Per pair of tensors, whether they differ (in shape, dtype, device or
-    a value; NaN differs from itself, as in ``torch.equal``), with one
-    device-to-host copy per device rather than one per pair."""
+    """Per pair of tensors, whether they differ in shape, dtype or device,
+    or in a value (NaN differs from itself, as in ``torch.equal``), with
+    one device-to-host copy per device rather than one per pair. (Unlike
+    ``torch.equal`` it neither promotes dtypes nor raises on two devices:
+    `_restoring` compares a state with its own clone.)"""
     changed = [None] * len(before)
     flags = {}  # device: [(index, 0-d bool tensor on that device)]
     for i, (b, a) in enumerate(zip(before, after, strict=True)):
@@ -571,6 +579,7 @@ class PlannedModuleList(torch.nn.Module):
     ``.blocks`` (state_dict keys ``blocks.N...``)."""
 
     def __init__(self, blocks, manager, **checkpoint_kwargs):
+        _checked_checkpoint_kwargs("PlannedModuleList", checkpoint_kwargs)
         planned = PlannedCheckpoint(manager, **checkpoint_kwargs)  # checks the manager first
         try:
             blocks = blocks if isinstance(blocks, torch.nn.ModuleList) else torch.nn.ModuleList(blocks)

@@ -452,9 +452,11 @@ def test_planned_bad_input():
     ):
         with pytest.raises(TypeError, match="'preserve_rng_stat' is not a keyword argument of torch.utils.checkpoint"):
             make()
+    with pytest.raises(TypeError, match="PlannedModuleList: 'a', 'b' are not keyword arguments of torch.utils"):
+        torch_offload.PlannedModuleList([nn.Linear(4, 4)], manager, b=1, a=2)
     for plan in (None, "auto"):
         untouched = TinyLM()
-        with pytest.raises(TypeError, match="'foo' is not a keyword argument of torch.utils.checkpoint.checkpoint; "):
+        with pytest.raises(TypeError, match="enable_gradient_checkpointing: 'foo' is not a keyword argument of "):
             torch_offload.enable_gradient_checkpointing(untouched, manager, plan=plan, foo=1)
         assert not any(getattr(m, "gradient_checkpointing", False) for m in untouched.modules())
     torch_offload.PlannedCheckpoint(manager, preserve_rng_state=False, determinism_check="none", debug=False)
