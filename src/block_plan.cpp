@@ -481,7 +481,9 @@ bool BlockPlanner::begin_step(std::int64_t needed, std::int64_t allocated, std::
     for (auto c : ran_choices_) ++counts_[static_cast<int>(c)];
     guarded_before_ = guarded_;
     const auto ran = static_cast<std::size_t>(next_index_);
-    bool counted = false;  // this step counted in over_all_offloaded_
+    // Steps in a row: reset here, counted again only by a step that ran
+    // every block offloaded, as tried, and needed too much (below).
+    const auto over_before = std::exchange(over_all_offloaded_, 0);
     if (measuring_) {
       const bool complete = ran > 0 && costs_.size() == ran && !measure_next_ &&
                             std::all_of(have_cost_.begin(), have_cost_.end(), [](bool b) { return b; });
@@ -497,7 +499,6 @@ bool BlockPlanner::begin_step(std::int64_t needed, std::int64_t allocated, std::
         correction_ = 0;
         late_growth_ = 0;
         late_gone_ = 0;
-        over_all_offloaded_ = 0;
         offload_all_peak_ = -1;
         offload_all_measured_ = true;
         trial_ = false;
@@ -547,9 +548,7 @@ bool BlockPlanner::begin_step(std::int64_t needed, std::int64_t allocated, std::
         // per-tensor plan inside the blocks, which corrects its own
         // overshoots, is not taken for the target being out of reach.
         unfit_remeasured_ = false;
-        over_all_offloaded_ =
-            !measure_next_ && needed >= 0 && needed > target_ + target_ / 50 ? over_all_offloaded_ + 1 : 0;
-        counted = true;
+        if (!measure_next_ && needed >= 0 && needed > target_ + target_ / 50) over_all_offloaded_ = over_before + 1;
         if (over_all_offloaded_ >= 3 && !warned_) {
           warned_ = true;
           warning_ = "offload::Options: device_target_bytes " + std::to_string(target_) +
@@ -578,7 +577,6 @@ bool BlockPlanner::begin_step(std::int64_t needed, std::int64_t allocated, std::
         unfit_remeasured_ = false;  // a planned step within the model
       }
     }
-    if (!counted) over_all_offloaded_ = 0;  // in a row: any other step breaks it
   }
   step_forward_peak_ = -1;
   const bool remeasure = measure_next_;

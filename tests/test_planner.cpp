@@ -280,6 +280,24 @@ constexpr auto R = BlockChoice::recompute;
 // Four blocks of 1 us forward, 100 bytes saved in 2 storages, inputs 20.
 std::vector<BlockCost> four_blocks() { return std::vector<BlockCost>(4, BlockCost{1000, 100, 2, 20}); }
 
+// Four blocks as `offload-bench plan` measured them (its demo GPT at width
+// 256): per block its forward and recomputation (ns) and its stretch of
+// backward (bytes); each saves `saved` bytes in 16 storages, the largest
+// `largest`, and takes an input of `input` bytes.
+std::vector<BlockCost> measured_blocks(const std::int64_t (&forward)[4], const std::int64_t (&recompute)[4],
+                                       const std::int64_t (&stretch)[4], std::int64_t saved, std::int64_t input,
+                                       std::int64_t largest) {
+  std::vector<BlockCost> blocks;
+  for (std::size_t i = 0; i < 4; ++i) {
+    BlockCost b{forward[i], saved, 16, input};
+    b.backward_peak = stretch[i];
+    b.recompute_ns = recompute[i];
+    b.largest_storage = largest;
+    blocks.push_back(b);
+  }
+  return blocks;
+}
+
 // Overlapping copies at `bytes_per_ns` whose backward prefetches two of
 // the largest offloaded storages ahead (sync::Streamed's default).
 LinkCost streamed(double bytes_per_ns) { return LinkCost{bytes_per_ns, 0, true, 2, 0}; }
@@ -355,15 +373,10 @@ TEST_CASE("plan_blocks: an offloaded block's copies run beside its own forward")
   // copies start as it saves, not at its end: offloading blocks 0-2 hides
   // all but 35 ms. Counted from each block's end, they came to 46 ms, and
   // recomputing block 2 instead (43 ms) was chosen, which ran slower.
+  const std::int64_t forward[4] = {30'000'000, 30'000'000, 30'000'000, 30'000'000};
+  const std::int64_t recompute[4] = {23'000'000, 23'000'000, 23'000'000, 23'000'000};
   const std::int64_t stretch[4] = {47'700'000, 45'600'000, 43'400'000, 40'300'000};
-  std::vector<BlockCost> blocks;
-  for (const auto peak : stretch) {
-    BlockCost b{30'000'000, 18'900'000, 16, 1'000'000};
-    b.backward_peak = peak;
-    b.recompute_ns = 23'000'000;
-    b.largest_storage = 4'200'000;
-    blocks.push_back(b);
-  }
+  const auto blocks = measured_blocks(forward, recompute, stretch, 18'900'000, 1'000'000, 4'200'000);
   const offload::OutsideCost head{{9'000, 0, 0, 0, 2'400'000}, {2, 0, 0, 0, 6}};
   const auto plan =
       offload::plan_blocks(blocks, LinkCost{0.51, 40'000, true, 2, 0, 5}, 73'500'000, 85'300'000, 61'800'000, head);
@@ -380,14 +393,7 @@ TEST_CASE("plan_blocks: extra times a rounding apart are the same time: the choi
   const std::int64_t forward[4] = {54'436'575, 47'084'195, 42'112'418, 40'184'221};
   const std::int64_t recompute[4] = {29'991'662, 30'460'917, 32'904'300, 44'058'546};
   const std::int64_t stretch[4] = {47'670'792, 45'560'328, 43'440'648, 40'281'608};
-  std::vector<BlockCost> blocks;
-  for (std::size_t i = 0; i < 4; ++i) {
-    BlockCost b{forward[i], 18'907'136, 16, 1'048'576};
-    b.backward_peak = stretch[i];
-    b.recompute_ns = recompute[i];
-    b.largest_storage = 4'194'304;
-    blocks.push_back(b);
-  }
+  const auto blocks = measured_blocks(forward, recompute, stretch, 18'907'136, 1'048'576, 4'194'304);
   const offload::OutsideCost head{{9'216, 0, 0, 0, 2'375'680}, {2, 0, 0, 0, 6}};
   const auto plan =
       offload::plan_blocks(blocks, LinkCost{2.0786, 77'014, true, 2, 0, 5}, 73'472'008, 85'281'032, 61'804'288, head);
