@@ -598,6 +598,7 @@ bool BlockPlanner::begin_step(std::int64_t needed, std::int64_t allocated, std::
   if (measure_next_) {
     costs_.clear();
     have_cost_.clear();
+    rises_.clear();
     measure_next_ = false;
   }
   diverged_ = false;
@@ -612,6 +613,7 @@ BlockPlanner::Turn BlockPlanner::next_block(std::int64_t input_bytes, int device
   // Read without the lock, as recomputing() reads the peak.
   const auto read = [&] { return allocated_ && device_index >= 0 ? allocated_(device_index) : std::int64_t{-1}; };
   auto allocated = read();
+  const auto peak = peak_ && device_index >= 0 ? peak_(device_index) : std::int64_t{-1};
   std::unique_lock lock(mutex_);
   if (device_index >= 0) device_index_ = device_index;
   Turn turn;
@@ -624,6 +626,9 @@ BlockPlanner::Turn BlockPlanner::next_block(std::int64_t input_bytes, int device
       costs_.resize(index + 1);
       have_cost_.resize(index + 1, false);
     }
+    if (rises_.size() <= index) rises_.resize(index + 1, -1);
+    open_allocated_ = allocated;
+    open_peak_ = peak;
     turn.probe_link = !probed_ && input_bytes > 0;
     if (turn.probe_link) probed_ = true;
   } else if (diverged_ || index >= choices_.size() || index >= costs_.size() ||
@@ -663,10 +668,10 @@ BlockPlanner::Turn BlockPlanner::next_block(std::int64_t input_bytes, int device
     }
     turn.choice = choices_[index];
     const bool keeps = turn.choice == BlockChoice::keep || turn.choice == BlockChoice::recompute_input_kept;
-    // What is kept from here, less the block's input, which `allocated`
-    // holds already (a kept block's first operation saves it, a block
-    // recomputed with its input kept keeps just that).
-    const auto kept = keeps ? kept_from(index) - std::min(input_bytes, costs_[index].input_bytes) : 0;
+    // What the plan adds from here, less the block's input, which
+    // `allocated` holds already (a kept block's first operation saves it, a
+    // block recomputed with its input kept keeps just that).
+    const auto kept = keeps ? held_from(index, std::min(input_bytes, costs_[index].input_bytes)) : 0;
     if (keeps && allocated >= 0 && allocated + kept > target_ && relieve_) {
       // Copies in flight hold their storages until they end: end them
       // first (a step's planned blocks run on one thread at a time).
@@ -690,17 +695,27 @@ BlockPlanner::Turn BlockPlanner::next_block(std::int64_t input_bytes, int device
   return turn;
 }
 
-std::int64_t BlockPlanner::kept_from(std::size_t index) const {
-  std::int64_t kept = 0;
-  for (std::size_t j = index; j < costs_.size(); ++j) {
-    if (j >= choices_.size()) continue;
-    if (choices_[j] == BlockChoice::keep) kept += costs_[j].saved_bytes;
-    if (choices_[j] == BlockChoice::recompute_input_kept) kept += costs_[j].input_bytes;
+std::int64_t BlockPlanner::held_from(std::size_t index, std::int64_t input) const {
+  std::int64_t largest_rise = -1;
+  for (const auto r : rises_) largest_rise = std::max(largest_rise, r);
+  const auto end = std::min(costs_.size(), choices_.size());
+  std::int64_t kept = -input;  // by the blocks from `index` to the one running
+  std::int64_t most = 0;
+  for (std::size_t j = index; j < end; ++j) {
+    if (j > index && outside_kept_ && j < outside_.bytes.size()) kept += outside_.bytes[j];
+    const auto& b = costs_[j];
+    const auto keeps = choices_[j] == BlockChoice::keep                   ? b.saved_bytes
+                       : choices_[j] == BlockChoice::recompute_input_kept ? b.input_bytes
+                                                                          : std::int64_t{0};
+    const auto rise = j < rises_.size() && rises_[j] >= 0 ? rises_[j] : largest_rise;
+    // The block's rise counts from where it began, its input included.
+    most = std::max(most, j == index ? std::max(keeps - input, rise) : kept + std::max(keeps, rise));
+    kept += keeps;
   }
   if (outside_kept_) {
-    for (std::size_t k = index + 1; k < outside_.bytes.size(); ++k) kept += outside_.bytes[k];
+    for (std::size_t k = std::max(index + 1, end); k < outside_.bytes.size(); ++k) kept += outside_.bytes[k];
   }
-  return kept;
+  return std::max(most, kept);
 }
 
 void BlockPlanner::set_relieve(std::function<void()> relieve) {
@@ -753,11 +768,17 @@ void BlockPlanner::end_forward(std::int64_t forward_peak) {
 }
 
 void BlockPlanner::measured(std::int32_t index, const BlockCost& cost) {
-  const std::lock_guard lock(mutex_);
+  std::unique_lock lock(mutex_);
+  const auto device = device_index_;
+  lock.unlock();
+  // Read without the lock, as recomputing() reads the peak.
+  const auto peak = peak_ && device >= 0 ? peak_(device) : std::int64_t{-1};
+  lock.lock();
   const auto i = static_cast<std::size_t>(index);
   if (!measuring_ || i >= costs_.size()) return;
   costs_[i] = cost;
   have_cost_[i] = true;
+  if (i < rises_.size()) rises_[i] = open_allocated_ >= 0 && peak > open_peak_ ? peak - open_allocated_ : -1;
 }
 
 void BlockPlanner::recomputing(std::int32_t index, int device_index) {

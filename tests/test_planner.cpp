@@ -5,8 +5,10 @@
 
 #include "doctest.hpp"
 
+#include <algorithm>
 #include <chrono>
 #include <cstdint>
+#include <functional>
 #include <memory>
 #include <string>
 #include <thread>
@@ -1133,6 +1135,67 @@ TEST_CASE(
   allocated = 1000;  // 1000 + 100 - 20 > 1000; relieved: 800 + 80 <= 1000
   CHECK(streamed.next_block(20, 0).choice == K);
   CHECK(relieved == 2);
+}
+
+TEST_CASE(
+    "BlockPlanner: the guard counts what each block allocates while it runs, as the measuring step's forward "
+    "showed") {
+  // Each block's forward allocated 250 above where it began in the
+  // measuring step (its temporaries), more than the 100 it saves: the
+  // last kept block peaks that far above what it began with, so a kept
+  // block is relieved (or offloaded) where that would cross the target,
+  // even where what is kept alone would not.
+  std::int64_t allocated = 0;
+  std::int64_t peak = 0;
+  int relieved = 0;
+  const auto measured_planner = [&](bool relieves) {
+    auto planner = std::make_unique<offload::BlockPlanner>(
+        /*target=*/1000, /*overlaps=*/true, [&](int) { return peak; }, 0, 0, 0, [&](int) { return allocated; },
+        relieves ? std::function<void()>([&] {
+          ++relieved;
+          allocated -= 200;
+        })
+                 : std::function<void()>());
+    allocated = 650;
+    peak = 650;
+    planner->begin_step(-1);
+    for (int i = 0; i < 3; ++i) {
+      // Block 2 begins lower and peaks under block 1's peak: not measured
+      // (it counts as the largest measured, 250).
+      allocated = i < 2 ? 650 + 10 * i : 640;
+      const auto turn = planner->next_block(20, 0);
+      peak = std::max(peak, allocated + 250);
+      planner->measured(turn.index, BlockCost{1000, 100, 2, 20, -1, -1, /*largest_storage=*/50});
+    }
+    planner->link_measured(400, 400, 100, 100);
+    allocated = 650;
+    CHECK(planner->begin_step(300));  // all kept
+    return planner;
+  };
+  const auto streamed = measured_planner(true);
+  // 650 + 3 x 100 kept - 20 (the input, held already) = 930 <= 1000, but
+  // block 2 runs holding 80 + 100 kept and allocates 250: 1080. Relieved:
+  // 450 + 430 <= 1000, kept.
+  auto turn = streamed->next_block(20, 0);
+  CHECK(turn.choice == K);
+  CHECK_FALSE(turn.guarded);
+  CHECK(relieved == 1);
+  allocated = 700;  // 700 + 80 + 250 > 1000 (700 + 180 would not be); relieved: 500 + 330
+  CHECK(streamed->next_block(20, 0).choice == K);
+  CHECK(relieved == 2);
+  allocated = 760;  // 760 + 250 (block 2, not measured, as the largest measured) > 1000; relieved: 560 + 250
+  CHECK(streamed->next_block(20, 0).choice == K);
+  CHECK(relieved == 3);
+
+  // Nothing in flight to end: the block is offloaded instead.
+  const auto blocking = measured_planner(false);
+  turn = blocking->next_block(20, 0);
+  CHECK(turn.choice == O);
+  CHECK(turn.guarded);
+  allocated = 600;  // 600 + 80 + 250 <= 1000
+  turn = blocking->next_block(20, 0);
+  CHECK(turn.choice == K);
+  CHECK_FALSE(turn.guarded);
 }
 
 TEST_CASE(

@@ -300,7 +300,9 @@ class BlockPlanner {
   /// step, and the next step measures. The guard: where the plan keeps
   /// this block (or its inputs) and the device's allocated bytes now, plus
   /// what the plan keeps from this block on (kept blocks' saved bytes,
-  /// kept inputs, what is saved outside blocks after it where kept)
+  /// kept inputs, what is saved outside blocks after it where kept) and
+  /// what each block allocates while it runs (the most its forward
+  /// allocated in the measuring step, where the device's peak showed it),
   /// exceed the target, the copies in flight are ended first (`relieve`;
   /// their storages were still counted), and where that is not enough
   /// the block is offloaded instead (recomputed
@@ -343,7 +345,10 @@ class BlockPlanner {
   /// What the plan was made from and chose, one line per block, for logs.
   std::string summary() const;
 
-  /// What block `index` cost, measured in this (measuring) step.
+  /// What block `index` cost, measured in this (measuring) step, called
+  /// as its forward returns: the device's running peak then, where it rose
+  /// within the block, less what was allocated as it began, is what the
+  /// block allocates while it runs, for the guard (next_block()).
   void measured(std::int32_t index, const BlockCost& cost);
 
   /// Block `index`'s recomputation begins in this (measuring) step's
@@ -379,11 +384,16 @@ class BlockPlanner {
   // `remeasure_if_unfit`: a planned step's feedback; where nothing fits
   // with its correction, measure again (measure_next_) instead of warning.
   void plan_locked(bool remeasure_if_unfit = false);
-  // The guard's sum (next_block()): what the plan keeps from block `index`
-  // on. (What operations allocate on top is the model's to plan for: the
-  // guard covers what the model did not see, and a margin of its own made
-  // it offload blocks the model had rightly kept.)
-  std::int64_t kept_from(std::size_t index) const;
+  // The guard's sum (next_block()): the most the plan adds to what the
+  // device holds as block `index` begins (`input`: its input bytes, held
+  // already), until forward ends. What it keeps from there on, and while
+  // each block runs, what that block allocates above where it began, as
+  // measured in the measuring step's forward (rises_; at least what it
+  // keeps; a block not measured counts as the largest measured, none:
+  // as what it keeps). (What the model counted on top, such as copies in
+  // flight, is not added: a margin beyond what the blocks were seen to
+  // allocate made the guard offload blocks the model had rightly kept.)
+  std::int64_t held_from(std::size_t index, std::int64_t input) const;
 
   mutable std::mutex mutex_;
   std::int64_t target_;
@@ -419,6 +429,13 @@ class BlockPlanner {
   std::int64_t correction_ = 0;              // what planned steps needed beyond the model
   std::int64_t growth_ = 0;                  // allocated since the measuring step began (optimizer state)
   std::int64_t first_block_allocated_ = -1;  // the measuring step: allocated when its first block began
+  // The measuring step: per block, the most it allocated in forward above
+  // what the device held as it began (the running peak rose within it),
+  // else -1; and, for the block running, that allocated figure and the
+  // running peak as it began.
+  std::vector<std::int64_t> rises_;
+  std::int64_t open_allocated_ = -1;
+  std::int64_t open_peak_ = -1;
   std::int64_t late_growth_ = 0;  // allocated at a later step's first block beyond that and growth_ (in correction_)
   std::int64_t late_gone_ = 0;    // the step before's first block: how much of late_growth_ was no longer allocated
   std::int32_t over_all_offloaded_ = 0;  // steps in a row over the target with every block offloaded, as tried
