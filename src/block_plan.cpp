@@ -613,8 +613,12 @@ BlockPlanner::Turn BlockPlanner::next_block(std::int64_t input_bytes, int device
   // Read without the lock, as recomputing() reads the peak.
   const auto read = [&] { return allocated_ && device_index >= 0 ? allocated_(device_index) : std::int64_t{-1}; };
   auto allocated = read();
-  const auto peak = peak_ && device_index >= 0 ? peak_(device_index) : std::int64_t{-1};
   std::unique_lock lock(mutex_);
+  // A measuring step records where each block's forward begins (measured()).
+  const bool measuring = measuring_;
+  lock.unlock();
+  const auto peak = measuring ? read_peak(device_index) : std::int64_t{-1};
+  lock.lock();
   if (device_index >= 0) device_index_ = device_index;
   Turn turn;
   turn.index = next_index_++;
@@ -695,12 +699,22 @@ BlockPlanner::Turn BlockPlanner::next_block(std::int64_t input_bytes, int device
   return turn;
 }
 
+std::int64_t BlockPlanner::read_peak(int device_index) const noexcept {
+  // Read without the lock, as recomputing() reads the peak; a device that
+  // cannot say counts as not reported.
+  try {
+    return peak_ && device_index >= 0 ? peak_(device_index) : std::int64_t{-1};
+  } catch (...) {
+    return -1;
+  }
+}
+
 std::int64_t BlockPlanner::held_from(std::size_t index, std::int64_t input) const {
   std::int64_t largest_rise = -1;
   for (const auto r : rises_) largest_rise = std::max(largest_rise, r);
   const auto end = std::min(costs_.size(), choices_.size());
   std::int64_t kept = -input;  // by the blocks from `index` to the one running
-  std::int64_t most = 0;
+  std::int64_t most = std::numeric_limits<std::int64_t>::min();
   for (std::size_t j = index; j < end; ++j) {
     if (j > index && outside_kept_ && j < outside_.bytes.size()) kept += outside_.bytes[j];
     const auto& b = costs_[j];
@@ -708,8 +722,14 @@ std::int64_t BlockPlanner::held_from(std::size_t index, std::int64_t input) cons
                        : choices_[j] == BlockChoice::recompute_input_kept ? b.input_bytes
                                                                           : std::int64_t{0};
     const auto rise = j < rises_.size() && rises_[j] >= 0 ? rises_[j] : largest_rise;
-    // The block's rise counts from where it began, its input included.
-    most = std::max(most, j == index ? std::max(keeps - input, rise) : kept + std::max(keeps, rise));
+    // A rise counts from where its block began, with its input allocated:
+    // `allocated` holds this block's already, a later block's comes as the
+    // output of the one before it.
+    if (j == index) {
+      most = rise >= 0 ? std::max(keeps - input, rise) : keeps - input;
+    } else {
+      most = std::max(most, kept + (rise >= 0 ? std::max(keeps, b.input_bytes + rise) : keeps));
+    }
     kept += keeps;
   }
   if (outside_kept_) {
@@ -771,8 +791,7 @@ void BlockPlanner::measured(std::int32_t index, const BlockCost& cost) {
   std::unique_lock lock(mutex_);
   const auto device = device_index_;
   lock.unlock();
-  // Read without the lock, as recomputing() reads the peak.
-  const auto peak = peak_ && device >= 0 ? peak_(device) : std::int64_t{-1};
+  const auto peak = read_peak(device);
   lock.lock();
   const auto i = static_cast<std::size_t>(index);
   if (!measuring_ || i >= costs_.size()) return;

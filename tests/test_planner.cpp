@@ -1140,11 +1140,12 @@ TEST_CASE(
 TEST_CASE(
     "BlockPlanner: the guard counts what each block allocates while it runs, as the measuring step's forward "
     "showed") {
-  // Each block's forward allocated 250 above where it began in the
-  // measuring step (its temporaries), more than the 100 it saves: the
-  // last kept block peaks that far above what it began with, so a kept
-  // block is relieved (or offloaded) where that would cross the target,
-  // even where what is kept alone would not.
+  // In the measuring step block 0's forward allocated 250 above where it
+  // began, block 1's 300, more than the 100 each saves; block 2's did not
+  // raise the running peak (not measured: it counts as the largest, 300).
+  // So a kept block is relieved (or offloaded) where what the blocks from
+  // there allocate while they run would cross the target, even where what
+  // is kept alone would not.
   std::int64_t allocated = 0;
   std::int64_t peak = 0;
   int relieved = 0;
@@ -1159,12 +1160,12 @@ TEST_CASE(
     allocated = 650;
     peak = 650;
     planner->begin_step(-1);
+    const std::int64_t begins[] = {650, 660, 640};
+    const std::int64_t rises[] = {250, 300, 250};  // block 2: 890, under block 1's 960
     for (int i = 0; i < 3; ++i) {
-      // Block 2 begins lower and peaks under block 1's peak: not measured
-      // (it counts as the largest measured, 250).
-      allocated = i < 2 ? 650 + 10 * i : 640;
+      allocated = begins[i];
       const auto turn = planner->next_block(20, 0);
-      peak = std::max(peak, allocated + 250);
+      peak = std::max(peak, allocated + rises[i]);
       planner->measured(turn.index, BlockCost{1000, 100, 2, 20, -1, -1, /*largest_storage=*/50});
     }
     planner->link_measured(400, 400, 100, 100);
@@ -1172,30 +1173,42 @@ TEST_CASE(
     CHECK(planner->begin_step(300));  // all kept
     return planner;
   };
+  // From block 0 (20 of input held): while block 2 runs, 80 + 100 kept
+  // and its 20 input (block 1's output) with the 300 it allocates: 500
+  // (what is kept alone: 280).
   const auto streamed = measured_planner(true);
-  // 650 + 3 x 100 kept - 20 (the input, held already) = 930 <= 1000, but
-  // block 2 runs holding 80 + 100 kept and allocates 250: 1080. Relieved:
-  // 450 + 430 <= 1000, kept.
-  auto turn = streamed->next_block(20, 0);
+  auto turn = streamed->next_block(20, 0);  // 650 + 500 > 1000; relieved: 450 + 500 <= 1000
   CHECK(turn.choice == K);
   CHECK_FALSE(turn.guarded);
   CHECK(relieved == 1);
-  allocated = 700;  // 700 + 80 + 250 > 1000 (700 + 180 would not be); relieved: 500 + 330
+  allocated = 650;  // 650 + max(300, 80 + 20 + 300) > 1000; relieved: 450 + 400
   CHECK(streamed->next_block(20, 0).choice == K);
   CHECK(relieved == 2);
-  allocated = 760;  // 760 + 250 (block 2, not measured, as the largest measured) > 1000; relieved: 560 + 250
+  allocated = 800;  // 800 + 300 (block 2, as the largest measured) > 1000; relieved: 600 + 300
   CHECK(streamed->next_block(20, 0).choice == K);
   CHECK(relieved == 3);
 
-  // Nothing in flight to end: the block is offloaded instead.
+  // Nothing in flight to end: the block is offloaded instead, by the sums
+  // above to the byte.
   const auto blocking = measured_planner(false);
+  allocated = 501;  // 501 + 500 > 1000
   turn = blocking->next_block(20, 0);
   CHECK(turn.choice == O);
   CHECK(turn.guarded);
-  allocated = 600;  // 600 + 80 + 250 <= 1000
+  allocated = 600;  // 600 + 400 <= 1000
   turn = blocking->next_block(20, 0);
   CHECK(turn.choice == K);
   CHECK_FALSE(turn.guarded);
+  allocated = 701;  // 701 + 300 > 1000
+  turn = blocking->next_block(20, 0);
+  CHECK(turn.choice == O);
+  CHECK(turn.guarded);
+  CHECK(blocking->begin_step(300));
+  allocated = 500;  // 500 + 500 <= 1000
+  CHECK(blocking->next_block(20, 0).choice == K);
+  CHECK(blocking->next_block(20, 0).choice == K);
+  allocated = 700;  // 700 + 300 <= 1000
+  CHECK(blocking->next_block(20, 0).choice == K);
 }
 
 TEST_CASE(

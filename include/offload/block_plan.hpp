@@ -238,8 +238,9 @@ class BlockPlanner {
     bool measure = false;                         ///< this step measures: report with measured()
     bool probe_link = false;                      ///< also time the link with this block's input (link_measured())
     /// The plan kept this block (its saved tensors, or its inputs), but
-    /// what the device holds now plus what the plan keeps from here on
-    /// would cross the target (the guard, next_block()): `choice` is
+    /// what the device holds now plus what the plan keeps from here on and
+    /// what the blocks from here allocate while they run would cross the
+    /// target (the guard, next_block()): `choice` is
     /// offload (or recompute, its inputs offloaded) instead.
     bool guarded = false;
   };
@@ -302,8 +303,9 @@ class BlockPlanner {
   /// what the plan keeps from this block on (kept blocks' saved bytes,
   /// kept inputs, what is saved outside blocks after it where kept) and
   /// what each block allocates while it runs (the most its forward
-  /// allocated in the measuring step, where the device's peak showed it),
-  /// exceed the target, the copies in flight are ended first (`relieve`;
+  /// allocated above where it began in the measuring step, where the
+  /// device's peak showed it; a block whose forward did not raise the
+  /// peak counts as the largest measured) exceed the target, the copies in flight are ended first (`relieve`;
   /// their storages were still counted), and where that is not enough
   /// the block is offloaded instead (recomputed
   /// with its inputs offloaded where its inputs were to be kept):
@@ -388,12 +390,16 @@ class BlockPlanner {
   // device holds as block `index` begins (`input`: its input bytes, held
   // already), until forward ends. What it keeps from there on, and while
   // each block runs, what that block allocates above where it began, as
-  // measured in the measuring step's forward (rises_; at least what it
-  // keeps; a block not measured counts as the largest measured, none:
+  // measured in the measuring step's forward (rises_), with its input
+  // for a later block (the output of the block before it); at least what
+  // it keeps. A block not measured counts as the largest measured (none:
   // as what it keeps). (What the model counted on top, such as copies in
   // flight, is not added: a margin beyond what the blocks were seen to
   // allocate made the guard offload blocks the model had rightly kept.)
   std::int64_t held_from(std::size_t index, std::int64_t input) const;
+  // The device's running peak for the measuring step's rises (-1: not
+  // reported, or reading it threw). Called without the lock.
+  std::int64_t read_peak(int device_index) const noexcept;
 
   mutable std::mutex mutex_;
   std::int64_t target_;
