@@ -38,7 +38,23 @@ def sim_only(reason):
     return pytest.mark.skipif(DEV != "sim", reason=f"sim only: {reason}")
 
 
+def drain_autograd(index=0):
+    """Waits until autograd's thread for device `index` has let go of what
+    the last backward on that device gave it. The engine runs a device's
+    nodes on a thread of its own and wakes the caller when the graph is
+    done, before that thread drops its last task (the node run last and
+    the gradients it was given): those bytes are freed just after backward
+    returns, up to tens of ms later on a busy host. A backward of nothing
+    on the same thread runs after that drop; it allocates no memory."""
+    with torch.enable_grad():
+        empty = torch.zeros(0, device=f"{DEV}:{index}", requires_grad=True)
+        torch.autograd.grad((empty * 2).sum(), empty)
+
+
 def synchronize(index=0):
+    """Waits for the device's queued work and for autograd's thread for
+    it (drain_autograd), so that device bytes read next are settled."""
+    drain_autograd(index)
     if DEV == "sim":
         import torch_offload.sim
 
