@@ -615,10 +615,12 @@ BlockPlanner::Turn BlockPlanner::next_block(std::int64_t input_bytes, int device
   auto allocated = read();
   std::unique_lock lock(mutex_);
   // A measuring step records where each block's forward begins (measured()).
-  const bool measuring = measuring_;
-  lock.unlock();
-  const auto peak = measuring ? read_peak(device_index) : std::int64_t{-1};
-  lock.lock();
+  std::int64_t peak = -1;
+  if (measuring_) {
+    lock.unlock();
+    peak = read_peak(device_index);
+    lock.lock();
+  }
   if (device_index >= 0) device_index_ = device_index;
   Turn turn;
   turn.index = next_index_++;
