@@ -309,6 +309,33 @@ class _HookRegion:
         return not above
 
 
+def _bound(n):
+    """A range bound as the docs write it: 2**50 rather than its digits."""
+    if n >= 1 << 20 and n & (n - 1) == 0:
+        return f"2**{n.bit_length() - 1}"
+    return str(n)
+
+
+def _check_index(device_type, index):
+    """A device index the process does not have ("sim:7" with two sim
+    devices) is an error naming it, where the device type's module counts
+    its devices; the manager itself serves every index of its type."""
+    if index is None:
+        return
+    try:
+        count = torch.get_device_module(device_type).device_count()
+    except Exception:  # a type with no device module (yet): the manager's own checks speak
+        return
+    if not 0 <= index < count:
+        raise ValueError(
+            f"torch_offload.Manager: device {device_type}:{index} is not there: this process has {count} "
+            f"{device_type} device{'s' if count != 1 else ''} (indices [0, {count - 1}])"
+            if count > 0
+            else f"torch_offload.Manager: device {device_type}:{index} is not there: this process has no "
+            f"{device_type} device"
+        )
+
+
 class Manager(_HookRegion):
     """An activation-offload manager: ``with manager:`` routes the tensors
     autograd saves on this thread through it.
@@ -394,10 +421,12 @@ class Manager(_HookRegion):
         exclude_types=(),
     ):
         if isinstance(device, torch.device):
+            _check_index(device.type, device.index)
             device = device.type
         elif isinstance(device, str) and device.partition(":")[2].isdigit():
+            _check_index(device.partition(":")[0], int(device.partition(":")[2]))
             device = device.partition(":")[0]  # "cuda:1": the manager serves every index
-        if pin_memory not in (True, False):
+        if not isinstance(pin_memory, bool):  # 1 and 0.0 compare equal to True and False, and are not bools
             raise TypeError(f"torch_offload.Manager: pin_memory must be a bool, got {type(pin_memory).__name__}")
         for name, value in (("device", device), ("storage", storage), ("sync", sync), ("fallback", fallback)):
             if not isinstance(value, str):
@@ -413,16 +442,17 @@ class Manager(_HookRegion):
         }
         for name, lo, hi, _ in _C.option_fields():
             value = options[name]
+            accepted = f"[{_bound(lo)}, {_bound(hi)}]"
             if isinstance(value, bool):
-                raise TypeError(f"torch_offload.Manager: {name} must be an int in [{lo}, {hi}], got bool")
+                raise TypeError(f"torch_offload.Manager: {name} must be an int in {accepted}, got bool")
             try:
                 value = operator.index(value)  # int, numpy and torch integers
             except TypeError:
                 raise TypeError(
-                    f"torch_offload.Manager: {name} must be an int in [{lo}, {hi}], got {type(value).__name__}"
+                    f"torch_offload.Manager: {name} must be an int in {accepted}, got {type(value).__name__}"
                 ) from None
-            if not lo <= value <= hi:  # the C++ message, also for values beyond int64
-                raise ValueError(f"offload::Options: {name} must be in [{lo}, {hi}], got {value}")
+            if not lo <= value <= hi:  # checked here, also for values beyond int64
+                raise ValueError(f"torch_offload.Manager: {name} must be in {accepted}, got {value}")
             options[name] = value
         impl = _C.Manager(device, storage, sync, options, bool(pin_memory), fallback)
         super().__init__(impl.pack_hook(_SubclassRule(impl, exclude_types)), _C.unpack)
@@ -518,8 +548,12 @@ class Manager(_HookRegion):
         return self._impl.describe()
 
     def __repr__(self):
-        how = "detected" if self._requested == "auto" else "requested"
-        return f"torch_offload.Manager({self.describe()}; device {how}: {self._requested!r})"
+        described = self.describe()
+        if self._requested != "auto":
+            return f"torch_offload.{type(self).__name__}({described}; device requested: {self._requested!r})"
+        policies = described.partition("<")[2].partition(",")[0] if described.startswith("Manager<") else ""
+        found = f"device detected: {policies!r}" if policies else "no device detected"
+        return f"torch_offload.{type(self).__name__}({described}; {found})"
 
 
 class no_offload(_HookRegion):

@@ -732,7 +732,7 @@ def test_bad_input_row(call, error, message):
 
 
 def test_wrong_types_are_type_errors():
-    with pytest.raises(TypeError, match=r"min_offload_bytes must be an int in \[0, \d+\], got str"):
+    with pytest.raises(TypeError, match=r"min_offload_bytes must be an int in \[0, 2\*\*50\], got str"):
         torch_offload.Manager(DEV, min_offload_bytes="1k")
     with pytest.raises(TypeError, match=r"max_fwd_stash must be an int in \[1, 1024\], got float"):
         torch_offload.Manager(DEV, max_fwd_stash=2.0)
@@ -745,7 +745,7 @@ def test_integer_options_accept_numpy_and_torch_integers_and_name_huge_values():
 
     m = torch_offload.Manager(DEV, max_fwd_stash=numpy.int64(3), prefetch_depth=torch.tensor(4))
     assert m.options["max_fwd_stash"] == 3 and m.options["prefetch_depth"] == 4
-    huge = r"prefetch_bytes must be in \[0, 1125899906842624\], got 18446744073709551616"
+    huge = r"torch_offload.Manager: prefetch_bytes must be in \[0, 2\*\*50\], got 18446744073709551616"
     with pytest.raises(ValueError, match=huge):
         torch_offload.Manager(DEV, prefetch_bytes=2**64)
 
