@@ -132,6 +132,11 @@ struct Faulty {
     {
       base_.on_unpack(t);
     }
+    void on_shared(const Transfer& t, const at::Tensor& device_bytes)
+      requires base_steps
+    {
+      base_.on_shared(t, device_bytes);
+    }
     void end_forward()
       requires base_steps
     {

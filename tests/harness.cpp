@@ -182,21 +182,24 @@ void synchronize(c10::Device device) {
     offload::sim::synchronize();
   } else {
     c10::impl::getDeviceGuardImpl(device.type())->synchronizeDevice(device.index());
-    // A caching allocator returns a block freed while a side stream still
-    // used it (record_stream) only when it next processes its events: this
-    // does, so the counts below are exact.
+    // A caching allocator stops counting a block freed while a side stream
+    // still used it (record_stream) as active only when it next processes
+    // its events (allocated bytes dropped at the free): this does, so the
+    // counts below are exact.
     c10::getDeviceAllocator(device.type())->emptyCache();
   }
 }
 
+// Another device's active bytes: what a target steers by (blocks held
+// for a recorded stream included), as device::Cuda reads them.
 std::int64_t device_bytes(c10::Device device) {
   if (device.type() == c10::DeviceType::PrivateUse1) return offload::sim::device_memory(device.index()).current_bytes;
-  return c10::getDeviceAllocator(device.type())->getDeviceStats(device.index()).allocated_bytes[0].current;
+  return c10::getDeviceAllocator(device.type())->getDeviceStats(device.index()).active_bytes[0].current;
 }
 
 std::int64_t peak_bytes(c10::Device device) {
   if (device.type() == c10::DeviceType::PrivateUse1) return offload::sim::device_memory(device.index()).peak_bytes;
-  return c10::getDeviceAllocator(device.type())->getDeviceStats(device.index()).allocated_bytes[0].peak;
+  return c10::getDeviceAllocator(device.type())->getDeviceStats(device.index()).active_bytes[0].peak;
 }
 
 void reset_peak(c10::Device device) {

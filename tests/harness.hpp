@@ -77,9 +77,11 @@ ReadmeRun run_readme_snippet();
 /// elsewhere also lets the caching allocator return what it still held for
 /// a side stream's use, and its cached blocks).
 void synchronize(c10::Device device);
-/// Bytes allocated on `device` now, and at most since reset_peak(device):
+/// Bytes in use on `device` now, and at most since reset_peak(device):
 /// sim's allocator (offload::sim::device_memory), or the device type's
-/// caching allocator (c10::getDeviceAllocator).
+/// caching allocator's active bytes (c10::getDeviceAllocator): a block freed
+/// while a recorded stream still uses it counts until that stream passes
+/// the free, the figure a device-memory target steers by.
 std::int64_t device_bytes(c10::Device device);
 std::int64_t peak_bytes(c10::Device device);
 void reset_peak(c10::Device device);

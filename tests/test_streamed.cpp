@@ -9,8 +9,14 @@
 
 #include "doctest.hpp"
 
+#include <algorithm>
+#include <optional>
+#include <type_traits>
+#include <vector>
+
 #include <ATen/ATen.h>
 #include <ATen/native/Resize.h>
+#include <c10/core/Event.h>
 #include <c10/core/StreamGuard.h>
 #include <c10/core/impl/DeviceGuardImplInterface.h>
 
@@ -252,4 +258,193 @@ FIXTURE_CASE_TEMPLATE("Streamed: correct under a non-default current compute str
     CHECK(manager.stats().storages_offloaded > 0);
     CHECK(manager.stats().tensors_reloaded + manager.stats().stash_reuses > 0);
   }
+}
+
+namespace {
+
+// device::Sim that notes each stream the allocator is told about
+// (record_stream), to see which consumers of a reloaded buffer were.
+struct RecordingSim : offload::device::Sim {
+  static std::vector<c10::Stream>& recorded() {
+    static std::vector<c10::Stream> streams;
+    return streams;
+  }
+  static void record_stream(const at::Tensor& t, c10::Stream stream) {
+    recorded().push_back(stream);
+    offload::device::Sim::record_stream(t, stream);
+  }
+};
+
+}  // namespace
+
+TEST_CASE("Streamed: a storage saved from two streams is waited for and recorded on both in backward" *
+          fixture::sim_only{"a device policy over sim notes the streams the allocator is told of"}) {
+  // h is saved twice, through two views, by ops forward ran on two streams
+  // (sin on s1 saves h, cos on s2 saves h.t()): it is reloaded once and
+  // both consumers read the buffer, each on its node's forward stream.
+  const SlowPoisonedSim sim;
+  const auto* guard = c10::impl::getDeviceGuardImpl(sim0.type());
+  const c10::Stream s1 = guard->getStreamFromGlobalPool(sim0);
+  const c10::Stream s2 = guard->getStreamFromGlobalPool(sim0);
+  REQUIRE(s1 != s2);
+  const auto x = at::randn({kSide, kSide}).to(sim0).requires_grad_();
+  const auto join = [&](c10::Stream from, c10::Stream to) {
+    c10::Event ready(sim0.type());
+    ready.record(from);
+    ready.block(to);
+  };
+  using Recording = offload::Manager<RecordingSim, offload::storage::PinnedHost, offload::sync::Streamed>;
+  const auto run = [&](const Recording* manager) {
+    std::optional<offload::Scope> scope;
+    if (manager != nullptr) scope.emplace(*manager);
+    const c10::Stream home = guard->getStream(sim0);
+    auto h = x * 2;  // an activation
+    join(home, s1);
+    join(home, s2);
+    at::Tensor a;
+    at::Tensor b;
+    {
+      const c10::StreamGuard on_s1(s1);
+      a = h.sin().sum();
+    }
+    {
+      const c10::StreamGuard on_s2(s2);
+      b = h.t().cos().sum();
+    }
+    join(s1, home);
+    join(s2, home);
+    auto loss = a + b;
+    scope.reset();
+    x.mutable_grad() = at::Tensor();
+    RecordingSim::recorded().clear();
+    loss.backward();
+    offload::sim::synchronize();
+    return x.grad().to(at::kCPU);
+  };
+  const auto plain = run(nullptr);
+  Recording manager(offload::Options{.min_offload_bytes = 1024, .max_fwd_stash = 1, .prefetch_depth = 0});
+  const auto grad = run(&manager);
+  CHECK(at::equal(grad, plain));
+  const auto stats = manager.stats();
+  CHECK(stats.storages_offloaded == 1);
+  CHECK(stats.tensors_reloaded == 1);
+  CHECK(stats.reloads_shared == 1);
+  // Brought back on demand for the first consumer, on its stream; the
+  // second consumer's stream is the other one, and the allocator must be
+  // told of it.
+  const auto on = [&](c10::Stream s) {
+    return std::count(RecordingSim::recorded().begin(), RecordingSim::recorded().end(), s);
+  };
+  CHECK(on(s1) + on(s2) == 1);
+}
+
+namespace {
+
+// device::Sim that notes the side stream Streamed asked for last.
+struct SideNotingSim : offload::device::Sim {
+  static std::optional<c10::Stream>& side() {
+    static std::optional<c10::Stream> stream;
+    return stream;
+  }
+  static c10::Stream side_stream(c10::DeviceIndex index) {
+    side() = offload::device::Sim::side_stream(index);
+    return *side();
+  }
+};
+
+}  // namespace
+
+TEST_CASE_TEMPLATE("Streamed: releasing storages whose copies still run never makes the host wait" *
+                       fixture::sim_only{"sim's copy latency keeps the copies running when the graph is dropped"},
+                   Storage, offload::storage::PinnedHost, offload::storage::PinnedPool) {
+  // 16 copies of 50 ms queue on the side stream at the end of forward;
+  // dropping the graph releases every storage while they run. The host
+  // goes on at once (a wait there would stall autograd's device thread and,
+  // from Python, the GIL), and a pooled host buffer is not handed out again
+  // before its copy ended.
+  const SlowPoisonedSim sim(50'000);
+  Chain chain;
+  offload::storage::PinnedPool::trim(sim0);
+  const auto pool_before = offload::storage::PinnedPool::stats(sim0).in_use_bytes;
+  {
+    offload::Manager<SideNotingSim, Storage, offload::sync::Streamed> manager(
+        offload::Options{.min_offload_bytes = 0, .max_fwd_stash = 16});
+    at::Tensor loss;
+    {
+      offload::Scope scope(manager);
+      loss = chain.forward();
+    }
+    REQUIRE(manager.stats().storages_offloaded == 16);
+    loss = at::Tensor();  // the graph and every saved tensor go
+    CHECK(manager.stats().host_bytes_in_use == 0);
+    REQUIRE(SideNotingSim::side());
+    const auto* guard = c10::impl::getDeviceGuardImpl(sim0.type());
+    CHECK_FALSE(guard->queryStream(*SideNotingSim::side()));  // the copies still run: nobody waited
+    CHECK(manager.stats().host_waits == 0);
+    if constexpr (std::is_same_v<Storage, offload::storage::PinnedPool>) {
+      // still carved out for the copies that use them
+      CHECK(offload::storage::PinnedPool::stats(sim0).in_use_bytes > pool_before);
+    }
+    offload::sim::synchronize();
+    // A later step releases what ended, and its backward waits for nothing.
+    for (int step = 0; step < 2; ++step) {
+      offload::Scope scope(manager);
+      chain.x.mutable_grad() = at::Tensor();
+      chain.forward().backward();
+    }
+    CHECK(manager.stats().host_waits == 0);
+    CHECK(manager.stats().tensors_reloaded + manager.stats().stash_reuses > 0);
+  }
+  CHECK(offload::storage::PinnedPool::stats(sim0).in_use_bytes == pool_before);
+}
+
+TEST_CASE_TEMPLATE("capture: tensors saved under a graph capture stay, counted; one needed under capture raises" *
+                       fixture::sim_only{"sim's simulated capture (offload::sim::set_capturing)"},
+                   Sync, offload::sync::Blocking, offload::sync::Streamed) {
+  const SlowPoisonedSim sim;
+  const auto* guard = c10::impl::getDeviceGuardImpl(sim0.type());
+  const c10::Stream stream = guard->getStream(sim0);  // this thread's current stream of sim:0
+  const auto x = at::randn({kSide, kSide}).to(sim0).requires_grad_();
+  const auto f = [&] { return (x * 2).tanh().sin().sum(); };
+  offload::Manager<offload::device::Sim, offload::storage::PinnedHost, Sync> manager(
+      offload::Options{.min_offload_bytes = 0});
+  const auto plain = grad_through(x, static_cast<const Streamed*>(nullptr), f);
+  // Forward while the stream captures: every saved tensor stays, nothing
+  // the capture cannot hold (event waits, host allocations, side-stream
+  // copies) is queued, and backward after the capture is the plain one.
+  at::Tensor loss;
+  offload::sim::set_capturing(stream, true);
+  {
+    offload::Scope scope(manager);
+    loss = f();
+  }
+  offload::sim::set_capturing(stream, false);
+  auto stats = manager.stats();
+  CHECK(stats.passed_capture == 2);  // tanh's output and sin's input (the same tensor), counted per saved tensor
+  CHECK(stats.storages_offloaded == 0);
+  x.mutable_grad() = at::Tensor();
+  loss.backward();
+  CHECK(at::equal(x.grad().to(at::kCPU), plain));
+  // Offloaded before the capture, needed under it (a captured backward): an
+  // error naming the library, before anything is copied back.
+  {
+    offload::Scope scope(manager);
+    loss = f();
+  }
+  REQUIRE(manager.stats().storages_offloaded > 0);
+  const auto reloaded = manager.stats().tensors_reloaded;
+  offload::sim::set_capturing(stream, true);
+  CHECK_THROWS_WITH_AS(loss.backward(), doctest::Contains("captures a graph"), c10::Error);
+  offload::sim::set_capturing(stream, false);
+  CHECK(manager.stats().tensors_reloaded == reloaded);
+  loss = at::Tensor();
+  // and the manager goes on as before
+  {
+    offload::Scope scope(manager);
+    loss = f();
+  }
+  x.mutable_grad() = at::Tensor();
+  loss.backward();
+  CHECK(at::equal(x.grad().to(at::kCPU), plain));
+  CHECK(manager.stats().tensors_reloaded + manager.stats().stash_reuses > reloaded);
 }

@@ -13,6 +13,7 @@
 #include <c10/util/Exception.h>
 
 #include <optional>
+#include <stdexcept>
 #include <string>
 #include <string_view>
 #include <type_traits>
@@ -353,6 +354,38 @@ TEST_CASE_TEMPLATE("target: without memory statistics it counts the saved bytes 
       CHECK(stats.target_kept_bytes == 5 * act);  // the latest five, whatever the device allocated besides
       CHECK(stats.target_guard_offloads == 0);
     }
+  }
+}
+
+namespace {
+// sim whose memory statistics throw, as CUDA's do before its lazy
+// initialisation and under a pluggable allocator (RMM): read as not
+// reported (-1), never a crash.
+struct SimWithThrowingStats : offload::device::Sim {
+  static std::int64_t memory_allocated(c10::DeviceIndex) { throw std::runtime_error("statistics are not ready"); }
+  static std::int64_t memory_peak(c10::DeviceIndex) { throw std::runtime_error("statistics are not ready"); }
+};
+static_assert(offload::memory_stats_device_policy<SimWithThrowingStats>);
+}  // namespace
+
+TEST_CASE_TEMPLATE("target: memory statistics that throw count as not reported, never a crash" *
+                       fixture::sim_only{kSuiteOnSim},
+                   Sync, offload::sync::Blocking, offload::sync::Streamed) {
+  // The scope's hooks read the statistics in noexcept code: a throw there
+  // ended the program (std::terminate) at the first scope.
+  const SlowPoisonedSim sim;
+  const Stack stack;
+  const auto plain = step<Blocking>(stack, 1024, nullptr);
+  const std::int64_t act = 1024 * 64 * 4;
+  offload::Manager<SimWithThrowingStats, offload::storage::PinnedHost, Sync> manager(
+      offload::Options{.device_target_bytes = 5 * act + act / 2});
+  for (int s = 0; s < 3; ++s) {
+    CAPTURE(s);
+    manager.reset_stats();
+    CHECK(same(step(stack, 1024, &manager), plain));
+    const auto stats = manager.stats();
+    CHECK(stats.bytes_offloaded > 0);
+    if (s > 0) CHECK(stats.target_kept_bytes == 5 * act);  // planned as without statistics
   }
 }
 

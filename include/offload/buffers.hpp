@@ -38,6 +38,15 @@ struct HostBuffer {
   /// caching allocator's rounding included), what Stats::host_bytes_reserved
   /// counts; 0 when the policy does not know (counted as the buffer's size).
   std::int64_t reserved = 0;
+  /// Its allocator hands the memory out again only after the copies queued
+  /// on it ended, even once its last reference is gone: a device's pinned
+  /// host allocator that records each asynchronous copy's event (c10's
+  /// CachingHostAllocator: CUDA, XPU), or pageable memory, whose copies
+  /// complete before they return. A sync policy that releases a storage
+  /// while its copy runs then need not keep the buffer (false: it keeps it
+  /// until the copy's event completed, as for storage::PinnedPool's slabs,
+  /// which it carves itself).
+  bool stream_ordered = false;
 
   /// The bytes counted in Stats::host_bytes_reserved: `reserved`, and never
   /// less than the buffer's size.

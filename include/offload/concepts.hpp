@@ -60,6 +60,26 @@ concept numa_node = requires(c10::DeviceIndex index) {
   { P::numa_node(index) } noexcept -> std::same_as<int>;
 };
 
+/// Optional: a stream for host-to-device copies of device `index`, apart
+/// from side_stream (which then carries device-to-host copies alone), at
+/// high priority: the two directions can use separate copy engines, and
+/// backward's copies, which compute waits on, go first. sync::Streamed
+/// orders each such copy after the device-to-host copy that filled its host
+/// buffer. Without it both directions share side_stream.
+template <class P>
+concept h2d_stream = requires(c10::DeviceIndex index) {
+  { P::h2d_stream(index) } -> std::same_as<c10::Stream>;
+};
+
+/// Optional: whether the current stream of device `index` on the calling
+/// thread is capturing a graph (CUDA graphs): the manager then offloads
+/// nothing (Stats::passed_capture) and refuses to bring an offloaded
+/// tensor back (<offload/capture.hpp>).
+template <class P>
+concept capturing = requires(c10::DeviceIndex index) {
+  { P::capturing(index) } noexcept -> std::same_as<bool>;
+};
+
 // ---- stream_device_policy
 template <class P>
 concept claims_streams_and_events = P::has_streams && P::has_events;
@@ -148,6 +168,10 @@ concept on_unpack = requires(S& state, const Transfer<typename S::EntryState>& t
   { state.on_unpack(t) } -> std::same_as<void>;
 };
 template <class S>
+concept on_shared = requires(S& state, const Transfer<typename S::EntryState>& t, const at::Tensor& device_bytes) {
+  { state.on_shared(t, device_bytes) } -> std::same_as<void>;
+};
+template <class S>
 concept suspend = requires(S& state, const Transfer<typename S::EntryState>& t) {
   { state.suspend(t) } -> std::same_as<void>;
 };
@@ -170,8 +194,8 @@ concept release_noexcept = requires(S& state, const Transfer<typename S::EntrySt
 /// A state that has any step callback (so it must declare observes_steps,
 /// or the callbacks would never be called).
 template <class S>
-concept any_step =
-    end_forward<S> || end_backward<S> || on_unpack<S> || suspend<S> || resume<S> || add_stats<S> || release<S>;
+concept any_step = end_forward<S> || end_backward<S> || on_unpack<S> || on_shared<S> || suspend<S> || resume<S> ||
+                   add_stats<S> || release<S>;
 
 // ---- sync_state_for_target: what a device-memory target reads from a state
 template <class S>
@@ -250,8 +274,8 @@ concept sync_state =
     requirement::reloads<S> &&
     (requirement::declares_steps<S>
          ? (requirement::end_forward<S> && requirement::end_backward<S> && requirement::on_unpack<S> &&
-            requirement::suspend<S> && requirement::resume<S> && requirement::add_stats<S> && requirement::release<S> &&
-            requirement::release_noexcept<S>)
+            requirement::on_shared<S> && requirement::suspend<S> && requirement::resume<S> &&
+            requirement::add_stats<S> && requirement::release<S> && requirement::release_noexcept<S>)
          : !requirement::any_step<S>) &&
     (requirement::declares_target<S>
          ? (requirement::prefetched_bytes<S> && requirement::holds_device_bytes<S> && requirement::set_headroom<S>)

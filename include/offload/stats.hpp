@@ -31,6 +31,7 @@ struct Stats {
   std::int64_t passed_subclass = 0;
   std::int64_t passed_budget = 0;
   std::int64_t passed_target = 0;
+  std::int64_t passed_capture = 0;
   std::int64_t bytes_offloaded = 0;
   std::int64_t bytes_reloaded = 0;
   std::int64_t tensors_reloaded = 0;
@@ -44,6 +45,7 @@ struct Stats {
   std::int64_t stash_reuses = 0;
   std::int64_t prefetches = 0;
   std::int64_t prefetch_peak = 0;
+  std::int64_t host_waits = 0;
   std::int64_t target_kept_bytes = 0;
   std::int64_t target_guard_offloads = 0;
   std::int64_t target_planned_offload_bytes = 0;
@@ -59,7 +61,7 @@ struct Stats {
   /// Saved tensors that stayed on their device or host, all reasons.
   std::int64_t passed_through() const noexcept {
     return passed_other_device + passed_small + passed_excluded + passed_leaf + passed_layout + passed_subclass +
-           passed_budget + passed_target;
+           passed_budget + passed_target + passed_capture;
   }
 };
 
@@ -95,6 +97,9 @@ inline constexpr std::array stat_fields{
     StatField{"passed_budget", &Stats::passed_budget, "would have exceeded Options::host_budget_bytes"},
     StatField{"passed_target", &Stats::passed_target,
               "kept on the device by the Options::device_target_bytes plan (eligible, not needed off it)"},
+    StatField{"passed_capture", &Stats::passed_capture,
+              "saved while the device's current stream was capturing a graph (CUDA graphs): a captured graph "
+              "cannot hold the manager's copies, event waits and host allocations"},
     StatField{"bytes_offloaded", &Stats::bytes_offloaded, "bytes copied device -> host"},
     StatField{"bytes_reloaded", &Stats::bytes_reloaded, "bytes copied host -> device"},
     StatField{"tensors_reloaded", &Stats::tensors_reloaded, "host -> device copies made"},
@@ -115,6 +120,10 @@ inline constexpr std::array stat_fields{
     StatField{"prefetch_peak", &Stats::prefetch_peak,
               "most prefetched buffers outstanding at once (tensors; their bytes stay within the prefetch window, +1 "
               "on demand)"},
+    StatField{"host_waits", &Stats::host_waits,
+              "times the host waited for a copy on the device to end (sync::Streamed: a released storage whose "
+              "copies still ran only when keeping its host buffers failed, and at the manager's destruction; "
+              "never in backward)"},
     StatField{"target_kept_bytes", &Stats::target_kept_bytes,
               "storage bytes of the saved tensors the device-memory plan kept on the device"},
     StatField{"target_guard_offloads", &Stats::target_guard_offloads,

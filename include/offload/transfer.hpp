@@ -10,6 +10,7 @@
 #include <cstdint>
 #include <memory>
 #include <utility>
+#include <vector>
 
 #include <ATen/core/Tensor.h>
 #include <ATen/ops/empty.h>
@@ -103,6 +104,20 @@ class Transfer {
     detail::for_each_piece(*entry_, [&](const detail::Piece& p, const HostBuffer& host) {
       detail::piece_of(device_bytes, p).copy_(detail::piece_of(host, p), non_blocking);
     });
+  }
+
+  /// The host buffers of the pieces whose allocator would hand their memory
+  /// out again as soon as their last reference goes (not
+  /// HostBuffer::stream_ordered: storage::PinnedPool's), as 1-D CPU uint8
+  /// tensors sharing that memory. A policy whose copies may still read or
+  /// write them when the storage is released keeps these until the copies
+  /// end.
+  std::vector<at::Tensor> unordered_host_bytes() const {
+    std::vector<at::Tensor> out;
+    detail::for_each_piece(*entry_, [&](const detail::Piece&, const HostBuffer& host) {
+      if (!host.stream_ordered) out.push_back(host.bytes);
+    });
+    return out;
   }
 
   /// A reference to this storage that does not keep it alive.

@@ -103,10 +103,14 @@ struct Counters {
   std::int64_t system_frees = 0;
   std::int64_t pending_counted = 0;  // releases queued behind stream work of blocks that still count as in use
   std::int64_t num_ooms = 0;
+  std::int64_t allocated = 0;  // device: dropped at the free (CUDA's allocated bytes); current: active bytes
+  std::int64_t peak_allocated = 0;
 
   void add(std::int64_t bytes) {
     current += bytes;
     peak = std::max(peak, current);
+    allocated += bytes;
+    peak_allocated = std::max(peak_allocated, allocated);
     ++allocations;
     ++current_blocks;
     peak_blocks = std::max(peak_blocks, current_blocks);
@@ -130,7 +134,9 @@ struct Counters {
       ++system_frees;
     }
   }
-  MemoryStats stats() const { return {current, peak, allocations, frees, reserved, peak_reserved, system_allocs}; }
+  MemoryStats stats() const {
+    return {current, peak, allocations, frees, reserved, peak_reserved, system_allocs, allocated, peak_allocated};
+  }
 };
 
 }  // namespace offload::sim::detail

@@ -90,6 +90,7 @@ class SimDeviceAllocator final : public c10::DeviceAllocator {
         std::lock_guard<std::mutex> lock(mutex_);
         auto& c = counters_[static_cast<std::size_t>(d)];
         c.current -= bytes;
+        c.allocated -= bytes;
         --c.allocations;
         --c.current_blocks;
         throw;
@@ -152,9 +153,10 @@ class SimDeviceAllocator final : public c10::DeviceAllocator {
       s.current = c.current;
       s.peak = c.peak;
     };
-    fill_bytes(out.allocated_bytes[agg]);
     fill_bytes(out.active_bytes[agg]);
     fill_bytes(out.requested_bytes[agg]);
+    out.allocated_bytes[agg].current = c.allocated;
+    out.allocated_bytes[agg].peak = c.peak_allocated;
     out.reserved_bytes[agg].current = c.reserved;
     out.reserved_bytes[agg].peak = c.peak_reserved;
     for (auto* s : {&out.allocation[agg], &out.active[agg]}) {
@@ -189,6 +191,7 @@ class SimDeviceAllocator final : public c10::DeviceAllocator {
     std::lock_guard<std::mutex> lock(mutex_);
     auto& c = counters_[static_cast<std::size_t>(index)];
     c.peak = c.current;
+    c.peak_allocated = c.allocated;
     c.peak_blocks = c.current_blocks;
     c.peak_reserved = c.reserved;
     c.peak_reserved_blocks = c.reserved_blocks;
@@ -253,6 +256,9 @@ class SimDeviceAllocator final : public c10::DeviceAllocator {
       std::lock_guard<std::mutex> lock(mutex_);
       live_.erase(reinterpret_cast<std::uintptr_t>(block->ptr));
       users = block->recorded;
+      // CUDA's allocated bytes drop at the free, whatever a recorded stream
+      // still does with the block (its active bytes are `current`).
+      counters_[static_cast<std::size_t>(block->device)].allocated -= static_cast<std::int64_t>(block->requested);
     }
     std::vector<std::pair<SimStream*, std::uint64_t>> pending;
     auto& rt = runtime();

@@ -5,6 +5,8 @@
 
 #include "internal.hpp"
 
+#include <offload/capture.hpp>
+
 #include <ATen/detail/PrivateUse1HooksInterface.h>
 #include <c10/core/Allocator.h>
 #include <c10/core/CachingDeviceAllocator.h>
@@ -63,6 +65,7 @@ void install(const Config& config) {
   detail::g_runtime.store(rt, std::memory_order_release);
   // After the store: the rule reads the runtime's knobs.
   storage::set_pinned_block_rule(c10::DeviceType::PrivateUse1, &detail::host_block_bytes);
+  offload::set_capture_probe(c10::DeviceType::PrivateUse1, &detail::capture_probe);
   detail::register_kernels();
   // Registered here, so it runs before the statics constructed earlier are
   // destroyed (a Python process drains sooner, from Python's atexit).

@@ -185,6 +185,11 @@ void empty_host_cache();
 /// The device guard (guard.cpp), registered for PrivateUse1 at load time.
 c10::impl::DeviceGuardImplInterface& guard_impl();
 
+// Whether the current sim stream of device `index` captures a graph
+// (offload::sim::set_capturing): the probe install() registers with
+// offload::set_capture_probe.
+bool capture_probe(c10::DeviceIndex index) noexcept;
+
 /// The PrivateUse1 hooks (privateuse1_hooks.cpp).
 at::PrivateUse1HooksInterface& hooks();
 

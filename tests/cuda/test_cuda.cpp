@@ -30,11 +30,24 @@ bool have_gpu() {
 }
 
 // Bitwise comparisons need deterministic kernels (embedding backward uses
-// atomics otherwise; cuBLAS needs a fixed workspace).
-void deterministic() {
-  setenv("CUBLAS_WORKSPACE_CONFIG", ":4096:8", 0);
-  at::globalContext().setDeterministicAlgorithms(true, false);
-}
+// atomics otherwise; cuBLAS needs a fixed workspace): strict for the case
+// that makes one, and restored after it, so no later suite inherits it.
+class Deterministic {
+ public:
+  Deterministic()
+      : was_(at::globalContext().deterministicAlgorithms()),
+        warn_only_(at::globalContext().deterministicAlgorithmsWarnOnly()) {
+    setenv("CUBLAS_WORKSPACE_CONFIG", ":4096:8", 0);
+    at::globalContext().setDeterministicAlgorithms(true, /*warn_only=*/false);
+  }
+  ~Deterministic() { at::globalContext().setDeterministicAlgorithms(was_, warn_only_); }
+  Deterministic(const Deterministic&) = delete;
+  Deterministic& operator=(const Deterministic&) = delete;
+
+ private:
+  bool was_;
+  bool warn_only_;
+};
 
 template <class Sync>
 using CudaManager = offload::Manager<offload::device::Cuda, offload::storage::PinnedHost, Sync>;
@@ -43,7 +56,7 @@ using CudaManager = offload::Manager<offload::device::Cuda, offload::storage::Pi
 
 TEST_CASE_TEMPLATE("cuda: parity of MLP, block and GPT, 3 AdamW steps" * doctest::skip(!have_gpu()), Sync,
                    offload::sync::Blocking, offload::sync::Streamed) {
-  deterministic();
+  const Deterministic deterministic;
   const c10::Device cuda0(c10::DeviceType::CUDA, 0);
   for (auto kind : {harness::ModelKind::mlp, harness::ModelKind::block, harness::ModelKind::gpt}) {
     CAPTURE(harness::name(kind));
@@ -79,9 +92,13 @@ TEST_CASE_TEMPLATE("cuda: device memory drops by exactly the bytes offloaded" * 
   auto x = at::randn({128, 256}).to(cuda0);
   auto w = at::randn({256, 256}).to(cuda0).requires_grad_();
   auto forward = [&] { return x.mm(w).tanh().mm(w).sigmoid().sum(); };
-  const auto base = offload::device::Cuda::memory_allocated(0);
+  // Warmed up first: this thread's cuBLAS workspace is allocated once, at
+  // its first product, and would count as held otherwise. Each count is
+  // read settled: blocks the side stream was recorded on are back.
+  (void)forward();
+  const auto base = harness::settled_device_bytes(cuda0);
   at::Tensor plain_loss = forward();
-  const auto held_plain = offload::device::Cuda::memory_allocated(0) - base;
+  const auto held_plain = harness::settled_device_bytes(cuda0) - base;
   plain_loss = at::Tensor();
   CudaManager<Sync> manager(offload::Options{.min_offload_bytes = 0});
   manager.exclude({x});
@@ -90,7 +107,7 @@ TEST_CASE_TEMPLATE("cuda: device memory drops by exactly the bytes offloaded" * 
     offload::Scope scope(manager);
     loss = forward();
   }
-  const auto held_offloaded = offload::device::Cuda::memory_allocated(0) - base;
+  const auto held_offloaded = harness::settled_device_bytes(cuda0) - base;
   CHECK(manager.stats().bytes_offloaded > 0);
   CHECK(held_plain - held_offloaded == manager.stats().bytes_offloaded);
   loss.backward();

@@ -7,6 +7,7 @@
 #include "sim_tests.hpp"
 
 #include <c10/core/StreamGuard.h>
+#include <offload/device/sim.hpp>
 
 #include <doctest/doctest.h>
 
@@ -148,8 +149,18 @@ TEST_CASE("sim: device memory is counted, capped and released in stream order") 
     a.record_stream(side);
     a.reset();
     CHECK(sim::device_memory(0).current_bytes == base.current_bytes + mib);
+    // Counted both ways CUDA counts: allocated drops at the free, active
+    // (c10's active and requested bytes) once the recorded stream got there.
+    CHECK(sim::device_memory(0).allocated_bytes == base.allocated_bytes);
+    constexpr auto agg = static_cast<std::size_t>(c10::CachingAllocator::StatType::AGGREGATE);
+    const auto in_limbo = c10::getDeviceAllocator(kSim)->getDeviceStats(0);
+    CHECK(in_limbo.allocated_bytes[agg].current == base.allocated_bytes);
+    CHECK(in_limbo.active_bytes[agg].current == base.current_bytes + mib);
+    CHECK(in_limbo.requested_bytes[agg].current == base.current_bytes + mib);
+    CHECK(offload::device::Sim::memory_allocated(0) == base.current_bytes + mib);  // what a target steers by
     side.synchronize();
     CHECK(sim::device_memory(0).current_bytes == base.current_bytes);
+    CHECK(sim::device_memory(0).allocated_bytes == base.allocated_bytes);
     CHECK(bitwise_equal(host, torch::ones({mib / 4})));
   }
   SUBCASE("a released block is cached, reused, and returned by empty_cache") {

@@ -44,6 +44,7 @@ struct SyncModel {
     void offload(const T&, const at::Tensor&);
     std::conditional_t<M == Miss::reload_tensor, at::Tensor, offload::Reloaded> reload(const T&);
     void on_unpack(const T&);
+    void on_shared(const T&, const at::Tensor&);
     void end_forward()
       requires(M != Miss::end_forward);
     void end_froward()

@@ -49,6 +49,7 @@ struct Sync {
     void offload(const Transfer&, const at::Tensor&) {}
     offload::Reloaded reload(const Transfer&) { return {}; }
     void on_unpack(const Transfer&) {}
+    void on_shared(const Transfer&, const at::Tensor&) {}
 #if CASE != 3 || defined(TWIN)
     void end_forward() {}
 #else

@@ -43,8 +43,8 @@ CASES = {
     5: ("`release` to be declared noexcept", "Streamed"),
     6: ("offload::storage_policy: it needs `static constexpr bool prefers_pinned`", "sync_policy_for"),
     7: (
-        "has a step callback (end_forward, end_backward, on_unpack, suspend, resume, add_stats or release) but does "
-        "not declare `static constexpr bool observes_steps = true`",
+        "has a step callback (end_forward, end_backward, on_unpack, on_shared, suspend, resume, add_stats or "
+        "release) but does not declare `static constexpr bool observes_steps = true`",
         "Streamed",
     ),
     8: ("the Device policy's optional `numa_node` must be `static int numa_node(c10::DeviceIndex) noexcept`", "Sync"),

@@ -53,7 +53,8 @@ constexpr bool check_device_policy() {
 }
 
 /// True when each optional member the manager or the dispatcher reads that
-/// D declares (linked, when_absent, runtime_has_events, numa_node) has the
+/// D declares (linked, when_absent, runtime_has_events, numa_node, capturing,
+/// h2d_stream) has the
 /// shape of its requirement; otherwise one static_assert naming it. (A
 /// member read only when present must not be skipped for having the wrong
 /// type.)
@@ -79,6 +80,16 @@ constexpr bool check_device_options() {
     static_assert(always_false<D>,
                   "offload: the Device policy's optional `numa_node` must be `static int "
                   "numa_node(c10::DeviceIndex) noexcept` (docs/policies/device_policy.md)");
+    return false;
+  } else if constexpr (requires { &D::capturing; } && !r::capturing<D>) {
+    static_assert(always_false<D>,
+                  "offload: the Device policy's optional `capturing` must be `static bool "
+                  "capturing(c10::DeviceIndex) noexcept` (docs/policies/device_policy.md)");
+    return false;
+  } else if constexpr (requires { &D::h2d_stream; } && !r::h2d_stream<D>) {
+    static_assert(always_false<D>,
+                  "offload: the Device policy's optional `h2d_stream` must be `static c10::Stream "
+                  "h2d_stream(c10::DeviceIndex)` (docs/policies/device_policy.md)");
     return false;
   } else {
     return true;
@@ -150,6 +161,14 @@ constexpr bool check_sync_steps() {
                   "offload: the Sync policy does not satisfy offload::sync_state_with_steps: its "
                   "State<Device> declares observes_steps and needs `void on_unpack(const "
                   "offload::Transfer<EntryState>&)` (docs/policies/sync_policy.md)");
+    return false;
+  } else if constexpr (!r::on_shared<St>) {
+    static_assert(always_false<St>,
+                  "offload: the Sync policy does not satisfy offload::sync_state_with_steps: its "
+                  "State<Device> declares observes_steps and needs `void on_shared(const "
+                  "offload::Transfer<EntryState>&, const at::Tensor&)` (called when an unpack is served by "
+                  "bytes an earlier unpack brought back; order that consumer after the copy) "
+                  "(docs/policies/sync_policy.md)");
     return false;
   } else if constexpr (!r::suspend<St>) {
     static_assert(always_false<St>,
@@ -294,8 +313,8 @@ constexpr bool check_sync_members() {
     } else if constexpr (r::any_step<St>) {
       static_assert(always_false<P>,
                     "offload: the Sync policy does not satisfy offload::sync_policy_for: its "
-                    "State<Device> has a step callback (end_forward, end_backward, on_unpack, suspend, "
-                    "resume, add_stats or release) but does not declare `static constexpr bool "
+                    "State<Device> has a step callback (end_forward, end_backward, on_unpack, on_shared, "
+                    "suspend, resume, add_stats or release) but does not declare `static constexpr bool "
                     "observes_steps = true`, so it would never be called (docs/policies/sync_policy.md)");
       return false;
     } else {

@@ -211,6 +211,11 @@ class Core final : public ManagerInterface, public std::enable_shared_from_this<
     }
     const auto& view = *packed.offloaded;
     const auto& entry = view.entry;
+    TORCH_CHECK(!capturing_on(entry->device.index()), "offload: a saved tensor that ", describe(),
+                " offloaded is needed while the current stream of ", entry->device,
+                " captures a graph (a captured backward): the copy back, its event waits and its allocation cannot "
+                "be captured; run the forward of a captured backward outside the manager's scope (or inside "
+                "offload::NoOffload / torch_offload.no_offload)");
     const auto device_bytes = bring_back(*entry, packed.ticket);
     const c10::DeviceGuard guard(entry->device);
     auto out =
@@ -234,6 +239,7 @@ class Core final : public ManagerInterface, public std::enable_shared_from_this<
     out.passed_excluded = passed.excluded;
     out.passed_budget = passed.budget;
     out.passed_target = passed.target;
+    out.passed_capture = passed.capture;
     if constexpr (steps) sync_.add_stats(out);
     planner_.add_stats(out);
     if (blocks_) blocks_->add_stats(out);
@@ -296,7 +302,11 @@ class Core final : public ManagerInterface, public std::enable_shared_from_this<
   }
   void on_scope_exit(const ScopeMark& opened, bool in_order) noexcept override {
     const std::lock_guard lock(mutex_);
-    if constexpr (steps) sync_.end_forward();
+    // Under capture the stash stays (its event waits would be captured);
+    // the next end of a forward or backward releases it.
+    if constexpr (steps) {
+      if (!capturing_here()) sync_.end_forward();
+    }
     if (planner_.active()) {
       planner_.end_forward(observe(target_index()));
       note_still_allocated();
@@ -345,7 +355,29 @@ class Core final : public ManagerInterface, public std::enable_shared_from_this<
     const auto& storage = impl->storage();
     if (static_cast<std::int64_t>(storage.nbytes()) < options_.min_offload_bytes) return &pass_.small;
     if (is_excluded(storage.unsafeGetStorageImpl())) return &pass_.excluded;
+    if (capturing_on(impl->device().index())) return &pass_.capture;
     return nullptr;
+  }
+  // Whether the current stream of device `index` is capturing a graph (the
+  // device policy's capturing(), where it has one). Never throws.
+  static bool capturing_on(c10::DeviceIndex index) noexcept {
+    if constexpr (requirement::capturing<Device>) {
+      return Device::capturing(index);
+    } else {
+      return false;
+    }
+  }
+  // The same for the current device of Device's type (a scope's close).
+  static bool capturing_here() noexcept {
+    if constexpr (requirement::capturing<Device>) {
+      try {
+        return Device::capturing(c10::impl::getDeviceGuardImpl(Device::device_type)->getDevice().index());
+      } catch (...) {
+        return false;
+      }
+    } else {
+      return false;
+    }
   }
   // Keeps `t` where it is (detail::KeptTensor), counted under `reason`
   // (with what `packed` already holds: a plan ticket).
@@ -470,6 +502,8 @@ class Core final : public ManagerInterface, public std::enable_shared_from_this<
     if (auto impl = entry.reloaded ? entry.reloaded->lock() : c10::intrusive_ptr<c10::StorageImpl>()) {
       device_bytes = view_of(c10::Storage(std::move(impl)), entry.device, at::kByte, 0, {entry.device_nbytes}, {1});
       ++stats_.reloads_shared;
+      // This consumer may be on another stream than the first one.
+      if constexpr (steps) sync_.on_shared(transfer_of(entry), device_bytes);
     } else {
       auto reloaded = sync_.reload(transfer_of(entry));
       device_bytes = std::move(reloaded.bytes);
@@ -516,18 +550,29 @@ class Core final : public ManagerInterface, public std::enable_shared_from_this<
     });
   }
   // Device bytes allocated on `index` now, or -1 when the device policy
-  // reports no memory statistics.
-  static std::int64_t allocated_on(c10::DeviceIndex index) {
+  // reports no memory statistics or cannot read them now (a call that
+  // throws: CUDA's allocator before its lazy initialisation, a pluggable
+  // allocator without statistics). Never throws: the scope hooks that call
+  // it are noexcept.
+  static std::int64_t allocated_on(c10::DeviceIndex index) noexcept {
     if constexpr (memory_stats_device_policy<Device>) {
-      return Device::memory_allocated(index);
+      try {
+        return Device::memory_allocated(index);
+      } catch (...) {
+        return -1;
+      }
     } else {
       return -1;
     }
   }
-  // The most bytes allocated on `index` at once so far, or -1.
-  static std::int64_t peak_on(c10::DeviceIndex index) {
+  // The most bytes allocated on `index` at once so far, or -1 (as above).
+  static std::int64_t peak_on(c10::DeviceIndex index) noexcept {
     if constexpr (requires { Device::memory_peak(index); }) {
-      return Device::memory_peak(index);
+      try {
+        return Device::memory_peak(index);
+      } catch (...) {
+        return -1;
+      }
     } else {
       return -1;
     }
@@ -730,17 +775,18 @@ class Core final : public ManagerInterface, public std::enable_shared_from_this<
   // from them with no counter of their own on the pack path.
   struct PassCounts {
     std::int64_t undefined = 0, other_device = 0, layout = 0, subclass = 0, leaf = 0, small = 0, excluded = 0,
-                 budget = 0, target = 0, failed = 0;
+                 capture = 0, budget = 0, target = 0, failed = 0;
     // Packs that did not offload.
     std::int64_t seen() const noexcept {
-      return undefined + other_device + layout + subclass + leaf + small + excluded + budget + target + failed;
+      return undefined + other_device + layout + subclass + leaf + small + excluded + capture + budget + target +
+             failed;
     }
   };
   struct PassCounters {
     // undefined: undefined saved tensors (Stats counts them as another
     // device's); other_device: defined ones on another device type.
     std::atomic<std::int64_t> undefined{0}, other_device{0}, layout{0}, subclass{0}, leaf{0}, small{0}, excluded{0},
-        budget{0}, target{0}, failed{0};
+        capture{0}, budget{0}, target{0}, failed{0};
     // Each count minus `base`'s.
     PassCounts since(const PassCounts& base) const {
       const auto get = [](const std::atomic<std::int64_t>& c, std::int64_t from) {
@@ -749,8 +795,9 @@ class Core final : public ManagerInterface, public std::enable_shared_from_this<
       return PassCounts{get(undefined, base.undefined), get(other_device, base.other_device),
                         get(layout, base.layout),       get(subclass, base.subclass),
                         get(leaf, base.leaf),           get(small, base.small),
-                        get(excluded, base.excluded),   get(budget, base.budget),
-                        get(target, base.target),       get(failed, base.failed)};
+                        get(excluded, base.excluded),   get(capture, base.capture),
+                        get(budget, base.budget),       get(target, base.target),
+                        get(failed, base.failed)};
     }
   };
   // Defined saved tensors packed so far, and of them those on Device's

@@ -15,9 +15,11 @@
 
 namespace offload::device {
 
-/// CUDA device policy. Streams from c10's CUDA stream pool, events through
-/// c10::Event, allocator safety through the CUDA caching allocator's
-/// recordStream, statistics from the caching allocator.
+/// CUDA device policy. Copy streams of its own (one per direction and
+/// device, host-to-device at high priority), events through c10::Event,
+/// allocator safety through the CUDA caching allocator's recordStream,
+/// statistics from the caching allocator (active bytes: what it cannot hand
+/// out again, blocks held for a recorded stream included).
 ///
 /// Thread-safety: every member is thread-safe (c10/cuda is).
 /// Errors: calls throw c10::Error when no CUDA device is present.
@@ -30,15 +32,32 @@ struct Cuda {
   static bool available();
   /// The current CUDA stream of `index` on this thread.
   static c10::Stream current_stream(c10::DeviceIndex index);
-  /// A stream from c10's CUDA stream pool.
+  /// The device-to-host copy stream of `index`: made by this library once
+  /// per device (default priority, non-blocking), never one of c10's pool
+  /// streams, which the whole process shares round-robin.
   static c10::Stream side_stream(c10::DeviceIndex index);
+  /// The host-to-device copy stream of `index`: another stream of its own,
+  /// at the device's highest priority (backward waits on these copies), so
+  /// the two directions use both copy engines.
+  static c10::Stream h2d_stream(c10::DeviceIndex index);
   /// CUDACachingAllocator::recordStream on `t`'s memory.
   static void record_stream(const at::Tensor& t, c10::Stream stream);
-  /// Bytes allocated by the caching allocator on `index` now.
+  /// The caching allocator's active bytes on `index` now
+  /// (`torch.cuda.memory_stats()["active_bytes.all.current"]`): blocks
+  /// handed out, and blocks freed while a stream recorded on them
+  /// (record_stream) has not yet passed the free. allocated_bytes leaves
+  /// the latter out though they cannot be reused, so a target steered by it
+  /// overshoots. -1 (not reported) before CUDA's lazy initialisation and
+  /// under an allocator without statistics (CUDAPluggableAllocator). Never
+  /// throws.
   static std::int64_t memory_allocated(c10::DeviceIndex index);
-  /// The most bytes allocated on `index` at once since the allocator's
-  /// peak was last reset.
+  /// The most active bytes on `index` at once since the allocator's peak
+  /// was last reset; -1 as memory_allocated(). Never throws.
   static std::int64_t memory_peak(c10::DeviceIndex index);
+  /// Whether the current CUDA stream of `index` is capturing a CUDA graph
+  /// (c10::cuda::currentStreamCaptureStatusMayInitCtx). Never throws (false
+  /// when CUDA cannot say).
+  static bool capturing(c10::DeviceIndex index) noexcept;
   /// CUDACachingAllocator::emptyCache().
   static void empty_cache();
   /// The host NUMA node the GPU `index` is attached to: its PCI address

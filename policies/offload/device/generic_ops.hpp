@@ -5,6 +5,7 @@
 /// (c10::impl::DeviceGuardImplInterface, c10::DeviceAllocator). Used by every
 /// device policy that is not CUDA; no vendor SDK is needed to compile it.
 
+#include <algorithm>
 #include <cstdint>
 #include <string>
 #include <string_view>
@@ -15,6 +16,8 @@
 #include <c10/core/DeviceType.h>
 #include <c10/core/Stream.h>
 #include <c10/core/impl/DeviceGuardImplInterface.h>
+
+#include <offload/capture.hpp>
 
 namespace offload::device {
 
@@ -53,28 +56,36 @@ struct GenericOps {
   static void record_stream(const at::Tensor& t, c10::Stream stream) {
     guard().recordDataPtrOnStream(t.storage().data_ptr(), stream);
   }
-  /// Bytes the device allocator has handed out on `index` now, or -1 when
-  /// the backend's allocator does not report statistics.
-  static std::int64_t memory_allocated(c10::DeviceIndex index) {
-    auto* allocator = dynamic_cast<c10::DeviceAllocator*>(c10::GetAllocator(Type));
-    if (allocator == nullptr) return -1;
-    const auto stats = allocator->getDeviceStats(index);
-    return stats.allocated_bytes[static_cast<std::size_t>(c10::CachingAllocator::StatType::AGGREGATE)].current;
-  }
-  /// The most bytes the device allocator had handed out on `index` at once
-  /// since its peak was last reset, or -1 without statistics.
-  static std::int64_t memory_peak(c10::DeviceIndex index) {
-    auto* allocator = dynamic_cast<c10::DeviceAllocator*>(c10::GetAllocator(Type));
-    if (allocator == nullptr) return -1;
-    const auto stats = allocator->getDeviceStats(index);
-    return stats.allocated_bytes[static_cast<std::size_t>(c10::CachingAllocator::StatType::AGGREGATE)].peak;
-  }
+  /// Active bytes on `index` now: handed out, or freed while a stream
+  /// recorded on them (record_stream) has not passed the free, the larger
+  /// of the allocator's active and allocated bytes (an allocator that
+  /// fills only the latter reads as such); -1 when the backend's allocator
+  /// does not report statistics.
+  static std::int64_t memory_allocated(c10::DeviceIndex index) { return active(index, /*peak=*/false); }
+  /// The most active bytes on `index` at once since the allocator's peak
+  /// was last reset, or -1 without statistics.
+  static std::int64_t memory_peak(c10::DeviceIndex index) { return active(index, /*peak=*/true); }
+  /// Whether the current stream of `index` is capturing a graph, by the
+  /// probe the backend registered (offload::set_capture_probe); false
+  /// without one.
+  static bool capturing(c10::DeviceIndex index) noexcept { return offload::capturing(Type, index); }
   /// Returns cached, unused device memory to the system (no-op when the
   /// allocator does not cache).
   static void empty_cache() {
     if (auto* allocator = dynamic_cast<c10::DeviceAllocator*>(c10::GetAllocator(Type))) {
       allocator->emptyCache();
     }
+  }
+
+ private:
+  static std::int64_t active(c10::DeviceIndex index, bool peak) {
+    auto* allocator = dynamic_cast<c10::DeviceAllocator*>(c10::GetAllocator(Type));
+    if (allocator == nullptr) return -1;
+    const auto stats = allocator->getDeviceStats(index);
+    constexpr auto aggregate = static_cast<std::size_t>(c10::CachingAllocator::StatType::AGGREGATE);
+    const auto& active = stats.active_bytes[aggregate];
+    const auto& allocated = stats.allocated_bytes[aggregate];
+    return peak ? std::max(active.peak, allocated.peak) : std::max(active.current, allocated.current);
   }
 };
 

@@ -28,6 +28,12 @@ struct Sim : GenericOps<c10::DeviceType::PrivateUse1> {
   /// True when this program has loaded liboffload_sim (the dispatcher's
   /// errors list `sim` only then). Never throws.
   static bool linked() { return offload::detail::is_linked("sim"); }
+  /// The stream host-to-device copies run on, apart from side_stream's
+  /// device-to-host copies (as device::Cuda has): another stream of sim's
+  /// pool.
+  static c10::Stream h2d_stream(c10::DeviceIndex index) {
+    return guard().getStreamFromGlobalPool(c10::Device(device_type, index), /*isHighPriority=*/true);
+  }
   /// What the dispatcher's "no accelerator" error says about this policy.
   static constexpr std::string_view when_absent = "offload::sim::install() makes a sim device";
 };

@@ -34,12 +34,15 @@ namespace detail {
 inline HostBuffer host_bytes(std::int64_t nbytes, c10::Allocator* allocator, bool pinned, std::int64_t reserved) {
   auto bytes = at::detail::empty_generic({nbytes}, allocator, c10::DispatchKeySet(c10::DispatchKey::CPU),
                                          c10::ScalarType::Byte, std::nullopt);
-  return HostBuffer{std::move(bytes), pinned, reserved};
+  // Reused only after its copies ended: pageable copies complete before they
+  // return, and a device's pinned host allocator records their events.
+  return HostBuffer{std::move(bytes), pinned, reserved, /*stream_ordered=*/true};
 }
 }  // namespace detail
 
 /// Pageable host memory from LibTorch's CPU allocator. Copies to and from
-/// it are synchronous on every backend. Stateless.
+/// it are synchronous on every backend (its buffers are stream_ordered).
+/// Stateless.
 struct PageableHost {
   static constexpr std::string_view name = "pageable_host";
   static constexpr bool prefers_pinned = false;
@@ -58,7 +61,11 @@ struct PageableHost {
 /// aside for it (pinned_block_bytes: a power of two on CUDA). With
 /// HostRequest::pin false (Options::pin_memory), or when the pinned
 /// allocation fails, pageable memory is used (HostBuffer::pinned tells).
-/// Stateless.
+/// Its buffers are stream_ordered: the backend's pinned allocator hands a
+/// block out again only after the asynchronous copies recorded on it ended
+/// (c10's CachingHostAllocator records each copy's event; a backend whose
+/// allocator does not is not safe for asynchronous copies to freed pinned
+/// memory, and should use storage::PinnedPool). Stateless.
 struct PinnedHost {
   static constexpr std::string_view name = "pinned_host";
   static constexpr bool prefers_pinned = true;

@@ -12,6 +12,7 @@
 #include <memory>
 #include <optional>
 #include <string_view>
+#include <utility>
 #include <vector>
 
 #include <ATen/core/Tensor.h>
@@ -39,7 +40,9 @@ namespace offload::sync {
 ///
 /// Backward: a tensor still stashed is reused, not copied back. Each unpack
 /// starts host-to-device copies of the next offloaded storages in reverse
-/// pack order (the order backward needs them) on the side stream, into
+/// pack order (the order backward needs them) on the device policy's
+/// h2d_stream where it has one (else the side stream), each after the
+/// device-to-host copy that filled its host buffer, into
 /// buffers allocated on the compute stream; the compute stream waits only
 /// on the event of the tensor it needs now. The window ahead is
 /// Options::prefetch_depth times the device bytes of the largest offloaded
@@ -54,8 +57,14 @@ namespace offload::sync {
 /// Release: device buffers are dropped only after the compute stream was
 /// made to wait for the copies that read or write them (or, when consumed
 /// on another stream, after the allocator was told with record_stream); a
-/// host buffer is freed only after its last copy's event completed (the
-/// host waits then, only if the copy is still running).
+/// released storage's host buffers, unless their allocator orders their
+/// reuse itself (HostBuffer::stream_ordered), are kept until its last
+/// copy's event completed, queried at later calls, so the host never waits for a copy in
+/// forward or backward (Stats::host_waits counts the waits that remain: at
+/// the manager's destruction, for copies still running then). A storage
+/// read back on another stream than its first consumer's (a storage saved
+/// through views on two streams) is waited for and recorded there too
+/// (on_shared).
 ///
 /// Where the device turns out at run time to have no working events, every
 /// copy is blocking and counted in Stats::blocking_fallbacks.
@@ -86,14 +95,27 @@ struct Streamed {
       /// belong to (produced on, or allocated on): the stream that must wait
       /// before they are released.
       std::optional<c10::Stream> home_stream;
+      /// After a reload: the stream the device bytes it gave back belong to
+      /// (allocated on, or produced on for a stash reuse), so that a later
+      /// consumer of the same bytes (on_shared) on another stream is
+      /// recorded with the allocator.
+      std::optional<c10::Stream> reloaded_stream;
       std::int64_t counted_bytes = -1;  ///< device bytes counted among those still to come back; -1: not counted
     };
     using Transfer = offload::Transfer<EntryState>;
     using Ref = TransferRef<EntryState>;
 
     explicit State(const Options& options) : options_(options) {}
+    // Host buffers still used by a copy in flight are kept until it ends:
+    // the host waits for them here, at the manager's destruction, at most.
+    ~State() {
+      for (auto& r : retired_) wait_for(r);
+    }
+    State(const State&) = delete;
+    State& operator=(const State&) = delete;
 
     void offload(const Transfer& t, const at::Tensor& device_bytes) {
+      reap();
       const auto index = t.device().index();
       if (!events_work(index)) {
         ++blocking_fallbacks_;
@@ -128,6 +150,7 @@ struct Streamed {
     }
 
     Reloaded reload(const Transfer& t) {
+      reap();
       uncount(t);  // needed now: it does not size the window ahead
       const auto index = t.device().index();
       if (!events_work(index)) {
@@ -143,21 +166,35 @@ struct Streamed {
         // reuse them before the D2H copy that reads them is done.
         mine.d2h->block(*mine.home_stream);
         if (*mine.home_stream != compute) Device::record_stream(mine.stash, compute);
-        mine.home_stream.reset();
+        mine.reloaded_stream = std::exchange(mine.home_stream, std::nullopt);
         std::erase_if(stash_, [&](const Ref& w) { return w.lock() == t; });
         ++stash_reuses_;
         return {std::move(mine.stash), false};
       }
-      // Not prefetched: bring it back now. The side stream runs this copy
-      // after the D2H copy that filled the host buffer (same stream).
+      // Not prefetched: bring it back now, ordered after the D2H copy that
+      // filled the host buffer.
       if (!mine.prefetched.defined()) prefetch(t, compute);
       --outstanding_;
       outstanding_bytes_ -= t.device_nbytes();
       at::Tensor bytes = std::move(mine.prefetched);
       mine.h2d->block(compute);
       if (*mine.home_stream != compute) Device::record_stream(bytes, compute);
-      mine.home_stream.reset();
+      mine.reloaded_stream = std::exchange(mine.home_stream, std::nullopt);
       return {std::move(bytes), true};
+    }
+
+    /// Another unpack served by the bytes the last reload gave back (a
+    /// storage saved through several views): this consumer, on the current
+    /// stream, may run on another stream than the first one (the forward
+    /// saved the views on different streams). It waits for the copy that
+    /// filled them, and the allocator is told of its stream, as for the
+    /// first consumer.
+    void on_shared(const Transfer& t, const at::Tensor& device_bytes) {
+      auto& mine = t.state();
+      if (!mine.reloaded_stream) return;  // a blocking reload: nothing in flight
+      const c10::Stream compute = Device::current_stream(t.device().index());
+      if (mine.h2d) mine.h2d->block(compute);
+      if (*mine.reloaded_stream != compute) Device::record_stream(device_bytes, compute);
     }
 
     /// Called after every unpack: prefetches what backward needs next.
@@ -206,11 +243,17 @@ struct Streamed {
     }
 
     /// The storage is being destroyed (autograd dropped its last saved
-    /// tensor): forgets it once no copy uses its buffers.
-    void release(const Transfer& t) noexcept { forget(t); }
+    /// tensor): forgets it. Its host buffers, where a copy may still read
+    /// or write them, are kept until that copy's event completes (queried
+    /// at later calls; the host does not wait).
+    void release(const Transfer& t) noexcept {
+      forget(t);
+      retire(t);
+    }
 
     /// The manager is about to grow the storage (a later saved view needs
-    /// bytes it lacks): lets go of it as release() does; resume() follows.
+    /// bytes it lacks): lets go of its stash and prefetch; its host
+    /// buffers stay the entry's. resume() follows.
     void suspend(const Transfer& t) { forget(t); }
 
     /// After the manager grew the storage: copies what was added (blocking,
@@ -240,31 +283,78 @@ struct Streamed {
       stats.stash_reuses += stash_reuses_;
       stats.prefetches += prefetches_;
       stats.prefetch_peak = std::max(stats.prefetch_peak, prefetch_peak_);
+      stats.host_waits += host_waits_;
     }
 
    private:
-    // Drops what is held for `t` once no copy in flight uses its buffers.
+    // The host buffers of a released storage and the events of the copies
+    // that last read or wrote them.
+    struct Retired {
+      std::vector<at::Tensor> host;
+      std::optional<c10::Event> d2h;
+      std::optional<c10::Event> h2d;
+    };
+
+    // Keeps `t`'s host buffers while a copy may still use them (its events
+    // are moved along). Where that fails (no memory for the record), waits
+    // for the copies instead (Stats::host_waits).
+    void retire(const Transfer& t) noexcept {
+      auto& mine = t.state();
+      Retired r{{}, std::move(mine.d2h), std::move(mine.h2d)};
+      mine.d2h.reset();
+      mine.h2d.reset();
+      if (done(r)) return;
+      try {
+        r.host = t.unordered_host_bytes();
+        if (r.host.empty()) return;  // their allocator keeps them for the copies
+        retired_.push_back(std::move(r));
+      } catch (...) {
+        wait_for(r);
+      }
+    }
+
+    // Whether the copies of `r` ended (a device whose query fails: treated
+    // as ended only by wait_for).
+    static bool done(const Retired& r) noexcept {
+      try {
+        return (!r.d2h || r.d2h->query()) && (!r.h2d || r.h2d->query());
+      } catch (...) {
+        return false;
+      }
+    }
+
+    // Waits on the host for the copies of `r` (a failing device must not
+    // turn a destructor into terminate(): its buffers are released anyway).
+    void wait_for(Retired& r) noexcept {
+      for (auto* event : {&r.d2h, &r.h2d}) {
+        if (!*event) continue;
+        try {
+          if (!(*event)->query()) {
+            ++host_waits_;
+            (*event)->synchronize();
+          }
+        } catch (...) {
+        }
+      }
+    }
+
+    // Releases the host buffers of retired storages whose copies ended,
+    // oldest first (they end in about the order they were queued).
+    void reap() noexcept {
+      while (!retired_.empty() && done(retired_.front())) retired_.pop_front();
+    }
+
+    // Drops what the policy holds for `t` on the device: its stash and its
+    // prefetch, each after the stream it belongs to was made to wait for
+    // the copy that uses it.
     void forget(const Transfer& t) noexcept {
       auto& mine = t.state();
-      // First, and each on its own: the host buffer may be read or written
-      // by a copy still in flight, and a storage policy may hand it out
-      // again as soon as the entry goes (PinnedPool does), whatever fails
-      // below. A failing device here must not turn a destructor into
-      // terminate(); the buffers are released regardless, as autograd drops
-      // the graph.
-      try {
-        if (mine.d2h) mine.d2h->synchronize();
-      } catch (...) {
-      }
-      try {
-        if (mine.h2d) mine.h2d->synchronize();
-      } catch (...) {
-      }
       try {
         order_.erase(t.seq());
         uncount(t);
         if (mine.stash.defined()) drop_stash(t);
         if (mine.prefetched.defined()) drop_prefetch(t);
+        mine.reloaded_stream.reset();
       } catch (...) {
       }
     }
@@ -283,9 +373,23 @@ struct Streamed {
       return options_.prefetch_depth * sizes_.rbegin()->first;
     }
 
+    // The stream of device-to-host copies.
     c10::Stream side_stream(c10::DeviceIndex index) {
       auto found = side_.find(index);
       if (found == side_.end()) found = side_.emplace(index, Device::side_stream(index)).first;
+      return found->second;
+    }
+    // The stream of host-to-device copies: the device policy's h2d_stream
+    // where it has one, else the side stream.
+    c10::Stream h2d_stream(c10::DeviceIndex index) {
+      auto found = h2d_.find(index);
+      if (found == h2d_.end()) {
+        if constexpr (requirement::h2d_stream<Device>) {
+          found = h2d_.emplace(index, Device::h2d_stream(index)).first;
+        } else {
+          found = h2d_.emplace(index, side_stream(index)).first;
+        }
+      }
       return found->second;
     }
 
@@ -319,6 +423,7 @@ struct Streamed {
         c10::Event probe(Device::device_type);
         probe.record(Device::current_stream(index));
         (void)side_stream(index);
+        (void)h2d_stream(index);
       } catch (const c10::Error&) {
         ok = false;
       }
@@ -347,7 +452,7 @@ struct Streamed {
       outstanding_bytes_ -= t.device_nbytes();
     }
 
-    // H2D copy of `t` on the side stream into a buffer allocated on the
+    // H2D copy of `t` on the host-to-device stream into a buffer allocated on the
     // compute stream (its consumer).
     void prefetch(const Transfer& t, c10::Stream compute) {
       const auto index = t.device().index();
@@ -356,15 +461,18 @@ struct Streamed {
         const c10::StreamGuard on_compute(compute);
         bytes = t.empty_device_bytes();
       }
-      const c10::Stream side = side_stream(index);
+      const c10::Stream side = h2d_stream(index);
+      auto& mine = t.state();
       c10::Event allocated(Device::device_type);
       allocated.record(compute);
       allocated.block(side);  // the block may have been in use on the compute stream
+      // The copy that filled the host buffer ran on the device-to-host
+      // stream (a no-op when that is this one: FIFO order).
+      if (mine.d2h) mine.d2h->block(side);
       {
         const c10::StreamGuard on_side(side);
         t.copy_to_device(bytes, /*non_blocking=*/true);
       }
-      auto& mine = t.state();
       mine.h2d.emplace(Device::device_type);
       mine.h2d->record(side);
       mine.prefetched = std::move(bytes);
@@ -376,7 +484,8 @@ struct Streamed {
     }
 
     Options options_;
-    std::map<c10::DeviceIndex, c10::Stream> side_;
+    std::map<c10::DeviceIndex, c10::Stream> side_;  // device-to-host copies
+    std::map<c10::DeviceIndex, c10::Stream> h2d_;  // host-to-device copies (side_'s where the device has no h2d_stream)
     std::map<c10::DeviceIndex, bool> events_ok_;
     std::map<std::uint64_t, Ref> order_;          // offloaded storages by pack order
     std::deque<Ref> stash_;                       // forward stash, oldest first
@@ -388,6 +497,8 @@ struct Streamed {
     std::int64_t stash_reuses_ = 0;
     std::int64_t prefetches_ = 0;
     std::int64_t prefetch_peak_ = 0;
+    std::int64_t host_waits_ = 0;
+    std::deque<Retired> retired_;  // host buffers of released storages whose copies may still run
   };
 };
 

@@ -71,6 +71,7 @@
 // device support (test/cpp_extensions/open_registration_extension).
 
 #include <c10/core/Device.h>
+#include <c10/core/Stream.h>
 
 #include <cstdint>
 #include <string>
@@ -212,7 +213,15 @@ class ScopedKnobs {
 /// - current_bytes / peak_bytes: bytes in use, the requested sizes (not
 ///   rounded). A device block counts until its free, or, while a stream
 ///   recorded on it still has work queued before the free, until that work
-///   has run (see device_memory()). Reported as c10's `allocated_bytes`.
+///   has run (see device_memory()): CUDA's active (and requested) bytes,
+///   reported as c10's `active_bytes` and `requested_bytes`; the figure a
+///   device-memory target steers by.
+/// - allocated_bytes / peak_allocated_bytes: the same blocks, each dropped
+///   at its free whatever a recorded stream still does: CUDA's allocated
+///   bytes (`torch.cuda.memory_allocated`), reported as c10's
+///   `allocated_bytes`. current_bytes - allocated_bytes is what recorded
+///   streams hold ("limbo"). Device only (the host allocator reports
+///   current_bytes there).
 /// - reserved_bytes / peak_reserved_bytes: bytes taken from malloc: blocks in
 ///   use (rounded sizes), idle in the cache, or in the poison quarantine.
 ///   c10's `reserved_bytes`. They drop at empty_cache().
@@ -226,18 +235,19 @@ struct MemoryStats {
   std::int64_t reserved_bytes = 0;
   std::int64_t peak_reserved_bytes = 0;
   std::int64_t system_allocations = 0;
+  std::int64_t allocated_bytes = 0;
+  std::int64_t peak_allocated_bytes = 0;
 };
 
 /// Counters of the sim device allocator for device `index`. A freed block is
 /// released (back to the cache, reusable) at once when the stream it was
 /// allocated on has nothing queued and no stream recorded on it
 /// (recordStream) has pending work; otherwise its release is queued behind
-/// that work. It counts as in use until its free, as CUDA's allocated bytes
-/// do (its own stream runs what comes next after that work), or, while a
-/// recorded stream has work queued before the free, until that work has
-/// run: the memory a side stream's copy still reads (stricter than CUDA,
-/// whose allocated bytes drop at the free and whose active bytes count
-/// it). The capacity
+/// that work. It counts as in use (current_bytes) until its free (its own
+/// stream runs what comes next after that work), or, while a recorded
+/// stream has work queued before the free, until that work has run: the
+/// memory a side stream's copy still reads, as CUDA's active bytes count
+/// it; allocated_bytes drops at the free, as CUDA's allocated bytes do. The capacity
 /// (Config::capacity_bytes) limits the bytes in use; idle cached blocks do
 /// not count against it. Throws c10::Error if not installed or `index` is not
 /// a sim device. Thread-safe.
@@ -281,6 +291,15 @@ void synchronize(c10::DeviceIndex index = -1);
 /// before install(). Errors of queued work are dropped (nobody is left to
 /// report them to). Thread-safe; never throws.
 void drain_for_exit() noexcept;
+
+/// Starts (true) or ends (false) a simulated graph capture on `stream` (a
+/// sim stream): while it lasts, offload::capturing(PrivateUse1, index)
+/// answers true on every thread whose current stream of that device is
+/// `stream`, as CUDA's cudaStreamIsCapturing does, so a manager treats the
+/// region as a CUDA graph capture. Nothing is recorded or replayed: work
+/// queued meanwhile runs as usual. Throws c10::Error if not installed or
+/// `stream` is not a sim stream. Thread-safe.
+void set_capturing(c10::Stream stream, bool on);
 
 /// One sample of the device-0 memory trace: time in microseconds since
 /// set_trace(true), and device-0 current bytes right after an allocation or
