@@ -341,12 +341,11 @@ std::tuple<at::Tensor, at::Tensor, at::Tensor> native_batch_norm(const at::Tenso
   const at::Tensor none;
   const auto& mean_in = running_mean.has_value() ? *running_mean : none;
   const auto& var_in = running_var.has_value() ? *running_var : none;
-  // Training updates the running statistics in place.
-  const auto* stats_read = training ? &none : &mean_in;
-  const auto* var_read = training ? &none : &var_in;
+  // Read, as the schema says and CSAN takes it (training also updates the
+  // running statistics in place: autograd saves them unversioned, and
+  // backward in training ignores them).
   declare(index, "aten::native_batch_norm",
-          {&input, weight.has_value() ? &*weight : &none, bias.has_value() ? &*bias : &none, stats_read, var_read},
-          {training ? &mean_in : &none, training ? &var_in : &none});
+          {&input, weight.has_value() ? &*weight : &none, bias.has_value() ? &*bias : &none, &mean_in, &var_in}, {});
   drain_current(index);
   std::tuple<at::Tensor, at::Tensor, at::Tensor> results;
   {
