@@ -42,7 +42,8 @@ std::string_view target_name();
 std::string target_error();
 /// Prepares the target before any test runs: on sim, installs the sim
 /// backend and turns its stream-order checking on
-/// (offload::sim::set_check_streams); on CUDA, deterministic kernels (bitwise comparisons need them:
+/// (offload::sim::set_check_streams; OFFLOAD_SIM_CHECK_STREAMS=0 leaves it
+/// off, to compare); on CUDA, deterministic kernels (bitwise comparisons need them:
 /// embedding backward uses atomics otherwise, cuBLAS a fixed workspace),
 /// and sim is not installed: a PrivateUse1 backend registered in a process
 /// becomes LibTorch's accelerator (at::getAccelerator()), and autograd
@@ -99,9 +100,9 @@ std::vector<std::string> skipped_sim_only();
 /// per process) and, while it lives, makes every copy between host and sim
 /// cost `latency_us` microseconds on its stream (plus bytes over sim's
 /// bandwidth) and (with `poison`) fills freed device memory with NaN, so a
-/// missing wait or an early free shows up as wrong numbers; and checks
-/// stream order (offload::sim::set_check_streams), so that it shows up as
-/// an error naming the operator and both streams. Restores the knobs after.
+/// missing wait or an early free shows up as wrong numbers (and, with the
+/// stream-order checking prepare_target() turned on, as an error naming the
+/// operator and both streams). Restores the knobs after.
 struct Substrate {
   explicit Substrate(std::int64_t latency_us, bool poison = true) {
     if (target() != Target::sim) return;
@@ -109,7 +110,6 @@ struct Substrate {
     restore.emplace();
     offload::sim::set_copy_latency_us(latency_us);
     offload::sim::set_poison_freed(poison);
-    offload::sim::set_check_streams(true);
   }
   std::optional<offload::sim::ScopedKnobs> restore;
 };

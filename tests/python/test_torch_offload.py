@@ -854,10 +854,19 @@ def test_sim_empty_cache_returns_idle_pinned_blocks():
 
 @sim_only("sim's stream-order checker")
 def test_sim_checker_reports_a_missing_wait_and_not_a_waited_one():
-    """The suite runs with sim's stream order checked (testdevice.install_sim):
-    a copy's destination read on another stream without a wait raises from
-    the operator, naming both streams; with the wait, nothing."""
-    assert torch_offload.sim.config()["check_streams"]
+    """With sim's stream order checked (as the suite runs it:
+    testdevice.install_sim), a copy's destination read on another stream
+    without a wait raises from the operator, naming both streams; with the
+    wait, nothing."""
+    was = torch_offload.sim.config()["check_streams"]
+    torch_offload.sim.set_check_streams(True)
+    try:
+        _missing_wait_reported()
+    finally:
+        torch_offload.sim.set_check_streams(was)
+
+
+def _missing_wait_reported():
     mod = torch.sim
     host = torch.arange(32.0).reshape(4, 8).pin_memory()
     side = mod.Stream()
