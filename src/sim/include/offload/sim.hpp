@@ -156,12 +156,13 @@ struct Config {
 /// does nothing; any other Config throws c10::Error naming each field that
 /// differs. Every field is validated before anything changes
 /// (c10::ValueError naming the field, the value and the accepted range).
-/// The first call also reads OFFLOAD_SIM_CHECK_STREAMS: 1 turns
-/// Config::check_streams on, 0 off, whatever `config` says (the installed
-/// Config stays `config`; config() shows the knob); any other value throws
-/// c10::ValueError naming the variable and the accepted values, before
-/// anything changes. Throws c10::Error if another PrivateUse1 backend name is already
-/// registered in the process. Thread-safe.
+/// Every call reads OFFLOAD_SIM_CHECK_STREAMS: any value other than 0 or 1
+/// throws c10::ValueError naming the variable and the accepted values,
+/// before anything changes; at the first call, 1 turns
+/// Config::check_streams on and 0 off, whatever `config` says (the
+/// installed Config stays `config`; config() shows the knob). Throws
+/// c10::Error if another PrivateUse1 backend name is already registered in
+/// the process. Thread-safe.
 void install(const Config& config = {});
 
 /// True once install() has succeeded. Thread-safe.
