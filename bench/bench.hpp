@@ -252,6 +252,9 @@ void free_link();
 int run_hook(const Args& args);
 int run_copy(const Args& args);
 int run_sim(const Args& args);
+/// offload-bench sim's section on stream-order checking: a training step
+/// with it off and on (sim_checked.cpp); printed, and returned for sim.json.
+Json checked_step_section(const Args& args);
 int run_memory(const Args& args);
 int run_checkpoint(const Args& args);
 int run_overlap(const Args& args);

@@ -80,7 +80,9 @@ void add_benchmarks(CLI::App& app, bench::Args& args) {
   add_ints(*checkpoint, args, shape_flags);
   add_ints(*checkpoint, args, option_flags);
   add("copy", "D2H / H2D GB/s of PinnedHost and PageableHost on sim vs memcpy");
-  auto* sim = add("sim", "host ns of sim's event record/query/wait and a queued copy's fixed cost");
+  auto* sim = add("sim",
+                  "host ns of sim's event record/query/wait and a queued copy's fixed cost; a training step with "
+                  "sim's stream-order checking off and on");
   add_ints(*sim, args, {{"rounds", {1, 100'000}, "measured batches"}});
   auto* overlap =
       add("overlap", "step time none / Blocking / Streamed on sim at R = 0.25, 0.5, 1, 2 (link time / forward)");

@@ -1,7 +1,8 @@
 // SPDX-License-Identifier: MIT
 // offload-bench sim: host ns of sim's own machinery, on a free link: event
 // record, query and wait, and the fixed cost of a queued copy. Narrow ATen
-// headers only.
+// headers only; the last section (a training step with stream-order
+// checking off and on) is sim_checked.cpp's.
 
 #include <chrono>
 #include <functional>
@@ -223,11 +224,13 @@ int run_sim(const Args& args) {
   offload::sim::set_copy_bandwidth_gbps(offload::sim::Config{}.copy_bandwidth_gbps);
   print_rows(sim_columns(), rows);
   std::cout << "\nTarget (every row with one <= 5 us): " << (all_met ? "met" : "MISSED") << "\n";
+  const auto checked_step = checked_step_section(args);
   auto fields = header(args, torch_version());
   fields.push_back({"batch", Json(kBatch)});
   fields.push_back({"target", Json("every op with has_target <= 5000 ns")});
   fields.push_back({"target_met", Json(all_met)});
   fields.push_back({"rows", Json(rows)});
+  fields.push_back({"checked_step", checked_step});
   write_result(args, "sim.json", fields);
   return 0;
 }

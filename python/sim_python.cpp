@@ -83,7 +83,8 @@ PYBIND11_MODULE(_sim, m) {
   m.def(
       "install",
       [](const std::string& name, int num_devices, std::int64_t capacity_bytes, std::int64_t copy_latency_us,
-         double copy_bandwidth_gbps, bool poison_freed, bool host_power_of_two, std::int64_t pinned_alloc_us) {
+         double copy_bandwidth_gbps, bool poison_freed, bool host_power_of_two, std::int64_t pinned_alloc_us,
+         bool check_streams) {
         offload::sim::install(offload::sim::Config{.backend_name = name,
                                                    .num_devices = num_devices,
                                                    .capacity_bytes = capacity_bytes,
@@ -91,11 +92,12 @@ PYBIND11_MODULE(_sim, m) {
                                                    .copy_bandwidth_gbps = copy_bandwidth_gbps,
                                                    .poison_freed = poison_freed,
                                                    .host_power_of_two = host_power_of_two,
-                                                   .pinned_alloc_us = pinned_alloc_us});
+                                                   .pinned_alloc_us = pinned_alloc_us,
+                                                   .check_streams = check_streams});
       },
       py::arg("name"), py::arg("num_devices"), py::arg("capacity_bytes"), py::arg("copy_latency_us"),
-      py::arg("copy_bandwidth_gbps"), py::arg("poison_freed"), py::arg("host_power_of_two"),
-      py::arg("pinned_alloc_us"));
+      py::arg("copy_bandwidth_gbps"), py::arg("poison_freed"), py::arg("host_power_of_two"), py::arg("pinned_alloc_us"),
+      py::arg("check_streams"));
   m.attr("device_type") = static_cast<int>(kSim);  // what torch.Stream(device_type=...) takes
   m.def("installed", &offload::sim::installed);
   m.def("config", [] {
@@ -109,6 +111,7 @@ PYBIND11_MODULE(_sim, m) {
     out["poison_freed"] = c.poison_freed;
     out["host_power_of_two"] = c.host_power_of_two;
     out["pinned_alloc_us"] = c.pinned_alloc_us;
+    out["check_streams"] = c.check_streams;
     return out;
   });
   m.def("set_copy_latency_us", &offload::sim::set_copy_latency_us);
@@ -119,6 +122,7 @@ PYBIND11_MODULE(_sim, m) {
   m.def("set_capacity_bytes", &offload::sim::set_capacity_bytes);
   m.def("set_host_power_of_two", &offload::sim::set_host_power_of_two);
   m.def("set_pinned_alloc_us", &offload::sim::set_pinned_alloc_us);
+  m.def("set_check_streams", &offload::sim::set_check_streams);
   m.attr("max_pinned_alloc_us") = offload::sim::kMaxPinnedAllocUs;
   m.def("device_memory",
         [](int index) { return memory_dict(offload::sim::device_memory(static_cast<c10::DeviceIndex>(index))); });

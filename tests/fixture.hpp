@@ -41,7 +41,9 @@ std::string_view target_name();
 /// CUDA device visible). main() prints it and runs nothing.
 std::string target_error();
 /// Prepares the target before any test runs: on sim, installs the sim
-/// backend; on CUDA, deterministic kernels (bitwise comparisons need them:
+/// backend and turns its stream-order checking on
+/// (offload::sim::set_check_streams; OFFLOAD_SIM_CHECK_STREAMS=0 leaves it
+/// off, to compare); on CUDA, deterministic kernels (bitwise comparisons need them:
 /// embedding backward uses atomics otherwise, cuBLAS a fixed workspace),
 /// and sim is not installed: a PrivateUse1 backend registered in a process
 /// becomes LibTorch's accelerator (at::getAccelerator()), and autograd
@@ -98,8 +100,9 @@ std::vector<std::string> skipped_sim_only();
 /// per process) and, while it lives, makes every copy between host and sim
 /// cost `latency_us` microseconds on its stream (plus bytes over sim's
 /// bandwidth) and (with `poison`) fills freed device memory with NaN, so a
-/// missing wait or an early free shows up as wrong numbers. Restores the
-/// knobs after.
+/// missing wait or an early free shows up as wrong numbers (and, with the
+/// stream-order checking prepare_target() turned on, as an error naming the
+/// operator and both streams). Restores the knobs after.
 struct Substrate {
   explicit Substrate(std::int64_t latency_us, bool poison = true) {
     if (target() != Target::sim) return;

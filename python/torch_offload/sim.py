@@ -50,6 +50,7 @@ __all__ = [
     "set_capacity_bytes",
     "set_host_power_of_two",
     "set_pinned_alloc_us",
+    "set_check_streams",
     "device_memory",
     "reset_peak",
     "host_memory",
@@ -70,6 +71,7 @@ def install(
     poison_freed=False,
     host_power_of_two=False,
     pinned_alloc_us=0,
+    check_streams=False,
 ):
     """Registers the simulated accelerator for this process (see the module doc).
 
@@ -98,8 +100,17 @@ def install(
             nothing), [0, 1_000_000] microseconds: cudaHostAlloc pins pages
             and costs milliseconds. With host_power_of_two=True, sim's
             pinned memory behaves as CUDA's (docs/guide.md).
+        check_streams: stream-order checking, as torch.cuda._sanitizer
+            checks CUDA streams: an access to a storage not ordered after
+            the last conflicting access from another stream (by an event
+            wait or a synchronize), a device block reused after an
+            unrecorded stream used it, or a pinned buffer reused before its
+            copy is ordered, raises RuntimeError from the operator
+            (docs/testing.md). OFFLOAD_SIM_CHECK_STREAMS=0 or 1, read at the
+            first install, overrides it.
 
-    Raises ValueError for a field out of range (naming it), RuntimeError
+    Raises ValueError for a field out of range (naming it) or an
+    OFFLOAD_SIM_CHECK_STREAMS other than 0 or 1, RuntimeError
     when already installed with a different configuration (naming each
     differing field) or when another PrivateUse1 backend is registered.
     Installing the same configuration again does nothing. Thread-safe.
@@ -114,6 +125,7 @@ def install(
         bool(poison_freed),
         bool(host_power_of_two),
         pinned_alloc_us,
+        bool(check_streams),
     )
     if first or not hasattr(torch, name):
         torch.utils.rename_privateuse1_backend(name)
@@ -185,6 +197,12 @@ def set_host_power_of_two(on):
 def set_pinned_alloc_us(us):
     """Cost of a fresh pinned host block from now on, [0, 1_000_000] microseconds."""
     _sim.set_pinned_alloc_us(us)
+
+
+def set_check_streams(on):
+    """Stream-order checking (install()'s check_streams) from now on; turning
+    it on starts from a clean slate, so set it while no work is in flight."""
+    _sim.set_check_streams(bool(on))
 
 
 def device_memory(index=0):

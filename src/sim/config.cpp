@@ -3,6 +3,7 @@
 // The sim's Config: its checks (install() and the setters validate with
 // them) and the knobs that may change after install().
 
+#include "checker.hpp"
 #include "internal.hpp"
 
 #include <c10/util/Exception.h>
@@ -85,6 +86,7 @@ std::string differences(const Config& have, const Config& want) {
   field("poison_freed", have.poison_freed, want.poison_freed);
   field("host_power_of_two", have.host_power_of_two, want.host_power_of_two);
   field("pinned_alloc_us", have.pinned_alloc_us, want.pinned_alloc_us);
+  field("check_streams", have.check_streams, want.check_streams);
   return out.str();
 }
 
@@ -99,6 +101,7 @@ Config config() {
   out.capacity_bytes = detail::device_capacity();
   out.host_power_of_two = rt.host_power_of_two.load();
   out.pinned_alloc_us = rt.pinned_alloc_us.load();
+  out.check_streams = detail::check::on();
   return out;
 }
 
@@ -121,6 +124,11 @@ void set_pinned_alloc_us(std::int64_t us) {
   detail::runtime().pinned_alloc_us.store(us);
 }
 
+void set_check_streams(bool on) {
+  (void)detail::runtime();
+  detail::check::set_on(on);
+}
+
 void set_capacity_bytes(std::int64_t bytes) {
   detail::check_capacity(bytes, "offload::sim::set_capacity_bytes");
   (void)detail::runtime();
@@ -135,6 +143,7 @@ ScopedKnobs::ScopedKnobs() {
   poison_freed_ = c.poison_freed;
   host_power_of_two_ = c.host_power_of_two;
   pinned_alloc_us_ = c.pinned_alloc_us;
+  check_streams_ = c.check_streams;
 }
 
 ScopedKnobs::~ScopedKnobs() {
@@ -145,6 +154,7 @@ ScopedKnobs::~ScopedKnobs() {
   rt->host_power_of_two.store(host_power_of_two_);
   rt->pinned_alloc_us.store(pinned_alloc_us_);
   detail::set_device_capacity(capacity_bytes_);
+  detail::check::set_on(check_streams_);
 }
 
 }  // namespace offload::sim

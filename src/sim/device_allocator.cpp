@@ -6,6 +6,7 @@
 // released behind that work).
 
 #include "block_cache.hpp"
+#include "checker.hpp"
 #include "internal.hpp"
 
 #include <c10/core/Allocator.h>
@@ -101,6 +102,7 @@ class SimDeviceAllocator final : public c10::DeviceAllocator {
     if (runtime().poison.load()) {
       std::memset(ptr, 0xFF, size);
     }
+    if (check::on()) check::device_block_allocated(ptr, !cached);
     auto* block = new Block{ptr, size, n, d, t_stream[static_cast<std::size_t>(d)], {}};
     {
       std::lock_guard<std::mutex> lock(mutex_);
@@ -260,6 +262,7 @@ class SimDeviceAllocator final : public c10::DeviceAllocator {
       // still does with the block (its active bytes are `current`).
       counters_[static_cast<std::size_t>(block->device)].allocated -= static_cast<std::int64_t>(block->requested);
     }
+    if (check::on()) check::device_block_freed(block->ptr, block->device, block->alloc_stream, users);
     std::vector<std::pair<SimStream*, std::uint64_t>> pending;
     auto& rt = runtime();
     const auto add_pending = [&](DeviceIndex d, StreamId id) {

@@ -4,6 +4,7 @@
 // stream pool, and events (a recording is a marker's position on its
 // stream).
 
+#include "checker.hpp"
 #include "internal.hpp"
 
 #include <offload/detail/linked.hpp>
@@ -29,6 +30,7 @@ struct Recording {
   SimStream* stream = nullptr;
   std::uint64_t position = 0;
   std::atomic<std::int64_t> t_ns{-1};
+  std::shared_ptr<const check::Clock> clock;  // the stream's clock at the record (checking mode)
   bool done() const { return stream->reached(position); }
 };
 
@@ -132,6 +134,7 @@ struct SimGuardImpl final : public c10::impl::DeviceGuardImplInterface {
                 " cannot be recorded on a stream of ", device_name(s.device()));
     auto rec = std::make_shared<Recording>();
     rec->stream = &s;
+    if (check::on()) rec->clock = check::record(s.device(), s.id());
     rec->position = s.mark([rec] { rec->t_ns.store(now_ns()); });
     std::lock_guard<std::mutex> lock(ev->mutex);
     ev->last = std::move(rec);
@@ -146,6 +149,7 @@ struct SimGuardImpl final : public c10::impl::DeviceGuardImplInterface {
       return;
     }
     auto& s = stream_ref(stream);
+    if (rec->clock && check::on()) check::wait(*rec->clock, s.device(), s.id());
     if (rec->stream == &s || rec->done()) {
       return;  // FIFO order already waits for it, or there is nothing left to wait for
     }
@@ -157,7 +161,11 @@ struct SimGuardImpl final : public c10::impl::DeviceGuardImplInterface {
       return true;
     }
     auto rec = static_cast<SimEvent*>(event)->recording();
-    return !rec || rec->done();
+    if (!rec) return true;
+    const bool done = rec->done();
+    // The host saw the work done: it and every stream are ordered after it.
+    if (done && rec->clock && check::on()) check::synchronize_event(*rec->clock);
+    return done;
   }
 
   void synchronizeEvent(void* event) const override {
@@ -166,6 +174,7 @@ struct SimGuardImpl final : public c10::impl::DeviceGuardImplInterface {
     }
     if (auto rec = static_cast<SimEvent*>(event)->recording()) {
       rec->stream->wait(rec->position);
+      if (rec->clock && check::on()) check::synchronize_event(*rec->clock);
     }
   }
 
@@ -176,9 +185,18 @@ struct SimGuardImpl final : public c10::impl::DeviceGuardImplInterface {
     return static_cast<DeviceIndex>(rt != nullptr ? rt->installed.num_devices : kMaxDevices);
   }
 
-  bool queryStream(const c10::Stream& stream) const override { return stream_ref(stream).idle(); }
+  bool queryStream(const c10::Stream& stream) const override {
+    auto& s = stream_ref(stream);
+    const bool idle = s.idle();
+    if (idle && check::on()) check::synchronize_stream(s.device(), s.id());
+    return idle;
+  }
 
-  void synchronizeStream(const c10::Stream& stream) const override { stream_ref(stream).synchronize(); }
+  void synchronizeStream(const c10::Stream& stream) const override {
+    auto& s = stream_ref(stream);
+    s.synchronize();
+    if (check::on()) check::synchronize_stream(s.device(), s.id());
+  }
 
   void synchronizeDevice(const DeviceIndex device_index) const override { offload::sim::synchronize(device_index); }
 

@@ -4,6 +4,7 @@
 // poisoning in checking mode; what pin_memory() and pinned host buffers get.
 
 #include "block_cache.hpp"
+#include "checker.hpp"
 #include "internal.hpp"
 #include "runtime.hpp"
 
@@ -60,6 +61,7 @@ class SimHostAllocator final : public c10::Allocator {
     if (runtime().poison.load()) {
       std::memset(ptr, 0xFF, size);
     }
+    if (check::on()) check::host_block_allocated(ptr);
     std::lock_guard<std::mutex> lock(mutex_);
     if (!cached) {
       counters_.reserve(size);

@@ -3,6 +3,7 @@
 // offload::sim::install(): builds the runtime, registers the backend, its
 // guard, allocator, hooks and kernels, and drains every stream at exit.
 
+#include "checker.hpp"
 #include "internal.hpp"
 
 #include <offload/capture.hpp>
@@ -18,6 +19,7 @@
 #include <cstdlib>
 #include <memory>
 #include <mutex>
+#include <string>
 
 namespace offload::sim {
 namespace detail {
@@ -25,12 +27,26 @@ namespace {
 
 std::mutex g_install_mutex;
 
+// Config::check_streams as OFFLOAD_SIM_CHECK_STREAMS sets it: 0 or 1, or
+// `configured` when the variable is not set.
+bool check_streams_from_env(bool configured) {
+  const char* value = std::getenv("OFFLOAD_SIM_CHECK_STREAMS");
+  if (value == nullptr) return configured;
+  const std::string given = value;
+  TORCH_CHECK_VALUE(given == "0" || given == "1",
+                    "offload::sim::install: OFFLOAD_SIM_CHECK_STREAMS must be 0 (off) or 1 (stream-order checking "
+                    "on), got '",
+                    given, "'");
+  return given == "1";
+}
+
 }  // namespace
 }  // namespace detail
 
 void install(const Config& config) {
   detail::validate(config);
   std::lock_guard<std::mutex> lock(detail::g_install_mutex);
+  const bool check_streams = detail::check_streams_from_env(config.check_streams);
   if (installed()) {
     // Compared with what was installed: the runtime knobs may have moved since.
     const auto& have = detail::runtime().installed;
@@ -56,6 +72,7 @@ void install(const Config& config) {
     }
   }
   detail::set_device_capacity(config.capacity_bytes);
+  detail::check::set_on(check_streams);
 
   c10::register_privateuse1_backend(config.backend_name);
   // Re-register the guard in case another library overwrote the slot.

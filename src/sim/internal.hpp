@@ -5,7 +5,8 @@
 // runtime.cpp), the allocators' narrow interfaces (device_allocator.cpp,
 // host_allocator.cpp), the guard and hooks objects (guard.cpp, privateuse1_hooks.cpp) and
 // the Config checks (config.cpp), used by install.cpp and one another. The
-// kernels see only runtime.hpp. Not installed.
+// kernels see only runtime.hpp and the stream-order checker (checker.hpp).
+// Not installed.
 
 #include "runtime.hpp"
 

@@ -10,6 +10,7 @@
 // arguments to the CPU and back. Registered at install() time, not at load
 // time.
 
+#include "checker.hpp"
 #include "runtime.hpp"
 
 #include <ATen/EmptyTensor.h>
@@ -32,6 +33,7 @@
 
 #include <cstddef>
 #include <cstring>
+#include <initializer_list>
 #include <optional>
 #include <string>
 #include <string_view>
@@ -92,6 +94,66 @@ void copy_host(const at::Tensor& dst, const at::Tensor& src) {
   }
   at::AutoDispatchBelowADInplaceOrView below_autograd;
   const_cast<at::Tensor&>(dst).copy_(src);
+}
+
+// ------------------------------------------------------------------ stream checking
+
+// Declares, in checking mode, a kernel or copy named `op` on the current
+// stream of sim device `index` reading `reads` and writing `writes`
+// (undefined tensors are skipped); throws c10::Error on a report.
+void declare(c10::DeviceIndex index, std::string_view op, std::initializer_list<const at::Tensor*> reads,
+             std::initializer_list<const at::Tensor*> writes) {
+  if (t_inside_kernel || !check::on()) {
+    return;  // the copies inside an operator are part of it
+  }
+  std::vector<check::Touch> touches;
+  for (const auto* t : reads) {
+    touches.push_back({t, false});
+  }
+  for (const auto* t : writes) {
+    touches.push_back({t, true});
+  }
+  check::launch(index, current_stream_id(index), op, touches);
+}
+
+// Adds the tensors of `v` (a tensor or a list of tensors and Nones).
+void add_touches(const c10::IValue& v, bool write, std::vector<check::Touch>& touches) {
+  if (v.isTensor()) {
+    touches.push_back({&v.toTensor(), write});
+  } else if (v.isList()) {
+    for (const auto& element : v.toListRef()) {
+      if (element.isTensor()) {
+        touches.push_back({&element.toTensor(), write});
+      }
+    }
+  }
+}
+
+// Declares, in checking mode, what a boxed operator on sim device `index`
+// touches: `before` (its arguments on `stack`, before it runs: those its
+// schema marks written are writes, views of them nothing, the others reads,
+// as CSAN parses them) or its results after (new tensors: writes).
+void declare_boxed(const c10::FunctionSchema& schema, const torch::jit::Stack& stack, c10::DeviceIndex index,
+                   bool before) {
+  if (!check::on()) {
+    return;
+  }
+  const auto& params = before ? schema.arguments() : schema.returns();
+  const auto values = torch::jit::last(stack, params.size());
+  std::vector<check::Touch> touches;
+  for (std::size_t i = 0; i < params.size(); ++i) {
+    const auto* alias = params[i].alias_info();
+    if (alias != nullptr && !alias->isWrite()) {
+      continue;  // a view: metadata only
+    }
+    if (!before && alias != nullptr) {
+      continue;  // returns an argument, declared with it
+    }
+    add_touches(values[i], !before || alias != nullptr, touches);
+  }
+  if (!touches.empty()) {
+    check::launch(index, current_stream_id(index), schema.name(), touches);
+  }
 }
 
 // ------------------------------------------------------------------ factories
@@ -170,8 +232,32 @@ void record_stream(at::Tensor& self, c10::Stream stream) {
 // ------------------------------------------------------------------ data
 
 c10::Scalar local_scalar_dense(const at::Tensor& self) {
-  drain_current(self.device().index());
+  const auto index = self.device().index();
+  declare(index, "aten::_local_scalar_dense", {&self}, {});
+  drain_current(index);
+  // The host waits for the value, as CUDA's item() synchronizes the stream.
+  if (!t_inside_kernel && check::on()) {
+    check::synchronize_stream(index, current_stream_id(index));
+  }
   return at::_local_scalar_dense(host_view(self));
+}
+
+// A copy between sim devices (or within one) in checking mode: on the
+// source device's current stream, ordered after the destination's current
+// stream and before its later work (as a peer copy's events order them).
+void declare_device_copy(const at::Tensor& self, const at::Tensor& dst) {
+  if (t_inside_kernel || !check::on()) {
+    return;
+  }
+  const auto from = self.device().index();
+  const auto to = dst.device().index();
+  if (from != to) {
+    check::wait(*check::record(to, current_stream_id(to)), from, current_stream_id(from));
+  }
+  declare(from, "aten::copy_", {&self}, {&dst});
+  if (from != to) {
+    check::wait(*check::record(from, current_stream_id(from)), to, current_stream_id(to));
+  }
 }
 
 at::Tensor copy_from(const at::Tensor& self, const at::Tensor& dst, bool non_blocking) {
@@ -186,6 +272,7 @@ at::Tensor copy_from(const at::Tensor& self, const at::Tensor& dst, bool non_blo
   const at::Tensor src_host = src_sim ? host_view(self) : self;
   const at::Tensor dst_host = dst_sim ? host_view(dst) : dst;
   if (src_sim && dst_sim) {
+    declare_device_copy(self, dst);
     drain_current(self.device().index());
     if (dst.device() != self.device()) {
       drain_current(dst.device().index());
@@ -198,7 +285,11 @@ at::Tensor copy_from(const at::Tensor& self, const at::Tensor& dst, bool non_blo
   // moves its bytes, then holds the host until the link time has passed.
   const auto index = src_sim ? self.device().index() : dst.device().index();
   const auto link_ns = t_inside_kernel ? 0 : link_time_ns(dst.nbytes());
+  declare(index, non_blocking ? "aten::copy_ (non_blocking)" : "aten::copy_", {&self}, {&dst});
   if (!non_blocking) {
+    if (!t_inside_kernel && check::on()) {
+      check::synchronize_stream(index, current_stream_id(index));  // the host waits for a blocking copy
+    }
     drain_current(index);
     const auto start_ns = steady_now_ns();
     copy_host(dst_host, src_host);
@@ -246,11 +337,25 @@ std::tuple<at::Tensor, at::Tensor, at::Tensor> native_batch_norm(const at::Tenso
     return host_view(*t);
   };
   const c10::DeviceGuard guard(input.device());
-  drain_current(input.device().index());
-  const InsideKernel inside;
-  const auto [out, mean, invstd] = at::native_batch_norm(host_view(input), host(weight), host(bias), host(running_mean),
-                                                         host(running_var), training, momentum, eps);
-  return {out.to(input.device()), mean.to(input.device()), invstd.to(input.device())};
+  const auto index = input.device().index();
+  const at::Tensor none;
+  const auto& mean_in = running_mean.has_value() ? *running_mean : none;
+  const auto& var_in = running_var.has_value() ? *running_var : none;
+  // Read, as the schema says and CSAN takes it (training also updates the
+  // running statistics in place: autograd saves them unversioned, and
+  // backward in training ignores them).
+  declare(index, "aten::native_batch_norm",
+          {&input, weight.has_value() ? &*weight : &none, bias.has_value() ? &*bias : &none, &mean_in, &var_in}, {});
+  drain_current(index);
+  std::tuple<at::Tensor, at::Tensor, at::Tensor> results;
+  {
+    const InsideKernel inside;
+    const auto [out, mean, invstd] = at::native_batch_norm(
+        host_view(input), host(weight), host(bias), host(running_mean), host(running_var), training, momentum, eps);
+    results = {out.to(input.device()), mean.to(input.device()), invstd.to(input.device())};
+  }
+  declare(index, "aten::native_batch_norm", {}, {&std::get<0>(results), &std::get<1>(results), &std::get<2>(results)});
+  return results;
 }
 
 // ------------------------------------------------------------------ fallback
@@ -361,6 +466,24 @@ void run_on_host_views(const c10::OperatorHandle& op, torch::jit::Stack* stack, 
   }
 }
 
+// Runs a boxed operator with the CPU kernel, on CPU views of its sim
+// arguments where it can (`views_possible` and runs_on_host_views), else
+// through the CPU fallback; then declares its results (checking mode).
+void run_on_cpu(const c10::OperatorHandle& op, torch::jit::Stack* stack, std::optional<c10::Device> sim_device,
+                bool views_possible) {
+  {
+    const InsideKernel inside;
+    if (sim_device && views_possible && runs_on_host_views(op.schema())) {
+      run_on_host_views(op, stack, *sim_device);
+    } else {
+      at::native::cpu_fallback(op, stack, /*error_on_views=*/true);
+    }
+  }
+  if (sim_device) {
+    declare_boxed(op.schema(), *stack, sim_device->index(), /*before=*/false);
+  }
+}
+
 void sim_fallback(const c10::OperatorHandle& op, torch::jit::Stack* stack) {
   const auto& schema = op.schema();
   const auto args = torch::jit::last(*stack, schema.arguments().size());
@@ -401,6 +524,7 @@ void sim_fallback(const c10::OperatorHandle& op, torch::jit::Stack* stack) {
     TORCH_CHECK(!other_device || mixing_allowed(schema.name()),
                 "Expected all tensors to be on the same device, but found at least two devices, ", *sim_device, " and ",
                 *other_device, "! (when checking arguments for ", schema.name(), ")");
+    declare_boxed(schema, *stack, sim_device->index(), /*before=*/true);
     drain_current(sim_device->index());
   }
   // The CPU fallback runs the operator on the CPU: without a CPU kernel it
@@ -412,12 +536,7 @@ void sim_fallback(const c10::OperatorHandle& op, torch::jit::Stack* stack) {
       "offload::sim: operator ", schema.name(), schema.overload_name().empty() ? "" : ".", schema.overload_name(),
       " cannot run on ", sim_device ? sim_device->str() : c10::get_privateuse1_backend(),
       ": it has no kernel for this device, and none for the CPU that the sim could run instead");
-  const InsideKernel inside;
-  if (sim_device && views_possible && runs_on_host_views(schema)) {
-    run_on_host_views(op, stack, *sim_device);
-    return;
-  }
-  at::native::cpu_fallback(op, stack, /*error_on_views=*/true);
+  run_on_cpu(op, stack, sim_device, views_possible);
 }
 
 // View operators that only have backend kernels (unfold, view_as_real,

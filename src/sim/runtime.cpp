@@ -4,6 +4,7 @@
 // runtime.hpp offers the kernels: the current stream, queueing on it, the
 // copies' link time.
 
+#include "checker.hpp"
 #include "internal.hpp"
 
 #include <c10/util/Exception.h>
@@ -74,6 +75,7 @@ void synchronize(c10::DeviceIndex index) {
   for (auto& s : detail::runtime().streams[static_cast<std::size_t>(d)]) {
     s->synchronize();
   }
+  if (detail::check::on()) detail::check::synchronize_device(d);
 }
 
 }  // namespace offload::sim

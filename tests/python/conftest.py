@@ -18,11 +18,10 @@ import torch
 sys.path.insert(0, os.path.dirname(__file__))
 
 import testdevice  # noqa: E402
-import torch_offload.sim  # noqa: E402
 
 LATENCY_US = 50
 if testdevice.DEV == "sim":
-    torch_offload.sim.install(copy_latency_us=LATENCY_US, poison_freed=True)
+    testdevice.install_sim(copy_latency_us=LATENCY_US)
 torch.set_num_threads(1)
 
 

@@ -852,6 +852,37 @@ def test_sim_empty_cache_returns_idle_pinned_blocks():
     assert torch_offload.sim.host_memory()["reserved_bytes"] <= reserved - nbytes
 
 
+@sim_only("sim's stream-order checker")
+def test_sim_checker_reports_a_missing_wait_and_not_a_waited_one():
+    """With sim's stream order checked (as the suite runs it:
+    testdevice.install_sim), a copy's destination read on another stream
+    without a wait raises from the operator, naming both streams; with the
+    wait, nothing."""
+    was = torch_offload.sim.config()["check_streams"]
+    torch_offload.sim.set_check_streams(True)
+    try:
+        _missing_wait_reported()
+    finally:
+        torch_offload.sim.set_check_streams(was)
+
+
+def _missing_wait_reported():
+    mod = torch.sim
+    host = torch.arange(32.0).reshape(4, 8).pin_memory()
+    side = mod.Stream()
+    for wait in (False, True):
+        with mod.stream(side):
+            dev = host.to("sim", non_blocking=True)
+            copied = side.record_event()
+        if wait:
+            mod.current_stream().wait_event(copied)
+            assert torch.equal((dev * 2).cpu(), host * 2)
+        else:
+            with pytest.raises(RuntimeError, match=r"offload::sim stream check: aten::mul on sim:0 stream 0 reads"):
+                dev * 2
+        mod.synchronize()
+
+
 @sim_only("the sim device module")
 def test_device_module_serves_device_generic_code():
     mod = torch.get_device_module("sim")

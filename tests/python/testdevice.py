@@ -1,7 +1,8 @@
 # SPDX-License-Identifier: MIT
 """The device the Python suite runs on: OFFLOAD_TEST_DEVICE, ``sim`` (the
-default: the simulated device with a link latency and poisoning of freed
-memory, installed by conftest.py) or ``cuda``; and device memory in one
+default: the simulated device with a link latency, poisoning of freed
+memory and stream-order checking, installed by conftest.py: install_sim)
+or ``cuda``; and device memory in one
 call for either. Cases that need sim itself (its knobs, its copy latency,
 poisoning of freed memory, its device module, its collectives) carry
 ``sim_only(reason)`` and are skipped, with that reason, on another device."""
@@ -30,6 +31,18 @@ def error():
                 "OFFLOAD_TEST_DEVICE=cuda: no CUDA device is visible (run the suite on sim: unset OFFLOAD_TEST_DEVICE)"
             )
     return None
+
+
+def install_sim(**knobs):
+    """Installs sim for the suite: the given knobs, freed memory poisoned and
+    stream order checked (torch_offload.sim.install's check_streams: every
+    offloading case runs checked, and a missing wait or record_stream
+    raises from the operator that shows it)."""
+    import torch_offload.sim
+
+    torch_offload.sim.install(poison_freed=True, **knobs)
+    if os.environ.get("OFFLOAD_SIM_CHECK_STREAMS") != "0":  # 0: left off, to compare
+        torch_offload.sim.set_check_streams(True)
 
 
 def sim_only(reason):

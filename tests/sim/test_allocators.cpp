@@ -6,6 +6,7 @@
 
 #include "sim_tests.hpp"
 
+#include <c10/core/Event.h>
 #include <c10/core/StreamGuard.h>
 #include <offload/device/sim.hpp>
 
@@ -22,6 +23,9 @@ using namespace sim_tests;
 TEST_CASE("sim: poison makes a prematurely freed block read as NaN") {
   const auto d = sim_device();
   sim::ScopedKnobs knobs;
+  // Frees and races on purpose, to show what poisoning makes of it (the
+  // stream-order checker would report it first: tests/sim/test_checker.cpp).
+  sim::set_check_streams(false);
   sim::set_poison_freed(true);
   sim::set_copy_latency_us(100'000);
   const auto side = pool_stream();
@@ -142,6 +146,9 @@ TEST_CASE("sim: device memory is counted, capped and released in stream order") 
     const auto side = pool_stream();
     const auto host = torch::zeros({mib / 4}).pin_memory();
     auto a = torch::ones({mib / 4}, torch::TensorOptions().device(d));
+    c10::Event filled(kSim);
+    filled.record(current_stream());
+    filled.block(side);
     {
       const c10::StreamGuard guard(side);
       host.copy_(a, /*non_blocking=*/true);
@@ -364,5 +371,8 @@ TEST_CASE("sim: threads and streams share the allocator safely") {
     const c10::StreamGuard guard(pool_stream());
     torch::matmul(x, x).tanh().sum().backward();
   }
+  // Backward's results are ordered before the stream current at its call,
+  // not before this thread's default stream, which reads them next.
+  sim::synchronize(0);
   CHECK(bitwise_equal(x.grad(), expected_grad));
 }

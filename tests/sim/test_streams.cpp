@@ -19,6 +19,9 @@ using namespace sim_tests;
 TEST_CASE("sim: a non_blocking copy is queued on the current stream") {
   const auto d = sim_device();
   sim::ScopedKnobs knobs;
+  // Reads a copy's destination on another stream without a wait on purpose
+  // (the stream-order checker would report it: tests/sim/test_checker.cpp).
+  sim::set_check_streams(false);
   const auto src = torch::arange(1000, torch::kFloat);
   const auto dev = src.to(d);
   sim::set_copy_latency_us(150'000);
@@ -60,6 +63,10 @@ TEST_CASE("sim: a non_blocking copy is queued on the current stream") {
 TEST_CASE("sim: a stream blocked on an event waits for that recording") {
   const auto d = sim_device();
   sim::ScopedKnobs knobs;
+  // Races on purpose (the negative control; the copies' destination is
+  // filled on the current stream and written on the side stream without a
+  // wait): the stream-order checker would report them.
+  sim::set_check_streams(false);
   const auto src = torch::arange(256, torch::kFloat).pin_memory();
   const auto side = pool_stream();
   const auto main = current_stream();
@@ -142,6 +149,9 @@ TEST_CASE("sim: threads waiting for a stream run its queued work in order, each 
   for (int i = 0; i < kCopies; ++i)
     values.push_back(torch::full({1024}, static_cast<float>(i), torch::TensorOptions().device(d)));
   const auto host = torch::zeros({1024}).pin_memory();
+  c10::Event filled(kSim);
+  filled.record(current_stream());
+  filled.block(side);  // the side stream reads what the current one wrote
   sim::set_copy_latency_us(2'000);
   const auto t0 = std::chrono::steady_clock::now();
   {
@@ -162,6 +172,8 @@ TEST_CASE("sim: threads waiting for a stream run its queued work in order, each 
   // for every queued copy (the waiting thread may run them itself).
   const auto dst = torch::zeros({1024}, torch::TensorOptions().device(d));
   const auto ones = torch::ones({1024}).pin_memory();
+  filled.record(current_stream());
+  filled.block(side);
   {
     const c10::StreamGuard guard(side);
     for (int i = 0; i < 8; ++i) dst.copy_(ones * i, /*non_blocking=*/true);

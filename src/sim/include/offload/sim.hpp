@@ -126,6 +126,21 @@ struct Config {
   /// host_power_of_two, sim's pinned memory behaves as CUDA's
   /// (docs/guide.md, "The simulated accelerator", has the values).
   std::int64_t pinned_alloc_us = 0;
+  /// Stream-order checking, as PyTorch's CUDA sanitizer
+  /// (torch.cuda._sanitizer) checks CUDA streams: every kernel and copy sim
+  /// runs declares the storages it reads and writes (an operator's schema
+  /// says which) on the stream it is queued on, and an access not ordered
+  /// after the last conflicting access of the same storage from another
+  /// stream (by an event wait, or a stream, event or device synchronize)
+  /// throws c10::Error from the operator, naming it, both streams, the
+  /// tensor's shape and the earlier access. The caching allocators' rules
+  /// are checked too: a device block freed on its stream may be reused
+  /// there at once, so a stream that used it without record_stream must be
+  /// ordered before its next storage's accesses; a pinned host buffer at an
+  /// address a copy still used must not be reused before that copy is
+  /// ordered. The environment variable OFFLOAD_SIM_CHECK_STREAMS (0 or 1),
+  /// read by install(), overrides it. docs/testing.md: what it costs.
+  bool check_streams = false;
 
   friend bool operator==(const Config&, const Config&) = default;
 };
@@ -142,8 +157,13 @@ struct Config {
 /// does nothing; any other Config throws c10::Error naming each field that
 /// differs. Every field is validated before anything changes
 /// (c10::ValueError naming the field, the value and the accepted range).
-/// Throws c10::Error if another PrivateUse1 backend name is already
-/// registered in the process. Thread-safe.
+/// Every call reads OFFLOAD_SIM_CHECK_STREAMS: any value other than 0 or 1
+/// throws c10::ValueError naming the variable and the accepted values,
+/// before anything changes; at the first call, 1 turns
+/// Config::check_streams on and 0 off, whatever `config` says (the
+/// installed Config stays `config`; config() shows the knob). Throws
+/// c10::Error if another PrivateUse1 backend name is already registered in
+/// the process. Thread-safe.
 void install(const Config& config = {});
 
 /// True once install() has succeeded. Thread-safe.
@@ -151,7 +171,7 @@ bool installed() noexcept;
 
 /// The installed Config, with the current values of the runtime knobs
 /// (copy_latency_us, copy_bandwidth_gbps, poison_freed, capacity_bytes,
-/// host_power_of_two, pinned_alloc_us).
+/// host_power_of_two, pinned_alloc_us, check_streams).
 /// Throws c10::Error if not installed. Thread-safe.
 Config config();
 
@@ -188,6 +208,12 @@ void set_host_power_of_two(bool on);
 /// c10::Error if not installed. Thread-safe.
 void set_pinned_alloc_us(std::int64_t us);
 
+/// Runtime knob: Config::check_streams. Turning it on starts from a clean
+/// slate (no access known, every stream ordered after the host), so it is
+/// best set while no work is in flight. Throws c10::Error if not
+/// installed. Thread-safe.
+void set_check_streams(bool on);
+
 /// Saves the runtime knobs on construction and restores them on
 /// destruction, so that a test that changes them cannot leak its settings
 /// into the next one, even when it throws. Requires install().
@@ -205,6 +231,7 @@ class ScopedKnobs {
   bool poison_freed_;
   bool host_power_of_two_;
   std::int64_t pinned_alloc_us_;
+  bool check_streams_;
 };
 
 /// Memory counters in bytes and in numbers of blocks (allocations, frees:
