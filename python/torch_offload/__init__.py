@@ -27,14 +27,14 @@ only. Checkpointing with offloaded inputs, as a Hugging Face
 ``torch_offload.sim``. See docs/python.md.
 """
 
-import torch
+import torch as _torch
 
 from ._build_info import TORCH_VERSION as _BUILT_WITH, VERSION as __version__
 
-if torch.__version__ != _BUILT_WITH:
+if _torch.__version__ != _BUILT_WITH:
     raise ImportError(
         f"torch_offload was built against torch {_BUILT_WITH} but this process imported torch "
-        f"{torch.__version__}; rebuild it against this torch (pip install --no-build-isolation .)"
+        f"{_torch.__version__}; rebuild it against this torch (pip install --no-build-isolation .)"
     )
 
 from . import torchtune, trl  # noqa: E402,F401  (torch_offload.trl / torch_offload.torchtune)

@@ -45,3 +45,13 @@ def test_repr_names_the_device_that_was_detected_or_requested():
     assert detected.startswith("torch_offload.Manager(Manager<")
     assert detected.endswith(f"; device detected: {DEV!r})")
     assert "'auto'" not in detected
+
+
+def test_the_package_namespace_holds_its_api_not_its_imports():
+    public = {n for n in dir(torch_offload) if not n.startswith("_")}
+    assert not public & {"torch", "os", "ctypes", "warnings", "threading"}
+    assert {"Manager", "no_offload", "OffloadActivations", "trl", "torchtune"} <= public
+
+
+def test_the_drop_ins_repr_names_their_own_class():
+    assert repr(torch_offload.OffloadActivations()).startswith("torch_offload.OffloadActivations(")
