@@ -22,7 +22,7 @@ namespace {
 
 std::mutex g_capture_mutex;
 std::set<std::pair<c10::DeviceIndex, c10::StreamId>> g_capturing;  // guarded by g_capture_mutex
-std::atomic<int> g_captures{0};                                     // its size: the probe's fast path
+std::atomic<int> g_captures{0};                                    // its size: the probe's fast path
 
 }  // namespace
 
