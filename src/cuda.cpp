@@ -16,7 +16,6 @@
 #include <c10/cuda/CUDACachingAllocator.h>
 #include <c10/cuda/CUDAException.h>
 #include <c10/cuda/CUDAFunctions.h>
-#include <c10/cuda/CUDAGraphsC10Utils.h>
 #include <c10/cuda/CUDAGuard.h>
 #include <c10/cuda/CUDAStream.h>
 
@@ -85,9 +84,15 @@ std::int64_t Cuda::memory_allocated(c10::DeviceIndex index) { return active_byte
 std::int64_t Cuda::memory_peak(c10::DeviceIndex index) { return active_bytes(index, /*peak=*/true); }
 
 bool Cuda::capturing(c10::DeviceIndex index) noexcept {
+  // The current stream of `index` asked directly: no device switch on the
+  // pack path.
   try {
-    const c10::cuda::CUDAGuard on_device(index);
-    return c10::cuda::currentStreamCaptureStatusMayInitCtx() != c10::cuda::CaptureStatus::None;
+    cudaStreamCaptureStatus status = cudaStreamCaptureStatusNone;
+    if (cudaStreamIsCapturing(c10::cuda::getCurrentCUDAStream(index).stream(), &status) != cudaSuccess) {
+      (void)cudaGetLastError();  // not sticky, and not the caller's: clear it
+      return false;
+    }
+    return status != cudaStreamCaptureStatusNone;
   } catch (...) {
     return false;
   }

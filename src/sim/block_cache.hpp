@@ -115,6 +115,13 @@ struct Counters {
     ++current_blocks;
     peak_blocks = std::max(peak_blocks, current_blocks);
   }
+  // Takes back an add() whose allocation then failed.
+  void undo_add(std::int64_t bytes) {
+    current -= bytes;
+    allocated -= bytes;
+    --allocations;
+    --current_blocks;
+  }
   void remove(std::int64_t bytes) {
     current -= bytes;
     ++frees;

@@ -89,11 +89,7 @@ class SimDeviceAllocator final : public c10::DeviceAllocator {
         ptr = c10::alloc_cpu(size);
       } catch (...) {
         std::lock_guard<std::mutex> lock(mutex_);
-        auto& c = counters_[static_cast<std::size_t>(d)];
-        c.current -= bytes;
-        c.allocated -= bytes;
-        --c.allocations;
-        --c.current_blocks;
+        counters_[static_cast<std::size_t>(d)].undo_add(bytes);
         throw;
       }
       std::lock_guard<std::mutex> lock(mutex_);

@@ -110,16 +110,16 @@ def target_peak_by_active_bytes():
             loss = h.sum()
         loss.backward()
         torch.cuda.synchronize()
-        return torch.cuda.memory_stats()["active_bytes.all.peak"] - base, torch.cuda.memory_stats()
+        return torch.cuda.memory_stats()["active_bytes.all.peak"] - base
 
-    plain, _ = step(None)
+    plain = step(None)
     stats0 = torch.cuda.memory_stats()
     base = stats0["active_bytes.all.current"]
     target = base + int(0.6 * plain)
     m = manager(device_target_bytes=target)
     worst = 0.0
     for s in range(5):
-        peak, _ = step(m)
+        peak = step(m)
         if s >= 2:
             worst = max(worst, (base + peak) / target)
     limbo = stats0["active_bytes.all.current"] - stats0["allocated_bytes.all.current"]

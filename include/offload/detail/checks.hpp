@@ -138,39 +138,13 @@ constexpr bool check_storage_default() {
   }
 }
 
-/// True when the state St satisfies the step callbacks it declared
-/// (sync_state_with_steps); otherwise one static_assert naming the first
-/// missing callback.
+/// The second half of check_sync_steps, in the same order: the callbacks
+/// about a storage's life (suspend, resume, release and its noexcept) and
+/// add_stats; one static_assert naming the first missing one.
 template <class St>
-constexpr bool check_sync_steps() {
+constexpr bool check_sync_storage_steps() {
   namespace r = requirement;
-  if constexpr (!r::end_forward<St>) {
-    static_assert(always_false<St>,
-                  "offload: the Sync policy does not satisfy offload::sync_state_with_steps: its "
-                  "State<Device> declares observes_steps and needs `void end_forward()` (called when a "
-                  "Scope closes; may do nothing) (docs/policies/sync_policy.md)");
-    return false;
-  } else if constexpr (!r::end_backward<St>) {
-    static_assert(always_false<St>,
-                  "offload: the Sync policy does not satisfy offload::sync_state_with_steps: its "
-                  "State<Device> declares observes_steps and needs `void end_backward()` (called when a "
-                  "backward pass ends; may do nothing) (docs/policies/sync_policy.md)");
-    return false;
-  } else if constexpr (!r::on_unpack<St>) {
-    static_assert(always_false<St>,
-                  "offload: the Sync policy does not satisfy offload::sync_state_with_steps: its "
-                  "State<Device> declares observes_steps and needs `void on_unpack(const "
-                  "offload::Transfer<EntryState>&)` (docs/policies/sync_policy.md)");
-    return false;
-  } else if constexpr (!r::on_shared<St>) {
-    static_assert(always_false<St>,
-                  "offload: the Sync policy does not satisfy offload::sync_state_with_steps: its "
-                  "State<Device> declares observes_steps and needs `void on_shared(const "
-                  "offload::Transfer<EntryState>&, const at::Tensor&)` (called when an unpack is served by "
-                  "bytes an earlier unpack brought back; order that consumer after the copy) "
-                  "(docs/policies/sync_policy.md)");
-    return false;
-  } else if constexpr (!r::suspend<St>) {
+  if constexpr (!r::suspend<St>) {
     static_assert(always_false<St>,
                   "offload: the Sync policy does not satisfy offload::sync_state_with_steps: its "
                   "State<Device> declares observes_steps and needs `void suspend(const "
@@ -204,6 +178,43 @@ constexpr bool check_sync_steps() {
     return false;
   } else {
     return true;
+  }
+}
+
+/// True when the state St satisfies the step callbacks it declared
+/// (sync_state_with_steps); otherwise one static_assert naming the first
+/// missing callback.
+template <class St>
+constexpr bool check_sync_steps() {
+  namespace r = requirement;
+  if constexpr (!r::end_forward<St>) {
+    static_assert(always_false<St>,
+                  "offload: the Sync policy does not satisfy offload::sync_state_with_steps: its "
+                  "State<Device> declares observes_steps and needs `void end_forward()` (called when a "
+                  "Scope closes; may do nothing) (docs/policies/sync_policy.md)");
+    return false;
+  } else if constexpr (!r::end_backward<St>) {
+    static_assert(always_false<St>,
+                  "offload: the Sync policy does not satisfy offload::sync_state_with_steps: its "
+                  "State<Device> declares observes_steps and needs `void end_backward()` (called when a "
+                  "backward pass ends; may do nothing) (docs/policies/sync_policy.md)");
+    return false;
+  } else if constexpr (!r::on_unpack<St>) {
+    static_assert(always_false<St>,
+                  "offload: the Sync policy does not satisfy offload::sync_state_with_steps: its "
+                  "State<Device> declares observes_steps and needs `void on_unpack(const "
+                  "offload::Transfer<EntryState>&)` (docs/policies/sync_policy.md)");
+    return false;
+  } else if constexpr (!r::on_shared<St>) {
+    static_assert(always_false<St>,
+                  "offload: the Sync policy does not satisfy offload::sync_state_with_steps: its "
+                  "State<Device> declares observes_steps and needs `void on_shared(const "
+                  "offload::Transfer<EntryState>&, const at::Tensor&)` (called when an unpack is served by "
+                  "bytes an earlier unpack brought back; order that consumer after the copy) "
+                  "(docs/policies/sync_policy.md)");
+    return false;
+  } else {
+    return check_sync_storage_steps<St>();
   }
 }
 

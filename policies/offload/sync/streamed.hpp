@@ -303,10 +303,11 @@ struct Streamed {
       Retired r{{}, std::move(mine.d2h), std::move(mine.h2d)};
       mine.d2h.reset();
       mine.h2d.reset();
-      if (done(r)) return;
       try {
         r.host = t.unordered_host_bytes();
-        if (r.host.empty()) return;  // their allocator keeps them for the copies
+        // Their allocator keeps them for the copies (no event is queried
+        // then), or the copies ended.
+        if (r.host.empty() || done(r)) return;
         retired_.push_back(std::move(r));
       } catch (...) {
         wait_for(r);

@@ -55,9 +55,10 @@
 //   device block is released in stream order (see device_memory()), so it
 //   is reused only after the work queued on its streams before the free has
 //   run; at once when those streams are idle, the usual case since compute
-//   runs inline. It stops counting as in use at its free, as on CUDA,
-//   unless a stream recorded on it still has that work queued (stricter
-//   than CUDA, whose allocated bytes drop at the free even then). In
+//   runs inline. It stops counting as in use at its free, unless a stream
+//   recorded on it still has that work queued: the active bytes of a
+//   caching allocator; its allocated bytes, which drop at the free even
+//   then, are counted too (MemoryStats::allocated_bytes). In
 //   checking mode a released device block first waits in
 //   a bounded quarantine (64 MiB, 1024 blocks), so that a late reader sees the poison rather than the next owner's
 //   data. Idle blocks above 1 GiB per cache, and all of them at empty_cache(), go back to malloc. The reserved counters
@@ -322,7 +323,7 @@ void drain_for_exit() noexcept;
 /// Starts (true) or ends (false) a simulated graph capture on `stream` (a
 /// sim stream): while it lasts, offload::capturing(PrivateUse1, index)
 /// answers true on every thread whose current stream of that device is
-/// `stream`, as CUDA's cudaStreamIsCapturing does, so a manager treats the
+/// `stream`, as a CUDA stream inside a graph capture reports, so a manager treats the
 /// region as a CUDA graph capture. Nothing is recorded or replayed: work
 /// queued meanwhile runs as usual. Throws c10::Error if not installed or
 /// `stream` is not a sim stream. Thread-safe.
