@@ -20,7 +20,7 @@ sys.path.insert(0, os.path.dirname(__file__))
 import testdevice  # noqa: E402
 
 LATENCY_US = 50
-if testdevice.DEV == "sim":
+if testdevice.DEV == "sim" and not testdevice.LISTING:
     testdevice.install_sim(copy_latency_us=LATENCY_US)
 torch.set_num_threads(1)
 
@@ -43,6 +43,26 @@ def pytest_collection_modifyitems(session, config, items):
     the gc.collect() of every later case's memory check (below) walks. A
     stable sort, after pytest's own ordering by fixture scope."""
     items.sort(key=lambda item: item.path.name == "test_compile.py")
+    if testdevice.LISTING:
+        _list_skips(items)
+
+
+def _list_skips(items):
+    """OFFLOAD_TEST_LIST_SKIPS=DEVICE: the cases a skip mark skips on DEVICE
+    (the marks' conditions were evaluated as on it), one line each with the
+    reason, and their count; nothing runs (use with --collect-only)."""
+    skipped = []
+    for item in items:
+        for mark in item.iter_markers():
+            if mark.name == "skip" or (mark.name == "skipif" and mark.args and mark.args[0] is True):
+                skipped.append((item.nodeid, mark.kwargs.get("reason", "")))
+                break
+    for nodeid, reason in skipped:
+        print(f"skip on {testdevice.DEV}: {nodeid}: {reason}")
+    print(
+        f"{len(skipped)} of {len(items)} cases skip on {testdevice.DEV} by their marks "
+        "(a case may also skip itself at run time)"
+    )
 
 
 def pytest_report_header(config):

@@ -21,6 +21,7 @@ Blocking and Streamed cases; its reference run (the first call, which
 compiles) happens in the fixture."""
 
 import contextlib
+import os
 
 import pytest
 import torch
@@ -36,7 +37,10 @@ from test_torch_offload import assert_bitwise
 DEV = f"{testdevice.DEV}:0"
 SYNCS = ["blocking", "streamed"]
 # Inductor generates kernels for cuda here; for sim it has no code generator.
-BACKENDS = ["aot_eager"] + (["inductor"] if testdevice.DEV == "cuda" else [])
+# OFFLOAD_TEST_INDUCTOR=0: left out (scripts/gpu-check sets it where Triton
+# cannot compile a one-op kernel without the manager: the toolkit's fault).
+INDUCTOR = testdevice.DEV == "cuda" and os.environ.get("OFFLOAD_TEST_INDUCTOR", "1") != "0"
+BACKENDS = ["aot_eager"] + (["inductor"] if INDUCTOR else [])
 SHAPE = {"layers": 2, "width": 64, "heads": 4, "seq": 32}
 BATCH = 2
 STEPS = 2

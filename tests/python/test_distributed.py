@@ -11,7 +11,8 @@ something offloaded, no parameter storage offloaded. The runs without
 offloading are cases of their own (and, for the model-parallel families,
 match the same model trained in one process up to rounding). A rank that
 dies ends its family's ranks; the cases it had not reached fail with its
-exit status and the end of its output."""
+exit status and the end of its output. The ranks are on sim whatever the
+suite's device (below)."""
 
 import functools
 import json
@@ -25,9 +26,12 @@ import time
 import pytest
 
 import dist_worker
-from testdevice import sim_only
+from testdevice import sim_only  # noqa: F401  (cases that need sim in this process)
 
-pytestmark = sim_only("ranks on sim, collectives through the offload_sim backend")
+# The ranks run on sim in processes of their own whatever the suite's
+# device (OFFLOAD_TEST_DEVICE): two NCCL ranks cannot share one GPU, and
+# gloo has no CUDA reduce-scatter for FSDP2, so on a one-GPU machine the
+# CUDA pass runs them as they run on sim.
 
 TIMEOUT_S = 420
 

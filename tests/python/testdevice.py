@@ -13,7 +13,11 @@ import pytest
 import torch
 
 ACCEPTED = ("sim", "cuda")
-DEV = os.environ.get("OFFLOAD_TEST_DEVICE", "") or "sim"
+# OFFLOAD_TEST_LIST_SKIPS=cuda: collection only, as on that device (no
+# device needed): conftest.py prints the cases a mark skips there, with
+# their reasons (scripts/gpu-check --list).
+LISTING = os.environ.get("OFFLOAD_TEST_LIST_SKIPS", "")
+DEV = LISTING or os.environ.get("OFFLOAD_TEST_DEVICE", "") or "sim"
 
 
 def error():
@@ -21,7 +25,7 @@ def error():
     OFFLOAD_TEST_DEVICE, its value and what is wrong."""
     if DEV not in ACCEPTED:
         return f"OFFLOAD_TEST_DEVICE={DEV!r} is not a test device (accepted: sim, the default, or cuda)"
-    if DEV == "cuda":
+    if DEV == "cuda" and not LISTING:
         import torch_offload
 
         if "cuda" not in torch_offload._C.compiled_device_policies():
