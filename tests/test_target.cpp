@@ -17,6 +17,7 @@
 #include <string>
 #include <string_view>
 #include <type_traits>
+#include <utility>
 #include <vector>
 
 #include <offload/offload.hpp>
@@ -108,10 +109,12 @@ TEST_CASE_TEMPLATE("target: each step from the second stays under the target, bi
     // under the target.
     harness::CollectWarnings warnings;
     M manager(offload::Options{.device_target_bytes = target});
+    std::int64_t last_peak = -1;  // the step before's
     for (int s = 0; s < 4; ++s) {
       CAPTURE(s);
       manager.reset_stats();
       const auto run = step(stack, batch, &manager);
+      const auto before = std::exchange(last_peak, run.peak);
       CHECK(same(run, plain));
       const auto stats = manager.stats();
       MESSAGE("peak " << run.peak << " (forward " << run.forward_peak << ") target " << target << " plain "
@@ -134,8 +137,11 @@ TEST_CASE_TEMPLATE("target: each step from the second stays under the target, bi
       const bool possible = stats.target_min_offload_bytes < moved_all;
       CAPTURE(possible);
       if (!possible) {
-        REQUIRE(warnings.messages.size() == 1);
-        CHECK(warnings.messages[0].find("cannot be met") != std::string::npos);
+        // Warned where the step the plan was made from peaked over the
+        // target (its model errs high: a step that met it is no cause).
+        REQUIRE(warnings.messages.size() <= 1);
+        if (before > target) CHECK(warnings.messages.size() == 1);
+        if (!warnings.messages.empty()) CHECK(warnings.messages[0].find("cannot be met") != std::string::npos);
         CHECK(std::is_same_v<M, Streamed>);  // sync::Blocking offloading everything peaks at 0.38 of the peak
         CHECK(stats.bytes_offloaded == moved_all);
         CHECK(stats.passed_target == 0);
@@ -215,7 +221,9 @@ TEST_CASE_TEMPLATE("target: one that cannot be met warns once with the numbers a
     if (m.find("device_target_bytes") != std::string::npos) ours.push_back(m);
   }
   REQUIRE(ours.size() == 1);
-  CHECK(ours[0].find("device_target_bytes 4096 cannot be met: the last step needed ") != std::string::npos);
+  CHECK(ours[0].find("device_target_bytes 4096 cannot be met: with every eligible saved tensor offloaded the last "
+                     "step needs ") != std::string::npos);
+  CHECK(ours[0].find(", and its measured peak was ") != std::string::npos);  // the figure the step showed
   CHECK(ours[0].find("offloading every eligible tensor") != std::string::npos);
 }
 

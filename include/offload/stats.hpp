@@ -34,6 +34,7 @@ struct Stats {
   std::int64_t passed_capture = 0;
   std::int64_t bytes_offloaded = 0;
   std::int64_t bytes_reloaded = 0;
+  std::int64_t bytes_kept = 0;
   std::int64_t tensors_reloaded = 0;
   std::int64_t reloads_shared = 0;
   std::int64_t host_bytes_in_use = 0;
@@ -102,6 +103,9 @@ inline constexpr std::array stat_fields{
               "cannot hold the manager's copies, event waits and host allocations"},
     StatField{"bytes_offloaded", &Stats::bytes_offloaded, "bytes copied device -> host"},
     StatField{"bytes_reloaded", &Stats::bytes_reloaded, "bytes copied host -> device"},
+    StatField{"bytes_kept", &Stats::bytes_kept,
+              "bytes of the saved tensors that stayed on the manager's device type, all reasons (each tensor's own "
+              "bytes, numel x element size: views of one storage count each)"},
     StatField{"tensors_reloaded", &Stats::tensors_reloaded, "host -> device copies made"},
     StatField{"reloads_shared", &Stats::reloads_shared, "unpacks served by a storage already brought back"},
     StatField{"host_bytes_in_use", &Stats::host_bytes_in_use, "host bytes this manager holds now"},

@@ -10,7 +10,7 @@ Python only carries an opaque handle per saved tensor.
 
     import torch_offload
     manager = torch_offload.Manager()          # the detected accelerator
-    manager.exclude(model.parameters())
+    manager.exclude(model.buffers())          # constant buffers stay (parameters always do)
     with manager:
         loss = model(x).sum()
     loss.backward()
@@ -47,6 +47,7 @@ from ._checkpoint import (  # noqa: E402
 )
 from ._manager import Manager, OffloadWarning, Stats, no_offload, pool_stats, pool_trim  # noqa: E402
 from ._peers import NoOpManager, OffloadActivations, get_act_offloading_ctx_manager  # noqa: E402
+from ._report import ModuleRow, Report  # noqa: E402
 
 __all__ = [
     "Manager",
@@ -63,5 +64,7 @@ __all__ = [
     "get_act_offloading_ctx_manager",
     "pool_stats",
     "pool_trim",
+    "Report",
+    "ModuleRow",
     "__version__",
 ]

@@ -572,17 +572,32 @@ class PlannedCheckpoint:
         return f"PlannedCheckpoint({self.manager!r})"
 
 
-class PlannedModuleList(torch.nn.Module):
-    """Runs an ``nn.ModuleList`` of blocks in order (``x = block(x)``), each
-    through a PlannedCheckpoint of ``manager``: the automatic plan for a
-    model that is a stack of blocks. The blocks stay registered under
-    ``.blocks`` (state_dict keys ``blocks.N...``)."""
+def _load_nested_blocks(state_dict, prefix, *args):
+    """Loads a state_dict saved from a PlannedModuleList that nested its
+    blocks (``blocks.N...`` under it, before it was a ModuleList)."""
+    nested = prefix + "blocks."
+    for key in [k for k in state_dict if k.startswith(nested) and k[len(nested) :].split(".")[0].isdigit()]:
+        state_dict[prefix + key[len(nested) :]] = state_dict.pop(key)
+
+
+class PlannedModuleList(torch.nn.ModuleList):
+    """An ``nn.ModuleList`` of blocks that runs them in order (``x =
+    block(x)``), each through a PlannedCheckpoint of ``manager``: the
+    automatic plan for a model that is a stack of blocks. It is the list
+    of its blocks (iteration, indexing, ``len``, ``append``, ``extend``,
+    ``insert``), registered as ``nn.ModuleList`` registers them, so
+    ``model.layers = PlannedModuleList(model.layers, manager)`` keeps the
+    model's ``state_dict`` keys (``layers.N...``): checkpoints load with it
+    and without it. A slice is a plain ``nn.ModuleList`` (its blocks run
+    without the plan). ``.planned`` is the PlannedCheckpoint."""
 
     def __init__(self, blocks, manager, **checkpoint_kwargs):
         _checked_checkpoint_kwargs("PlannedModuleList", checkpoint_kwargs)
         planned = PlannedCheckpoint(manager, **checkpoint_kwargs)  # checks the manager first
         try:
-            blocks = blocks if isinstance(blocks, torch.nn.ModuleList) else torch.nn.ModuleList(blocks)
+            modules = list(blocks)
+            if not all(isinstance(b, torch.nn.Module) for b in modules):
+                raise TypeError
         except TypeError:
             single = (
                 " (pass its .values(), in the order they run)"
@@ -595,14 +610,25 @@ class PlannedModuleList(torch.nn.Module):
                 "PlannedModuleList: blocks must be an nn.ModuleList or an iterable of modules (an nn.Sequential: "
                 f"its children), got {type(blocks).__name__}{single}"
             ) from None
-        super().__init__()
-        self.blocks = blocks
-        self.planned = planned
+        super().__init__(modules)
+        self.planned = planned  # not a module: never in the list or its state_dict
+        self._register_load_state_dict_pre_hook(_load_nested_blocks)
+
+    def __getitem__(self, idx):
+        if isinstance(idx, slice):
+            return torch.nn.ModuleList(list(self._modules.values())[idx])
+        return super().__getitem__(idx)
+
+    @property
+    def blocks(self):
+        """The list itself (earlier releases nested the blocks under
+        ``.blocks``)."""
+        return self
 
     def forward(self, x, *args, **kwargs):
         # Keyword arguments are the blocks' (bound here), never checkpoint's
         # options (``debug``, ``determinism_check``: PlannedModuleList's own).
-        for block in self.blocks:
+        for block in self:
             x = self.planned(functools.partial(block, **kwargs) if kwargs else block, x, *args)
         return x
 

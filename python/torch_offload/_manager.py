@@ -9,7 +9,7 @@ import warnings
 import torch
 from torch.utils._python_dispatch import is_traceable_wrapper_subclass
 
-from . import _C
+from . import _C, _report
 
 OffloadWarning = _C.OffloadWarning
 
@@ -459,6 +459,8 @@ class Manager(_HookRegion):
         self._impl = impl
         self._requested = device
         self._marks = threading.local()  # per thread: what the manager had seen at each open `with`
+        self._watch = None  # watch(): per-module accounting for report()
+        self._warned_thread = False  # a module ran forward on a thread without a scope (warned once)
         self._arguments = (
             (device, storage, sync),
             {**options, "pin_memory": bool(pin_memory), "fallback": fallback, "exclude_types": exclude_types},
@@ -494,12 +496,50 @@ class Manager(_HookRegion):
         if marks is None:
             marks = self._marks.stack = []
         marks.append(self._impl.on_scope_enter())
+        if self._watch is not None and not marks[:-1]:
+            self._watch.begin_step(self._watch.counts())
+        _report.scope_opened(self)
         return self
 
     def __exit__(self, *exc):
         in_order = self._close()
         self._impl.on_scope_exit(self._marks.stack.pop(), in_order)
+        _report.scope_closed(self)
         return False
+
+    def watch(self, model):
+        """Accounts each step's saved tensors to the modules of ``model``
+        (an ``nn.Module``: itself and every submodule, by their names in
+        ``model.named_modules()``) for ``report()``. Forward hooks on each
+        module read the manager's counters at the module's start and end:
+        a module's row is what it saved itself, its children's rows apart.
+        Costs two counter reads per module call while the manager's scope
+        is open on the thread (none elsewhere). Watching again adds modules
+        not watched yet. TypeError when ``model`` is not an ``nn.Module``."""
+        if not isinstance(model, torch.nn.Module):
+            raise TypeError(f"torch_offload.Manager.watch: model must be an nn.Module, got {type(model).__name__}")
+        if self._watch is None:
+            self._watch = _report.Watch(self._impl)
+        self._watch.watch(model, self._open_here)
+
+    def report(self):
+        """What the last step saved through the manager, per watched module
+        (``watch()``): a ``Report`` whose ``rows`` (``ModuleRow``) give, for
+        each module, the saved tensors seen and offloaded, the bytes
+        offloaded and kept on the device, and how many stayed for each
+        reason (the ``passed_*`` counters' reasons, in the rule's order:
+        docs/python.md, "Why a tensor stayed"); what no watched module saved
+        (the loss, a module called outside the model) is the row
+        ``(outside watched modules)``. ``str(report)`` is a table. The last
+        step: since the last outermost ``with manager:`` opened (backward
+        inside it included; a backward after it is not saved through the
+        manager, but a recomputation in it is). RuntimeError before
+        ``watch()``."""
+        if self._watch is None:
+            raise RuntimeError(
+                "torch_offload.Manager.report: no module is watched: call manager.watch(model) before the step"
+            )
+        return self._watch.report()
 
     def _open_here(self):
         """Whether a ``with`` of this manager is the innermost saved-tensor

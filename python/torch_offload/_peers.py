@@ -6,6 +6,8 @@
 where the two peers disagree taken by name only."""
 
 import contextlib
+import importlib
+import sys
 import warnings
 
 from torch import nn
@@ -271,3 +273,60 @@ def get_act_offloading_ctx_manager(
         warn_if_no_head=warn_if_no_head,
         make=OffloadActivations,
     )
+
+
+# Per peer package: its own objects that install_into replaced, by name.
+_replaced = {}
+
+
+def _peer_modules(packages):
+    """The imported modules of `packages` (names and their submodules)."""
+    for name, module in list(sys.modules.items()):
+        if module is not None and any(name == p or name.startswith(p + ".") for p in packages):
+            yield module
+
+
+def _swap(packages, old, new):
+    for module in _peer_modules(packages):
+        names = vars(module)
+        for name, value in new.items():
+            if name in old and names.get(name) is old[name]:
+                setattr(module, name, value)
+
+
+def peer_names(offload_activations, no_op_manager, get_ctx_manager):
+    """The three names a peer exports, mapped to ours (for install_into)."""
+    return {
+        "OffloadActivations": offload_activations,
+        "NoOpManager": no_op_manager,
+        "get_act_offloading_ctx_manager": get_ctx_manager,
+    }
+
+
+def install_into(where, package, homes, ours, also=()):
+    """Points a peer's own code at ours: in `homes` (the modules the peer's
+    callers import the names from, imported here) and in every imported
+    module of `package` (and of the packages in `also`) that holds the
+    peer's object under one of the names in `ours` (a dict name -> ours),
+    that object is replaced by ours. Idempotent. ImportError naming
+    `where` when the peer is not importable."""
+    try:
+        modules = [importlib.import_module(home) for home in homes]
+    except ImportError as e:
+        raise ImportError(f"{where}: {package} is not importable here ({e})") from None
+    originals = _replaced.setdefault(package, {})
+    for name in ours:
+        if name not in originals:
+            originals[name] = getattr(modules[0], name)
+    for module in modules:
+        for name, value in ours.items():
+            if hasattr(module, name):  # a lazy package exports some of them only
+                setattr(module, name, value)
+    _swap((package, *also), originals, ours)
+
+
+def uninstall_from(package, ours, also=()):
+    """Undoes install_into: the peer's own objects back where ours are."""
+    originals = _replaced.pop(package, None)
+    if originals is not None:
+        _swap((package, *also), ours, originals)

@@ -114,6 +114,12 @@ def install(
     when already installed with a different configuration (naming each
     differing field) or when another PrivateUse1 backend is registered.
     Installing the same configuration again does nothing. Thread-safe.
+
+    Install it before the first backward pass of the process: PyTorch's
+    autograd engine sizes its per-device queues at that pass, so a device
+    registered later can never run backward. Where a backward pass ran
+    before this module was imported, install raises RuntimeError saying
+    so, before anything changes (a fresh process is the remedy).
     """
     first = not _sim.installed()
     _sim.install(

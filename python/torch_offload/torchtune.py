@@ -23,11 +23,14 @@ from ._peers import (
     PeerOffload,
     check_module,
     find_head,
+    install_into,
     keep_on_device,
+    peer_names,
+    uninstall_from,
     warn_no_head,
 )
 
-__all__ = ["OffloadActivations", "NoOpManager", "get_act_offloading_ctx_manager"]
+__all__ = ["OffloadActivations", "NoOpManager", "get_act_offloading_ctx_manager", "install", "uninstall"]
 
 
 class OffloadActivations(PeerOffload):
@@ -79,3 +82,32 @@ def get_act_offloading_ctx_manager(model, enable_activation_offloading):
     else:
         keep_on_device([head])
     return manager
+
+
+def _ours():
+    return peer_names(OffloadActivations, NoOpManager, get_act_offloading_ctx_manager)
+
+
+def install():
+    """Makes torchtune's own code use these names, so that a recipe's
+    ``enable_activation_offloading: True`` (the recipes call
+    ``training.get_act_offloading_ctx_manager(model, enabled)``) gets a
+    ``torch_offload.torchtune.OffloadActivations``: replaces torchtune's
+    ``OffloadActivations``, ``NoOpManager`` and
+    ``get_act_offloading_ctx_manager`` in ``torchtune.training`` and
+    ``torchtune.training._activation_offloading`` and in every ``torchtune``
+    or ``recipes`` module already imported. Idempotent; ImportError when
+    torchtune is not importable. ``uninstall()`` undoes it. (The recipes'
+    own check that the device is CUDA stays theirs.)"""
+    install_into(
+        "torch_offload.torchtune.install",
+        "torchtune",
+        ("torchtune.training._activation_offloading", "torchtune.training"),
+        _ours(),
+        also=("recipes",),
+    )
+
+
+def uninstall():
+    """Gives torchtune its own names back where ``install()`` put ours."""
+    uninstall_from("torchtune", _ours(), also=("recipes",))

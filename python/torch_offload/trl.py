@@ -15,9 +15,9 @@ that is not an ``nn.Module`` is a TypeError. TRL's private state
 (``tracker``, the stashes, ``s0``/``s1``) does not exist.
 """
 
-from ._peers import ModelParams, NoOpManager, PeerOffload, trl_ctx_manager
+from ._peers import ModelParams, NoOpManager, PeerOffload, install_into, peer_names, trl_ctx_manager, uninstall_from
 
-__all__ = ["OffloadActivations", "NoOpManager", "get_act_offloading_ctx_manager"]
+__all__ = ["OffloadActivations", "NoOpManager", "get_act_offloading_ctx_manager", "install", "uninstall"]
 
 
 class OffloadActivations(ModelParams, PeerOffload):
@@ -67,3 +67,27 @@ def get_act_offloading_ctx_manager(
         warn_if_no_head=warn_if_no_head,
         make=OffloadActivations,
     )
+
+
+def _ours():
+    return peer_names(OffloadActivations, NoOpManager, get_act_offloading_ctx_manager)
+
+
+def install():
+    """Makes TRL's own code use these names, so that a trainer's
+    ``activation_offloading=True`` (``SFTTrainer``, and ``DPOTrainer``,
+    ``KTOTrainer``, ``RewardTrainer``, which call the same function) gets a
+    ``torch_offload.trl.OffloadActivations``: replaces TRL's
+    ``OffloadActivations``, ``NoOpManager`` and
+    ``get_act_offloading_ctx_manager`` in ``trl.models`` and
+    ``trl.models.activation_offloading`` (where TRL's modules import them
+    from) and in every ``trl`` module already imported. Call it once,
+    before making the trainer; idempotent. ImportError when TRL is not
+    importable. ``uninstall()`` undoes it."""
+    install_into("torch_offload.trl.install", "trl", ("trl.models.activation_offloading", "trl.models"), _ours())
+
+
+def uninstall():
+    """Gives TRL its own ``OffloadActivations``, ``NoOpManager`` and
+    ``get_act_offloading_ctx_manager`` back where ``install()`` put ours."""
+    uninstall_from("trl", _ours())

@@ -13,12 +13,14 @@
 #include <c10/core/CachingDeviceAllocator.h>
 #include <c10/core/impl/DeviceGuardImplInterface.h>
 #include <c10/util/Exception.h>
+#include <torch/csrc/autograd/engine.h>
 
 #include <offload/storage/host.hpp>
 
 #include <cstdlib>
 #include <memory>
 #include <mutex>
+#include <optional>
 #include <string>
 
 namespace offload::sim {
@@ -40,6 +42,34 @@ bool check_streams_from_env(bool configured) {
   return given == "1";
 }
 
+// The autograd engine's per-device ready queues, read through pointers to
+// its protected members (a pointer to member may name a base's protected
+// member through a derived class): the number of queues once the engine has
+// started its device threads (at the process's first backward pass, sized
+// by the device guards registered then), nothing before.
+struct EngineQueues : torch::autograd::Engine {
+  static std::optional<std::size_t> started_with(const torch::autograd::Engine& engine) {
+    if (engine.*(&EngineQueues::thread_pool_shared_) == nullptr) return std::nullopt;
+    return (engine.*(&EngineQueues::device_ready_queues_)).size();
+  }
+};
+
+// A backward pass before this library was loaded started the engine
+// without sim's guard (which reports the most devices until install):
+// sim's devices have no ready queue, and the engine would fail its own
+// internal assertion at the first backward pass on sim. Said here, before
+// anything changes.
+void check_autograd_queues(const Config& config) {
+  const auto queues = EngineQueues::started_with(torch::autograd::Engine::get_default_engine());
+  TORCH_CHECK(!queues || *queues >= static_cast<std::size_t>(config.num_devices),
+              "offload::sim::install: a backward pass ran in this process before sim was loaded, and PyTorch's "
+              "autograd engine sized its per-device queues then (",
+              *queues, ", for ", config.num_devices,
+              " sim devices): no backward pass on sim could run in this process. Install sim before the first "
+              "backward pass of the process (from Python: import torch_offload.sim and call install() first; in a "
+              "notebook, restart the kernel)");
+}
+
 }  // namespace
 }  // namespace detail
 
@@ -57,6 +87,7 @@ void install(const Config& config) {
   TORCH_CHECK(!c10::is_privateuse1_backend_registered() || c10::get_privateuse1_backend() == config.backend_name,
               "offload::sim::install: the PrivateUse1 backend is already registered as '",
               c10::get_privateuse1_backend(), "', cannot register '", config.backend_name, "'");
+  detail::check_autograd_queues(config);
 
   auto* rt = new detail::Runtime();
   rt->installed = config;

@@ -251,6 +251,40 @@ def test_planned_module_list_and_enable_with_plan_auto():
     assert isinstance(func, torch_offload.PlannedCheckpoint)
 
 
+def test_planned_module_list_is_a_module_list_whose_state_dict_is_the_models():
+    # It nested the blocks under `.blocks`: not iterable, not indexable, and
+    # `model.layers = PlannedModuleList(model.layers, m)` renamed every key
+    # to `layers.blocks.N...`, so checkpoints saved without it did not load.
+    torch.manual_seed(0)
+    model = TinyLM(layers=3).to(DEV)
+    saved = copy.deepcopy(model.state_dict())
+    layers = list(model.layers)
+    manager = torch_offload.Manager(DEV, device_target_bytes=1 << 30)
+    model.layers = torch_offload.PlannedModuleList(model.layers, manager)
+    assert isinstance(model.layers, nn.ModuleList)
+    assert len(model.layers) == 3 and list(model.layers) == layers and model.layers[1] is layers[1]
+    assert model.layers[-1] is layers[2] and model.layers.blocks is model.layers
+    assert list(model.state_dict()) == list(saved)
+    model.load_state_dict(saved)  # saved without it, loads with it
+    plain = TinyLM(layers=3).to(DEV)
+    plain.load_state_dict(model.state_dict())  # and back
+    assert isinstance(model.layers[:2], nn.ModuleList) and not isinstance(model.layers[:2], type(model.layers))
+    old = {k.replace("layers.", "layers.blocks.", 1) if k.startswith("layers.") else k: v for k, v in saved.items()}
+    model.load_state_dict(old)  # as the nesting PlannedModuleList saved it
+    model.layers.append(Layer(64).to(DEV))
+    model.layers.extend([Layer(64).to(DEV)])
+    model.layers.insert(0, Layer(64).to(DEV))
+    assert len(model.layers) == 6 and "layers.5.up.weight" in model.state_dict()
+    assert not [n for n, _ in model.named_modules() if "planned" in n]
+    x = torch.randn(2, 8, 64, device=DEV)
+    torch.manual_seed(3)  # the layers' dropout
+    want = functools.reduce(lambda h, m: m(h), list(model.layers), x)
+    torch.manual_seed(3)
+    with manager:
+        got = model.layers(x)
+    assert torch.equal(got, want)
+
+
 def test_planned_blocks_under_no_offload_inside_the_manager_are_no_step_of_the_plan():
     # A first pass under no_offload() inside `with manager:` (with grad on)
     # ran as a measuring step that saw no memory statistics: the plan then
@@ -437,7 +471,7 @@ def test_planned_bad_input():
         torch_offload.enable_gradient_checkpointing(plain, manager, plan="auto")
     with pytest.raises(TypeError, match="PlannedModuleList: blocks must be an nn.ModuleList .*got Linear"):
         torch_offload.PlannedModuleList(nn.Linear(4, 4), manager)
-    assert len(torch_offload.PlannedModuleList(nn.Sequential(nn.Linear(4, 4), nn.ReLU()), manager).blocks) == 2
+    assert len(torch_offload.PlannedModuleList(nn.Sequential(nn.Linear(4, 4), nn.ReLU()), manager)) == 2
     with pytest.raises(TypeError, match="PlannedModuleList: blocks must be an nn.ModuleList .*got int"):
         torch_offload.PlannedModuleList(3, manager)
     with pytest.raises(TypeError, match=r"got ModuleDict \(pass its .values\(\), in the order they run\)"):
@@ -556,10 +590,11 @@ def test_a_kept_block_is_offloaded_by_the_guard_where_the_device_holds_more_than
     assert device.max_memory_allocated(0) <= target + 64 * 256 * 4
 
 
-def _steps_with_peaks(model, manager, planned, steps=5, seq=64, reset_each_step=True):
+def _steps_with_peaks(model, manager, planned, steps=5, seq=64, reset_each_step=True, backward_inside=False):
     """Losses and each step's device peak (absolute) of `steps` AdamW steps
     of `model` (a TinyLM) whose layers run through `planned` (a
-    PlannedModuleList; None: plainly), each forward inside `with manager:`.
+    PlannedModuleList; None: plainly), each forward inside `with manager:`
+    (with its backward too where `backward_inside`).
     `reset_each_step`: the device's peak statistics are reset before each
     step (else once, before the first, and the peaks are running ones)."""
     g = torch.Generator().manual_seed(1)
@@ -577,7 +612,10 @@ def _steps_with_peaks(model, manager, planned, steps=5, seq=64, reset_each_step=
             h = planned(h) if planned is not None else functools.reduce(lambda x, m: m(x), model.layers, h)
             logits = model.head(h)
             loss = F.cross_entropy(logits.reshape(-1, logits.size(-1)), labels.reshape(-1))
-        loss.backward()
+            if backward_inside:
+                loss.backward()
+        if not backward_inside:
+            loss.backward()
         optimizer.step()
         testdevice.synchronize(0)
         peaks.append(testdevice.peak_bytes(0))
@@ -615,6 +653,29 @@ def test_a_plan_counts_every_kept_block_where_the_output_head_peaks(sync):
     assert all(p <= target * 1.02 for p in peaks[1:]), (peaks, target, summary)
 
 
+def _fresh_tiny_lm():
+    testdevice.warm_up()
+    torch.manual_seed(0)
+    return TinyLM(width=128, layers=4).to(DEV).train()
+
+
+def _between_offloading_and_recomputing_every_block(steps, backward_inside=False):
+    """With blocking copies: the peaks of offloading every block (no target)
+    and of recomputing every block (a target of 1 byte), checked to differ
+    that way, and a target halfway between them."""
+    everything = torch_offload.Manager(DEV, sync="blocking")
+    _, offload_peaks = _steps_with_peaks(_fresh_tiny_lm(), everything, None, steps, backward_inside=backward_inside)
+    low = torch_offload.Manager(DEV, sync="blocking", device_target_bytes=1)
+    model = _fresh_tiny_lm()
+    with warnings.catch_warnings():
+        warnings.simplefilter("ignore", torch_offload.OffloadWarning)  # target 1: "below what recomputing ... needs"
+        planned = torch_offload.PlannedModuleList(model.layers, low)
+        _, recompute_peaks = _steps_with_peaks(model, low, planned, steps, backward_inside=backward_inside)
+    assert low.stats().blocks_recomputed == 4
+    assert offload_peaks[-1] < recompute_peaks[-1], (offload_peaks, recompute_peaks)
+    return (offload_peaks[-1] + recompute_peaks[-1]) // 2, recompute_peaks
+
+
 @pytest.mark.parametrize("reset_each_step", [True, False])
 def test_a_plan_tries_offloading_every_block_where_recomputing_every_block_does_not_fit(reset_each_step):
     # With blocking copies an offloaded block's tensors come back one
@@ -626,24 +687,10 @@ def test_a_plan_tries_offloading_every_block_where_recomputing_every_block_does_
     # statistics reset once, before training, later steps raise no peak:
     # what they need is the per-tensor plan's model, which must not undo
     # the choice (it once re-measured and recomputed every block).
-    def fresh():
-        testdevice.warm_up()
-        torch.manual_seed(0)
-        return TinyLM(width=128, layers=4).to(DEV).train()
-
-    none_losses, _ = _steps_with_peaks(fresh(), None, None, steps=7)
-    everything = torch_offload.Manager(DEV, sync="blocking")
-    _, offload_peaks = _steps_with_peaks(fresh(), everything, None)
-    low = torch_offload.Manager(DEV, sync="blocking", device_target_bytes=1)
-    model = fresh()
-    with warnings.catch_warnings():
-        warnings.simplefilter("ignore", torch_offload.OffloadWarning)  # target 1: "below what recomputing ... needs"
-        _, recompute_peaks = _steps_with_peaks(model, low, torch_offload.PlannedModuleList(model.layers, low))
-    assert low.stats().blocks_recomputed == 4
-    assert offload_peaks[-1] < recompute_peaks[-1], (offload_peaks, recompute_peaks)
-    target = (offload_peaks[-1] + recompute_peaks[-1]) // 2
+    none_losses, _ = _steps_with_peaks(_fresh_tiny_lm(), None, None, steps=7)
+    target, recompute_peaks = _between_offloading_and_recomputing_every_block(steps=5)
     manager = torch_offload.Manager(DEV, sync="blocking", device_target_bytes=target)
-    model = fresh()
+    model = _fresh_tiny_lm()
     planned = torch_offload.PlannedModuleList(model.layers, manager)
     with warnings.catch_warnings(record=True) as caught:
         warnings.simplefilter("always")
@@ -656,6 +703,31 @@ def test_a_plan_tries_offloading_every_block_where_recomputing_every_block_does_
     assert manager.stats().bytes_offloaded > 0
     if reset_each_step:
         assert all(p <= target * 1.02 for p in peaks[1:]), (peaks, target, recompute_peaks, summary)
+
+
+@pytest.mark.parametrize("backward_inside", [True, False])
+def test_a_plan_meets_its_target_wherever_backward_runs(backward_inside):
+    # `loss.backward()` inside `with manager:` (as README.md shows) once
+    # ended the plan's forward at the scope's exit: the measuring step took
+    # the whole step's peak for the forward's, predicted that recomputing
+    # every block needed it, warned that the target could not be met and
+    # recomputed every block, over a target that offloading every block
+    # meets (as it does with backward after the scope). Blocking copies:
+    # offloading every block peaks lower than recomputing every block
+    # (test_a_plan_tries_offloading_every_block_...).
+    none_losses, _ = _steps_with_peaks(_fresh_tiny_lm(), None, None, steps=6)
+    target, recompute_peaks = _between_offloading_and_recomputing_every_block(3, backward_inside)
+    manager = torch_offload.Manager(DEV, sync="blocking", device_target_bytes=target)
+    model = _fresh_tiny_lm()
+    planned = torch_offload.PlannedModuleList(model.layers, manager)
+    with warnings.catch_warnings(record=True) as caught:
+        warnings.simplefilter("always")
+        losses, peaks = _steps_with_peaks(model, manager, planned, steps=6, backward_inside=backward_inside)
+    assert losses == none_losses
+    summary = planned.summary()
+    assert not [str(w.message) for w in caught if "below what" in str(w.message)], summary
+    assert manager.stats().blocks_recomputed < 4 and manager.stats().bytes_offloaded > 0, summary
+    assert all(p <= target * 1.02 for p in peaks[2:]), (peaks, target, recompute_peaks, summary)
 
 
 def test_one_step_holding_extra_device_memory_does_not_keep_the_plan_conservative():

@@ -6,7 +6,9 @@ the peers recognise (and the near-misses they do not). The peers' own code
 runs in tests/thirdparty/."""
 
 import contextlib
+import importlib
 import inspect
+import sys
 import warnings
 
 import pytest
@@ -300,3 +302,60 @@ def test_kept_head_trains_bitwise_and_saves_on_the_device(get, head_attr):
     # saved input only without the head kept on the device.
     assert manager.stats().tensors_offloaded >= 1
     assert manager.stats().tensors_seen < plain_manager.stats().tensors_seen
+
+
+def _write_package(root, module, text):
+    """Writes module `module` (dotted) under `root`, with its packages."""
+    path = root.joinpath(*module.split("."))
+    for depth in range(1, len(module.split("."))):
+        package = root.joinpath(*module.split(".")[:depth])
+        package.mkdir(exist_ok=True)
+        (package / "__init__.py").touch()
+    path.with_suffix(".py").write_text(text)
+
+
+@pytest.mark.parametrize(
+    "peer, home, user",
+    [
+        (torch_offload.trl, "trl.models.activation_offloading", "trl.trainer.sft_trainer"),
+        (torch_offload.torchtune, "torchtune.training._activation_offloading", "recipes.full_finetune"),
+    ],
+    ids=["trl", "torchtune"],
+)
+def test_install_points_the_peers_own_code_at_ours(tmp_path, monkeypatch, peer, home, user):
+    # `import torch_offload.trl` alone leaves TRL's trainers on TRL's own
+    # offloading (SFTTrainer imported the function by name); install() is
+    # the one line that switches them, including modules imported after it.
+    # A stand-in peer on sys.path: `home` defines the three names, `user`
+    # (a trainer, a recipe) imported one of them.
+    package = home.split(".")[0]
+    monkeypatch.setitem(sys.modules, package, None)  # not importable
+    with pytest.raises(ImportError, match=rf"{peer.__name__}.install: {package} is not importable"):
+        peer.install()
+    monkeypatch.delitem(sys.modules, package)
+    names = (
+        "class OffloadActivations: pass\nclass NoOpManager: pass\ndef get_act_offloading_ctx_manager(*a): return 0\n"
+    )
+    _write_package(tmp_path, home, names)
+    _write_package(tmp_path, user, f"from {home} import get_act_offloading_ctx_manager\n")
+    monkeypatch.syspath_prepend(str(tmp_path))
+    for top in {package, user.split(".")[0]}:
+        for name in [n for n in sys.modules if n == top or n.startswith(top + ".")]:
+            monkeypatch.delitem(sys.modules, name)
+    before = importlib.import_module(user)
+    theirs = before.get_act_offloading_ctx_manager
+    try:
+        peer.install()
+        peer.install()  # idempotent
+        assert before.get_act_offloading_ctx_manager is peer.get_act_offloading_ctx_manager
+        assert importlib.import_module(home).OffloadActivations is peer.OffloadActivations
+        assert importlib.import_module(home).NoOpManager is peer.NoOpManager
+        _write_package(tmp_path, f"{package}.later", f"from {home} import OffloadActivations\n")
+        assert importlib.import_module(f"{package}.later").OffloadActivations is peer.OffloadActivations
+    finally:
+        peer.uninstall()
+    assert before.get_act_offloading_ctx_manager is theirs
+    assert importlib.import_module(home).get_act_offloading_ctx_manager is theirs
+    for top in {package, user.split(".")[0]}:
+        for name in [n for n in sys.modules if n == top or n.startswith(top + ".")]:
+            del sys.modules[name]

@@ -1,7 +1,14 @@
 # SPDX-License-Identifier: MIT
 """What a new user meets first: errors in Python's own terms, a bool that
 must be a bool, a device index the process does not have, and a repr that
-says which device was detected."""
+says which device was detected; docs/python.md's complete examples run as
+written."""
+
+import os
+import re
+import subprocess
+import sys
+import warnings
 
 import pytest
 import torch
@@ -55,3 +62,141 @@ def test_the_package_namespace_holds_its_api_not_its_imports():
 
 def test_the_drop_ins_repr_names_their_own_class():
     assert repr(torch_offload.OffloadActivations()).startswith("torch_offload.OffloadActivations(")
+
+
+def run_doc_example(name):
+    """Runs docs/python.md's `<!-- example:python NAME -->` block as
+    written, on the detected accelerator (the test device), with its output
+    silenced; returns its namespace and the last step's device peak, and
+    fails on any OffloadWarning (a target the plan said it cannot meet)."""
+    root = os.path.dirname(os.path.dirname(os.path.dirname(os.path.abspath(__file__))))
+    text = open(os.path.join(root, "docs", "python.md"), encoding="utf-8").read()
+    found = re.search(rf"<!-- example:python {re.escape(name)} -->\s*```python\n(.*?)```", text, re.S)
+    assert found, f"docs/python.md has no example {name!r}"
+    code = found.group(1)
+    assert len(code.splitlines()) < 30, f"example {name!r} should stay under 30 lines"
+    namespace = {"print": lambda *args, **kwargs: None}
+    with warnings.catch_warnings():
+        warnings.simplefilter("error", torch_offload.OffloadWarning)
+        exec(compile(code, f"docs/python.md ({name})", "exec"), namespace)
+    return namespace, torch.accelerator.max_memory_allocated()
+
+
+def test_the_plain_pytorch_example_of_docs_python_md_meets_its_target():
+    namespace, peak = run_doc_example("plain")
+    manager = namespace["manager"]
+    target = manager.options["device_target_bytes"]
+    assert 0 < peak <= target * 1.02, (peak, target, namespace["planned"].summary())
+    stats = manager.stats()
+    assert stats.blocks_kept + stats.blocks_offloaded + stats.blocks_recomputed == 8
+    assert stats.blocks_kept > 0 and stats.bytes_offloaded > 0, namespace["planned"].summary()
+
+
+def test_installing_sim_after_a_backward_pass_raises_at_once_what_to_do():
+    # In a fresh process (this one installed sim long ago): a notebook that
+    # ran a CPU backward pass first once met PyTorch's "INTERNAL ASSERT
+    # FAILED ... device_ready_queues_" at its first backward on sim.
+    code = (
+        "import torch\n"
+        "a = torch.ones(2, requires_grad=True)\n"
+        "(a * 2).sum().backward()\n"
+        "import torch_offload.sim\n"
+        "try:\n"
+        "    torch_offload.sim.install()\n"
+        "except RuntimeError as e:\n"
+        "    print('raised:', e, torch_offload.sim._sim.installed())\n"
+        "else:\n"
+        "    x = torch.ones(2, device='sim', requires_grad=True)\n"
+        "    (x * 2).sum().backward()\n"
+        "    print('installed')\n"
+    )
+    out = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, timeout=120)
+    assert out.returncode == 0, out.stderr
+    assert "sim::install: a backward pass ran in this process before sim was loaded" in out.stdout, out.stdout
+    assert "import torch_offload.sim and call install() first" in out.stdout
+    assert out.stdout.rstrip().endswith("False"), out.stdout  # raised before anything changed
+    fine = code.replace("(a * 2).sum().backward()\n", "")  # no backward before: it installs and runs backward
+    out = subprocess.run([sys.executable, "-c", fine], capture_output=True, text=True, timeout=120)
+    assert out.returncode == 0 and out.stdout == "installed\n", (out.stdout, out.stderr)
+
+
+def test_report_says_per_module_what_was_offloaded_and_why_the_rest_stayed():
+    # Stats give counts, not reasons a user can place: report() names the
+    # module, its bytes offloaded and kept, and each reason for what stayed.
+    torch.manual_seed(0)
+    model = torch.nn.Sequential(
+        torch.nn.Linear(64, 256), torch.nn.GELU(), torch.nn.Linear(256, 64), torch.nn.LayerNorm(64)
+    ).to(DEV)
+    model.register_buffer("scale", torch.full((32, 64), 0.5, device=DEV))  # a constant the loss multiplies by
+    manager = torch_offload.Manager(DEV, min_offload_bytes=4096)
+    manager.exclude(model.buffers())
+    with pytest.raises(RuntimeError, match=r"Manager\.report: no module is watched: call manager\.watch\(model\)"):
+        manager.report()
+    with pytest.raises(TypeError, match=r"Manager\.watch: model must be an nn\.Module, got int"):
+        manager.watch(3)
+    manager.watch(model)
+    x = torch.randn(32, 64, device=DEV)
+    for _ in range(2):  # the report is the last step's
+        with manager:
+            loss = (model(x) * model.scale).square().mean()
+            loss.backward()
+    report = manager.report()
+    rows = {r.module: r for r in report.rows}
+    assert set(rows) == {"0", "1", "2", "3", "(outside watched modules)"}, str(report)
+    gelu = rows["1"]
+    assert gelu.tensors_offloaded == gelu.tensors_seen == 1 and gelu.bytes_offloaded == 32 * 256 * 4
+    first = rows["0"]  # its input (offloaded): x needs no gradient, so the weight is not saved
+    assert (first.tensors_seen, first.bytes_offloaded, first.reasons) == (1, 32 * 64 * 4, {}), str(report)
+    linear = rows["2"]  # its input (offloaded) and its weight (a parameter)
+    assert linear.reasons == {"parameter": 1} and linear.bytes_offloaded == 32 * 256 * 4, str(report)
+    assert linear.bytes_kept == 64 * 256 * 4  # the weight's own bytes
+    norm = rows["3"]  # mean and rstd: 128 B each, under min_offload_bytes
+    assert norm.reasons.get("small (min_offload_bytes)") == 2, str(report)
+    outside = rows["(outside watched modules)"]
+    assert outside.reasons.get("excluded") == 1 and outside.bytes_kept == 32 * 64 * 4, str(report)
+    stats = manager.stats()
+    assert sum(r.tensors_seen for r in report.rows) == stats.tensors_seen // 2
+    text = str(report)
+    assert text.splitlines()[0].split() == [
+        "module",
+        "saved",
+        "offloaded",
+        "bytes",
+        "offloaded",
+        "bytes",
+        "kept",
+        "kept",
+        "because",
+    ]
+    assert "small (min_offload_bytes) 2" in text and "excluded 1" in text
+
+
+def test_a_forward_on_another_thread_while_a_scope_is_open_warns_once():
+    # Saved-tensor hooks are per thread: a forward run on a worker thread
+    # while the main thread's `with manager:` is open offloads nothing, and
+    # said nothing.
+    import threading
+
+    model = torch.nn.Sequential(torch.nn.Linear(64, 256), torch.nn.GELU()).to(DEV)
+    manager = torch_offload.Manager(DEV)
+    x = torch.randn(32, 64, device=DEV)
+
+    def worker():
+        model(x).sum().backward()
+
+    with warnings.catch_warnings(record=True) as caught:
+        warnings.simplefilter("always")
+        with manager:
+            for _ in range(2):
+                t = threading.Thread(target=worker)
+                t.start()
+                t.join()
+            model(x).sum().backward()  # on the scope's own thread: no warning
+        worker()  # no scope open anywhere: no warning
+        with torch_offload.no_offload():  # hooks of its own on this thread: no warning
+            with manager:
+                pass
+    ours = [str(w.message) for w in caught if issubclass(w.category, torch_offload.OffloadWarning)]
+    assert len(ours) == 1, ours
+    assert "ran forward with grad on a thread where no `with manager:` is open" in ours[0]
+    assert manager.stats().tensors_offloaded > 0

@@ -12,6 +12,7 @@ import contextlib
 import pytest
 
 import torch_offload
+from test_first_hour import run_doc_example
 from test_torch_offload import assert_bitwise
 from test_transformers import batch, build
 from training import DEV, train
@@ -41,3 +42,13 @@ def test_bitwise_with_hf_checkpointing_inputs_offloaded(name):
     assert stats.tensors_seen - stats.passed_other_device == 3 * LAYERS, stats  # the layers' hidden_states
     assert stats.tensors_offloaded == 3 * LAYERS, stats
     assert got.after_forward_bytes < ref.after_forward_bytes
+
+
+def test_the_hugging_face_example_of_docs_python_md_meets_its_target():
+    namespace, peak = run_doc_example("hugging-face")
+    manager = namespace["manager"]
+    target = manager.options["device_target_bytes"]
+    assert 0 < peak <= target * 1.02, (peak, target)
+    stats = manager.stats()
+    assert stats.blocks_kept + stats.blocks_offloaded + stats.blocks_recomputed == 4
+    assert stats.blocks_kept > 0 and stats.bytes_offloaded > 0, stats

@@ -35,10 +35,10 @@ def build(tied):
     return model.to(DEV).train()
 
 
-def run(tied, enable):
+def run(tied, enable, make=None):
     model = build(tied)
     tokens = torch.randint(0, VOCAB, (BATCH, SEQ + 1), generator=torch.Generator().manual_seed(1)).to(DEV)
-    ctx = torch_offload.torchtune.get_act_offloading_ctx_manager(model, enable)
+    ctx = (make or torch_offload.torchtune.get_act_offloading_ctx_manager)(model, enable)
 
     def loss_of(logits):
         return F.cross_entropy(logits.reshape(-1, VOCAB).float(), tokens[:, 1:].reshape(-1))
@@ -57,3 +57,23 @@ def test_llama3_2_as_the_recipes_call_it(tied):
     assert_bitwise(ref.results, got.kept().results)
     assert offloaded(got.ctx) > 0
     assert got.peak_bytes < ref.peak_bytes
+
+
+def test_install_makes_the_recipes_entry_point_ours():
+    # The recipes call `training.get_act_offloading_ctx_manager(model,
+    # enabled)` from `from torchtune import training`: after install() that
+    # is ours, and training through it is bitwise.
+    from torchtune import training
+
+    _, ref = run(False, False)
+    torch_offload.torchtune.install()
+    try:
+        assert training.get_act_offloading_ctx_manager is torch_offload.torchtune.get_act_offloading_ctx_manager
+        assert training.OffloadActivations is torch_offload.torchtune.OffloadActivations
+        _, got = run(False, True, make=lambda m, e: training.get_act_offloading_ctx_manager(m, e))
+    finally:
+        torch_offload.torchtune.uninstall()
+    assert training.get_act_offloading_ctx_manager is not torch_offload.torchtune.get_act_offloading_ctx_manager
+    assert isinstance(got.ctx, torch_offload.torchtune.OffloadActivations)
+    assert_bitwise(ref.kept().results, got.kept().results)
+    assert offloaded(got.ctx) > 0

@@ -1,8 +1,8 @@
 # SPDX-License-Identifier: MIT
 """TRL 1.16.0's SFTTrainer, unchanged, with ``activation_offloading=True``
-and its offloading routed to torch_offload.trl (the name SFTTrainer
-imported, ``trl.trainer.sft_trainer.get_act_offloading_ctx_manager``, is
-replaced for the test): a tiny Llama from a config, a tokenizer built here,
+and its offloading routed to torch_offload.trl by the one documented line,
+``torch_offload.trl.install()`` (SFTTrainer imported TRL's function by
+name, so the import alone does not reach it): a tiny Llama from a config, a tokenizer built here,
 an in-memory dataset, 3 steps on sim, with and without activation
 checkpointing. The losses and the final parameters are bitwise those of
 TRL's run with ``activation_offloading=False``, something was offloaded,
@@ -55,10 +55,9 @@ def on_sim(monkeypatch):
     accelerate.state.PartialState._reset_state()  # the device is chosen when the shared state is first made
     accelerate.state.AcceleratorState._reset_state()
     monkeypatch.setenv("ACCELERATE_TORCH_DEVICE", DEV)
-    monkeypatch.setattr(
-        trl.trainer.sft_trainer, "get_act_offloading_ctx_manager", torch_offload.trl.get_act_offloading_ctx_manager
-    )
+    torch_offload.trl.install()
     yield
+    torch_offload.trl.uninstall()
     accelerate.state.PartialState._reset_state()
     accelerate.state.AcceleratorState._reset_state()
 
@@ -119,5 +118,8 @@ def test_sft_trainer_with_offloading_routed_to_torch_offload(tmp_path, on_sim, c
     assert len(ref) == len(got) and len(ref) > 3
     assert_bitwise(ref, got)
     assert ctx.stats().tensors_offloaded > 0
+    import trl.trainer.dpo_trainer  # a trainer imported after install() gets ours too
+
+    assert trl.trainer.dpo_trainer.get_act_offloading_ctx_manager is torch_offload.trl.get_act_offloading_ctx_manager
     if not checkpointing:  # with it, the few saved layer inputs fit in the forward stash
         assert got_held < ref_held

@@ -240,6 +240,7 @@ class Core final : public ManagerInterface, public std::enable_shared_from_this<
     out.passed_budget = passed.budget;
     out.passed_target = passed.target;
     out.passed_capture = passed.capture;
+    out.bytes_kept = passed.kept_bytes;
     if constexpr (steps) sync_.add_stats(out);
     planner_.add_stats(out);
     if (blocks_) blocks_->add_stats(out);
@@ -291,8 +292,10 @@ class Core final : public ManagerInterface, public std::enable_shared_from_this<
       const bool own_peak = planner_.recorded_peak() >= 0;
       const auto needed = own_peak ? planner_.recorded_peak() : planner_.least_peak();
       try {
-        if (open_scopes_++ == 0 && blocks_->begin_step(needed, step_start_allocated_, step_start_peak_, own_peak))
-          planner_.forget();
+        if (open_scopes_++ == 0) {
+          forward_open_ = true;
+          if (blocks_->begin_step(needed, step_start_allocated_, step_start_peak_, own_peak)) planner_.forget();
+        }
       } catch (...) {  // out of memory for the plan: the per-tensor plan starts over, as the first step
         planner_.forget();
       }
@@ -311,9 +314,7 @@ class Core final : public ManagerInterface, public std::enable_shared_from_this<
       planner_.end_forward(observe(target_index()));
       note_still_allocated();
       const auto peak = peak_on(target_index());
-      if (open_scopes_ > 0 && --open_scopes_ == 0) {
-        blocks_->end_forward(peak > step_start_peak_ && step_start_allocated_ >= 0 ? peak - step_start_allocated_ : -1);
-      }
+      if (open_scopes_ > 0 && --open_scopes_ == 0) end_blocks_forward(peak);
     }
     // Scopes on other threads may pack meanwhile: a tensor on the device
     // seen by any of them silences the first warning (never a false alarm
@@ -381,12 +382,14 @@ class Core final : public ManagerInterface, public std::enable_shared_from_this<
   }
   // Keeps `t` where it is (detail::KeptTensor), counted under `reason`
   // (with what `packed` already holds: a plan ticket).
-  static Packed pass(const at::Tensor& t, std::atomic<std::int64_t>& reason) {
+  Packed pass(const at::Tensor& t, std::atomic<std::int64_t>& reason) { return pass(t, reason, Packed{}); }
+  // Counts `t` as kept for `reason` (its own bytes where it is on the
+  // manager's device type: Stats::bytes_kept).
+  Packed pass(const at::Tensor& t, std::atomic<std::int64_t>& reason, Packed packed) {
     reason.fetch_add(1, std::memory_order_relaxed);
-    return Packed{KeptTensor(t), nullptr, {}};
-  }
-  static Packed pass(const at::Tensor& t, std::atomic<std::int64_t>& reason, Packed packed) {
-    reason.fetch_add(1, std::memory_order_relaxed);
+    if (&reason != &pass_.undefined && &reason != &pass_.other_device) {
+      pass_.kept_bytes.fetch_add(static_cast<std::int64_t>(t.nbytes()), std::memory_order_relaxed);
+    }
     packed.kept = KeptTensor(t);
     return packed;
   }
@@ -531,6 +534,10 @@ class Core final : public ManagerInterface, public std::enable_shared_from_this<
     const int id = current_backward_id();
     if (id < 0 || id == watched_backward_) return;
     watched_backward_ = id;
+    // A backward pass inside the step's scope (`loss.backward()` under
+    // `with manager:`) ends the step's forward: the automatic plan's
+    // forward peak is the one before it, not the step's.
+    if (planner_.active() && open_scopes_ > 0) end_blocks_forward(peak_on(target_index()));
     std::weak_ptr<Core> weak = this->shared_from_this();
     at_backward_end([weak] {
       if (auto core = weak.lock()) {
@@ -548,6 +555,13 @@ class Core final : public ManagerInterface, public std::enable_shared_from_this<
         }
       }
     });
+  }
+  // The end of the step's forward for the automatic plan, at `peak` (the
+  // device's running peak then): at the first backward pass inside the
+  // outermost scope, else at its exit; once per step.
+  void end_blocks_forward(std::int64_t peak) {
+    if (!std::exchange(forward_open_, false)) return;
+    blocks_->end_forward(peak > step_start_peak_ && step_start_allocated_ >= 0 ? peak - step_start_allocated_ : -1);
   }
   // Device bytes allocated on `index` now, or -1 when the device policy
   // reports no memory statistics or cannot read them now (a call that
@@ -776,6 +790,7 @@ class Core final : public ManagerInterface, public std::enable_shared_from_this<
   struct PassCounts {
     std::int64_t undefined = 0, other_device = 0, layout = 0, subclass = 0, leaf = 0, small = 0, excluded = 0,
                  capture = 0, budget = 0, target = 0, failed = 0;
+    std::int64_t kept_bytes = 0;  // of the kept ones on the device type (not a pack count)
     // Packs that did not offload.
     std::int64_t seen() const noexcept {
       return undefined + other_device + layout + subclass + leaf + small + excluded + capture + budget + target +
@@ -786,7 +801,7 @@ class Core final : public ManagerInterface, public std::enable_shared_from_this<
     // undefined: undefined saved tensors (Stats counts them as another
     // device's); other_device: defined ones on another device type.
     std::atomic<std::int64_t> undefined{0}, other_device{0}, layout{0}, subclass{0}, leaf{0}, small{0}, excluded{0},
-        capture{0}, budget{0}, target{0}, failed{0};
+        capture{0}, budget{0}, target{0}, failed{0}, kept_bytes{0};
     // Each count minus `base`'s.
     PassCounts since(const PassCounts& base) const {
       const auto get = [](const std::atomic<std::int64_t>& c, std::int64_t from) {
@@ -797,7 +812,7 @@ class Core final : public ManagerInterface, public std::enable_shared_from_this<
                         get(leaf, base.leaf),           get(small, base.small),
                         get(excluded, base.excluded),   get(capture, base.capture),
                         get(budget, base.budget),       get(target, base.target),
-                        get(failed, base.failed)};
+                        get(failed, base.failed),       get(kept_bytes, base.kept_bytes)};
     }
   };
   // Defined saved tensors packed so far, and of them those on Device's
@@ -822,6 +837,7 @@ class Core final : public ManagerInterface, public std::enable_shared_from_this<
   std::int64_t step_start_peak_ = -1;       // the device's peak when the step's scope opened
   std::int64_t step_start_allocated_ = -1;  // ... and its allocated bytes
   int open_scopes_ = 0;                     // scopes of this manager open now (the plan's step: the outermost)
+  bool forward_open_ = false;               // the plan's step is in its forward (no backward pass yet)
   Stats stats_;
   bool warned_off_device_ = false;
   bool warned_order_ = false;

@@ -344,7 +344,8 @@ class Planner {
     planned_ = true;
     least_peak_ = r.measured ? bases.needs + reserve_ : -1;
     recorded_peak_ = r.raised_peak() ? r.end_peak + grown : -1;
-    if (bases.needs > target_ - reserve_) return offload_everything(eligible, bases.needs);
+    if (bases.needs > target_ - reserve_)
+      return offload_everything(eligible, bases.needs, r.raised_peak() ? r.end_peak : -1);
     // Planned first with the window of the largest eligible storage; again
     // with that of the largest the first plan offloads, kept if it
     // offloads nothing larger.
@@ -460,19 +461,25 @@ class Planner {
     return out;
   }
 
-  // The target cannot be met: every eligible tensor is offloaded; the
-  // warning the first time.
-  std::string offload_everything(std::int64_t eligible, std::int64_t needs) {
+  // The target cannot be met by the model: every eligible tensor is
+  // offloaded; the warning the first time, with the figure compared and the
+  // step's measured peak (`peak`, -1: not measured). A step whose own
+  // measured peak stayed under the target met it whatever the model says:
+  // no warning then (the model's reserve errs high).
+  std::string offload_everything(std::int64_t eligible, std::int64_t needs, std::int64_t peak) {
     plan_.assign(plan_bytes_.size(), false);
     planned_offload_ = eligible;
     min_offload_ = eligible;
-    if (warned_) return {};
+    if (warned_ || (peak >= 0 && peak <= target_)) return {};
     warned_ = true;
     return "offload::Options: device_target_bytes " + std::to_string(target_) +
-           " cannot be met: the last step needed " + std::to_string(needs + reserve_) +
-           " bytes of device memory with every eligible saved tensor offloaded (" + std::to_string(reserve_) +
-           " of them reserved for what an operation allocates); offloading every eligible tensor (warned once per "
-           "manager)";
+           " cannot be met: with every eligible saved tensor offloaded the last step needs " +
+           std::to_string(needs + reserve_) + " bytes of device memory by the plan's model (" +
+           std::to_string(reserve_) + " of them reserved for what one operation allocates), and its measured peak " +
+           (peak >= 0 ? "was " + std::to_string(peak) + " bytes"
+                      : std::string("is unknown (the step did not raise the device's peak: reset the peak statistics "
+                                    "before each step)")) +
+           "; offloading every eligible tensor (warned once per manager)";
   }
 
   // Sets plan_: from the latest back, keeps a tensor while every point
