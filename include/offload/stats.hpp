@@ -14,7 +14,8 @@ namespace offload {
 
 /// A snapshot of one manager's counters since it was made (or since
 /// reset_stats()). Byte counts are bytes of the underlying storages, but
-/// host_bytes_reserved*: bytes the host allocator set aside for them.
+/// host_bytes_reserved*: bytes the host allocator set aside for them, and
+/// bytes_kept: each kept tensor's own bytes (numel x element size).
 /// What each field counts: offload::stat_fields (same order).
 ///
 /// Thread-safety: a snapshot is a plain value; taking one is thread-safe.
@@ -104,8 +105,8 @@ inline constexpr std::array stat_fields{
     StatField{"bytes_offloaded", &Stats::bytes_offloaded, "bytes copied device -> host"},
     StatField{"bytes_reloaded", &Stats::bytes_reloaded, "bytes copied host -> device"},
     StatField{"bytes_kept", &Stats::bytes_kept,
-              "bytes of the saved tensors that stayed on the manager's device type, all reasons (each tensor's own "
-              "bytes, numel x element size: views of one storage count each)"},
+              "bytes of the strided saved tensors that stayed on the manager's device type, all reasons (each "
+              "tensor's own bytes, numel x element size: views of one storage count each)"},
     StatField{"tensors_reloaded", &Stats::tensors_reloaded, "host -> device copies made"},
     StatField{"reloads_shared", &Stats::reloads_shared, "unpacks served by a storage already brought back"},
     StatField{"host_bytes_in_use", &Stats::host_bytes_in_use, "host bytes this manager holds now"},

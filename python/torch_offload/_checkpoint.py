@@ -8,12 +8,14 @@ import inspect
 import operator
 import threading
 import time
+import warnings
 
 import torch
 import torch.utils.checkpoint
 from torch.multiprocessing.reductions import StorageWeakRef
 
-from ._manager import Manager, no_offload
+from . import _C
+from ._manager import Manager, OffloadWarning, no_offload
 
 
 def _checkpoint(function, *args, **kwargs):
@@ -572,9 +574,13 @@ class PlannedCheckpoint:
         return f"PlannedCheckpoint({self.manager!r})"
 
 
+# Per thread: the PlannedModuleLists (ids) whose forward is running.
+_running_lists = threading.local()
+
+
 def _load_nested_blocks(state_dict, prefix, *args):
-    """Loads a state_dict saved from a PlannedModuleList that nested its
-    blocks (``blocks.N...`` under it, before it was a ModuleList)."""
+    """Loads a state_dict whose blocks sit under ``blocks.N...`` below the
+    list's prefix (as a list nested in a ``.blocks`` module saves them)."""
     nested = prefix + "blocks."
     for key in [k for k in state_dict if k.startswith(nested) and k[len(nested) :].split(".")[0].isdigit()]:
         state_dict[prefix + key[len(nested) :]] = state_dict.pop(key)
@@ -588,8 +594,12 @@ class PlannedModuleList(torch.nn.ModuleList):
     ``insert``), registered as ``nn.ModuleList`` registers them, so
     ``model.layers = PlannedModuleList(model.layers, manager)`` keeps the
     model's ``state_dict`` keys (``layers.N...``): checkpoints load with it
-    and without it. A slice is a plain ``nn.ModuleList`` (its blocks run
-    without the plan). ``.planned`` is the PlannedCheckpoint."""
+    and without it. The plan runs where the list itself is called
+    (``h = self.layers(h)``); a block called on its own (a forward that
+    iterates or indexes the list) runs without it, and the first such call
+    under ``with manager:`` warns (an OffloadWarning, once per list). A
+    slice is a plain ``nn.ModuleList``. ``.planned`` is the
+    PlannedCheckpoint."""
 
     def __init__(self, blocks, manager, **checkpoint_kwargs):
         _checked_checkpoint_kwargs("PlannedModuleList", checkpoint_kwargs)
@@ -610,9 +620,44 @@ class PlannedModuleList(torch.nn.ModuleList):
                 "PlannedModuleList: blocks must be an nn.ModuleList or an iterable of modules (an nn.Sequential: "
                 f"its children), got {type(blocks).__name__}{single}"
             ) from None
+        self.planned = None  # set below: add_module (from ModuleList's constructor) hooks each block
+        self._warned_outside = False
         super().__init__(modules)
         self.planned = planned  # not a module: never in the list or its state_dict
         self._register_load_state_dict_pre_hook(_load_nested_blocks)
+
+    def add_module(self, name, module):
+        super().add_module(name, module)
+        self._watch_block(module)
+
+    def insert(self, index, module):
+        super().insert(index, module)
+        self._watch_block(module)
+
+    def _watch_block(self, block):
+        """A forward pre-hook on `block` (once) for _outside_forward."""
+        hooks = block._forward_pre_hooks.values()
+        if not any(getattr(h, "__self__", None) is self for h in hooks):
+            block.register_forward_pre_hook(self._outside_forward)
+
+    def _outside_forward(self, block, args):
+        """Warns once where a block runs forward under the manager's scope
+        outside this list's forward (the model's forward iterates the list):
+        it runs without the plan."""
+        if self._warned_outside or torch.compiler.is_compiling() or not torch.is_grad_enabled():
+            return
+        if id(self) in getattr(_running_lists, "ids", ()) or torch._C._current_graph_task_id() != -1:
+            return  # in this list's forward, or recomputed in backward
+        if self.planned is None or not self.planned.manager._open_here():
+            return
+        self._warned_outside = True
+        warnings.warn(
+            f"torch_offload.PlannedModuleList: a block ({type(block).__name__}) ran forward outside the list's own "
+            "forward (does the model's forward iterate or index the list?): it ran without the plan. Call the "
+            "list itself, h = self.layers(h, ...) (warned once per list)",
+            OffloadWarning,
+            stacklevel=_C.user_stacklevel(),
+        )
 
     def __getitem__(self, idx):
         if isinstance(idx, slice):
@@ -621,15 +666,21 @@ class PlannedModuleList(torch.nn.ModuleList):
 
     @property
     def blocks(self):
-        """The list itself (earlier releases nested the blocks under
-        ``.blocks``)."""
+        """The list itself (code that reads ``.blocks`` gets the blocks)."""
         return self
 
     def forward(self, x, *args, **kwargs):
         # Keyword arguments are the blocks' (bound here), never checkpoint's
         # options (``debug``, ``determinism_check``: PlannedModuleList's own).
-        for block in self:
-            x = self.planned(functools.partial(block, **kwargs) if kwargs else block, x, *args)
+        ids = getattr(_running_lists, "ids", None)
+        if ids is None:
+            ids = _running_lists.ids = set()
+        ids.add(id(self))
+        try:
+            for block in self:
+                x = self.planned(functools.partial(block, **kwargs) if kwargs else block, x, *args)
+        finally:
+            ids.discard(id(self))
         return x
 
     def summary(self):

@@ -496,31 +496,48 @@ class Manager(_HookRegion):
         if marks is None:
             marks = self._marks.stack = []
         marks.append(self._impl.on_scope_enter())
-        if self._watch is not None and not marks[:-1]:
+        if _report.scope_opened(self) and self._watch is not None:
             self._watch.begin_step(self._watch.counts())
-        _report.scope_opened(self)
         return self
 
     def __exit__(self, *exc):
-        in_order = self._close()
-        self._impl.on_scope_exit(self._marks.stack.pop(), in_order)
-        _report.scope_closed(self)
+        try:
+            in_order = self._close()
+            self._impl.on_scope_exit(self._marks.stack.pop(), in_order)
+        finally:
+            _report.scope_closed(self)
         return False
 
-    def watch(self, model):
+    def watch(self, model, name=""):
         """Accounts each step's saved tensors to the modules of ``model``
         (an ``nn.Module``: itself and every submodule, by their names in
-        ``model.named_modules()``) for ``report()``. Forward hooks on each
-        module read the manager's counters at the module's start and end:
-        a module's row is what it saved itself, its children's rows apart.
-        Costs two counter reads per module call while the manager's scope
-        is open on the thread (none elsewhere). Watching again adds modules
-        not watched yet. TypeError when ``model`` is not an ``nn.Module``."""
+        ``model.named_modules()``, after ``name.`` where ``name`` is given:
+        give one per model when watching several) for ``report()``.
+        Forward hooks on each module read the manager's counters at the
+        module's start and end: a module's row is what it saved itself, its
+        children's rows apart. The counters are the manager's: with scopes
+        of it open on several threads at once, a row also counts what the
+        other threads saved meanwhile. Costs two counter reads per module
+        call while the manager's scope is open on the thread (none
+        elsewhere). Watching again adds modules not watched yet;
+        ``unwatch()`` removes every hook. A watched model saved with
+        ``torch.save`` loads with hooks that do nothing. TypeError when
+        ``model`` is not an ``nn.Module`` or ``name`` not a str."""
         if not isinstance(model, torch.nn.Module):
             raise TypeError(f"torch_offload.Manager.watch: model must be an nn.Module, got {type(model).__name__}")
+        if not isinstance(name, str):
+            raise TypeError(f"torch_offload.Manager.watch: name must be a str, got {type(name).__name__}")
         if self._watch is None:
             self._watch = _report.Watch(self._impl)
-        self._watch.watch(model, self._open_here)
+        self._watch.watch(model, self._open_here, name)
+
+    def unwatch(self):
+        """Removes the hooks ``watch()`` registered (every watched module)
+        and what was accounted; ``report()`` then raises until the next
+        ``watch()``."""
+        if self._watch is not None:
+            self._watch.remove()
+            self._watch = None
 
     def report(self):
         """What the last step saved through the manager, per watched module

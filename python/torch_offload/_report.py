@@ -5,6 +5,7 @@ and the warning for modules run on a thread where no scope is open."""
 import dataclasses
 import threading
 import warnings
+import weakref
 
 import torch
 
@@ -12,18 +13,17 @@ from . import _C
 
 OffloadWarning = _C.OffloadWarning
 
-# The reasons a saved tensor stays, in the order the pack rule tests them
-# (docs/python.md, "Why a tensor stayed"), then the target and the budget.
-REASONS = (
-    ("passed_other_device", "other device"),
-    ("passed_layout", "layout"),
-    ("passed_subclass", "subclass"),
-    ("passed_leaf", "parameter"),
-    ("passed_small", "small (min_offload_bytes)"),
-    ("passed_excluded", "excluded"),
-    ("passed_capture", "graph capture"),
-    ("passed_target", "target (device_target_bytes)"),
-    ("passed_budget", "host budget (host_budget_bytes)"),
+# The reasons a saved tensor stays (the passed_* counters, as Stats lists
+# them), each with the words a report prints; a reason without words here
+# prints its field's name.
+_WORDS = {
+    "passed_leaf": "parameter",
+    "passed_small": "small (min_offload_bytes)",
+    "passed_target": "target (device_target_bytes)",
+    "passed_budget": "host budget (host_budget_bytes)",
+}
+REASONS = tuple(
+    (name, _WORDS.get(name, name.removeprefix("passed_").replace("_", " "))) for name in _C.passed_through_fields()
 )
 _COUNTED = ("tensors_seen", "tensors_offloaded", "bytes_offloaded", "bytes_kept") + tuple(n for n, _ in REASONS)
 OUTSIDE = "(outside watched modules)"
@@ -33,9 +33,9 @@ OUTSIDE = "(outside watched modules)"
 class ModuleRow:
     """One module's saved tensors in a step (its own, not its children's):
     how many were seen and offloaded, the bytes offloaded (each storage
-    once) and kept on the device (each tensor's own bytes), and how many
-    stayed for each reason (``reasons``: name -> count, in the rule's
-    order, only the nonzero ones)."""
+    once) and kept on the device (each strided tensor's own bytes), and how
+    many stayed for each reason (``reasons``: words -> count, only the
+    nonzero ones)."""
 
     module: str
     tensors_seen: int = 0
@@ -68,19 +68,45 @@ class Report:
             for r in self.rows
         ]
         widths = [max(len(line[i]) for line in lines) for i in range(len(head))]
-        return "\n".join(
-            "  ".join(cell.ljust(w) if i in (0, 5) else cell.rjust(w) for i, (cell, w) in enumerate(zip(line, widths, strict=True)))
-            .rstrip()
-            for line in lines
-        )
+
+        def row(line):
+            cells = zip(line, widths, strict=True)
+            return "  ".join(c.ljust(w) if i in (0, 5) else c.rjust(w) for i, (c, w) in enumerate(cells)).rstrip()
+
+        return "\n".join(row(line) for line in lines)
+
+
+class _Hook:
+    """A watched module's forward hook (pre or post): calls `fn`. Pickled
+    (``torch.save`` of a watched model) as a hook that does nothing: the
+    accounting belongs to the manager of this process."""
+
+    __slots__ = ("fn",)
+
+    def __init__(self, fn):
+        self.fn = fn
+
+    def __call__(self, *args):
+        return self.fn(*args)
+
+    def __reduce__(self):
+        return (_inert, ())
+
+
+def _inert():
+    return _nothing
+
+
+def _nothing(*args):
+    return None
 
 
 class Watch:
     """Per-module accounting for one manager: forward pre- and post-hooks on
     each watched module take the manager's counters; what changed between
     them, less what the module's children took, is the module's. Counted on
-    threads where the manager's scope is open; the step is reset at the
-    outermost scope's enter."""
+    threads where the manager's scope is open; the step is reset when the
+    manager's first scope opens (no other thread's open)."""
 
     def __init__(self, impl):
         self._impl = impl
@@ -88,16 +114,16 @@ class Watch:
         self._local = threading.local()
         self._rows = {}
         self._handles = []
-        self._watched = set()
+        self._watched = weakref.WeakSet()
 
-    def watch(self, model, is_open):
-        for name, module in model.named_modules():
-            if id(module) in self._watched:
+    def watch(self, model, is_open, name):
+        for path, module in model.named_modules():
+            if module in self._watched:
                 continue
-            self._watched.add(id(module))
-            label = name or type(module).__name__
-            self._handles.append(module.register_forward_pre_hook(self._pre_hook(is_open)))
-            self._handles.append(module.register_forward_hook(self._post_hook(label), always_call=True))
+            self._watched.add(module)
+            label = ".".join(p for p in (name, path) if p) or type(module).__name__
+            self._handles.append(module.register_forward_pre_hook(_Hook(self._pre_hook(is_open))))
+            self._handles.append(module.register_forward_hook(_Hook(self._post_hook(label)), always_call=True))
 
     def counts(self):
         """The manager's counters this accounting reads."""
@@ -182,24 +208,29 @@ class Watch:
         )
 
     def remove(self):
+        """Removes every hook watch() registered."""
         for h in self._handles:
             h.remove()
         self._handles.clear()
-        self._watched.clear()
+        self._watched = weakref.WeakSet()
+        with self._lock:
+            self._rows = {}
 
 
 # Modules run on a thread without saved-tensor hooks while a manager's
 # scope is open on another thread: their saved tensors are not offloaded
-# (hooks are per thread). A process-wide forward pre-hook, registered while
-# any scope is open, warns once per manager.
+# (hooks are per thread). A process-wide forward pre-hook, registered at
+# the first scope and kept (adding and removing it each step would change
+# what torch.compile guards on), warns once per manager; with no scope open
+# it returns at once.
 _open_lock = threading.Lock()
 _open = {}  # manager -> {thread id: open scopes}
 _hook = None
 
 
 def _other_thread_hook(module, args):
-    if torch.compiler.is_compiling():
-        return  # traced by torch.compile: a constant there, so the hook adds nothing to the graph
+    if not _open or torch.compiler.is_compiling():
+        return  # no scope open; or traced by torch.compile (a constant there: nothing in the graph)
     me = threading.get_ident()
     if not torch.is_grad_enabled() or torch._C._current_graph_task_id() != -1:
         return  # nothing saved, or a recomputation inside backward
@@ -216,22 +247,25 @@ def _other_thread_hook(module, args):
             "per thread, so nothing it saves is offloaded. Open the scope on the thread that runs the forward "
             "(warned once per manager)",
             OffloadWarning,
-            stacklevel=2,
+            stacklevel=_C.user_stacklevel(),
         )
 
 
 def scope_opened(manager):
+    """A scope of `manager` opened on this thread; True when it is the
+    manager's only one open (no other scope of it, on any thread)."""
     global _hook
     me = threading.get_ident()
     with _open_lock:
+        first = manager not in _open
         threads = _open.setdefault(manager, {})
         threads[me] = threads.get(me, 0) + 1
         if _hook is None:
             _hook = torch.nn.modules.module.register_module_forward_pre_hook(_other_thread_hook)
+    return first
 
 
 def scope_closed(manager):
-    global _hook
     me = threading.get_ident()
     with _open_lock:
         threads = _open.get(manager, {})
@@ -241,6 +275,3 @@ def scope_closed(manager):
             threads.pop(me, None)
         if not threads:
             _open.pop(manager, None)
-        if not _open and _hook is not None:
-            _hook.remove()
-            _hook = None

@@ -285,6 +285,32 @@ def test_planned_module_list_is_a_module_list_whose_state_dict_is_the_models():
     assert torch.equal(got, want)
 
 
+def test_a_planned_module_list_iterated_by_the_models_forward_warns_once():
+    # As a ModuleList, a forward that iterates it (for layer in self.layers)
+    # runs the blocks without the plan: said once, where the list itself
+    # called (and its recomputations in backward) say nothing.
+    torch.manual_seed(0)
+    model = TinyLM(layers=2).to(DEV)
+    manager = torch_offload.Manager(DEV, device_target_bytes=1 << 30)
+    model.layers = torch_offload.PlannedModuleList(model.layers, manager)
+    ids = torch.randint(0, 64, (2, 16), device=DEV)
+    with warnings.catch_warnings(record=True) as caught:
+        warnings.simplefilter("always")
+        for _ in range(2):
+            with manager:
+                model.layers(model.embed(ids)).sum().backward()  # the list itself
+        model.layers[0](model.embed(ids)).sum().backward()  # outside the scope: nothing to say
+        for _ in range(2):
+            with manager:
+                h = model.embed(ids)
+                for layer in model.layers:  # iterated
+                    h = layer(h)
+                h.sum().backward()
+    ours = [str(w.message) for w in caught if issubclass(w.category, torch_offload.OffloadWarning)]
+    assert len(ours) == 1 and "ran forward outside the list's own forward" in ours[0], ours
+    assert "h = self.layers(h, ...)" in ours[0]
+
+
 def test_planned_blocks_under_no_offload_inside_the_manager_are_no_step_of_the_plan():
     # A first pass under no_offload() inside `with manager:` (with grad on)
     # ran as a measuring step that saw no memory statistics: the plan then

@@ -200,3 +200,67 @@ def test_a_forward_on_another_thread_while_a_scope_is_open_warns_once():
     assert len(ours) == 1, ours
     assert "ran forward with grad on a thread where no `with manager:` is open" in ours[0]
     assert manager.stats().tensors_offloaded > 0
+
+
+def test_a_watched_model_unwatches_names_its_rows_and_saves_with_inert_hooks():
+    import io
+
+    model = torch.nn.Sequential(torch.nn.Linear(64, 256), torch.nn.GELU()).to(DEV)
+    manager = torch_offload.Manager(DEV)
+    with pytest.raises(TypeError, match=r"Manager\.watch: name must be a str, got int"):
+        manager.watch(model, name=1)
+    manager.watch(model, name="net")
+    x = torch.randn(32, 64, device=DEV)
+    with manager:
+        model(x).sum().backward()
+    assert {r.module for r in manager.report().rows} == {"net.0", "net.1", "(outside watched modules)"}
+    buffer = io.BytesIO()
+    torch.save(model, buffer)  # its hooks pickle as hooks that do nothing
+    buffer.seek(0)
+    loaded = torch.load(buffer, weights_only=False)
+    loaded(x).sum().backward()
+    manager.unwatch()
+    assert not model[0]._forward_pre_hooks and not model[0]._forward_hooks
+    with pytest.raises(RuntimeError, match="no module is watched"):
+        manager.report()
+
+
+def test_a_sparse_saved_tensor_stays_counted_as_layout_without_bytes():
+    # bytes_kept counts strided tensors' own bytes; nbytes() refuses a sparse
+    # COO tensor, so counting it raised from the pack.
+    class SavesCsr(torch.autograd.Function):
+        @staticmethod
+        def forward(ctx, x):
+            ctx.save_for_backward(torch.ones(64, 64, device=x.device).to_sparse_csr())
+            return x * 2
+
+        @staticmethod
+        def backward(ctx, grad):
+            (csr,) = ctx.saved_tensors
+            assert csr.layout == torch.sparse_csr
+            return grad * 2
+
+    manager = torch_offload.Manager(DEV)
+    x = torch.randn(64, 64, device=DEV, requires_grad=True)
+    with warnings.catch_warnings():
+        warnings.simplefilter("ignore", UserWarning)  # sparse CSR support is in beta
+        with manager:
+            SavesCsr.apply(x).sum().backward()
+    stats = manager.stats()
+    assert stats.passed_layout == 1 and stats.bytes_kept == 0, stats
+    assert torch.equal(x.grad, torch.full_like(x, 2))
+
+
+def test_a_scope_closed_with_an_error_leaves_nothing_open():
+    # __exit__ raising (its out-of-order warning made an error) left the
+    # manager registered as open: later forwards on other threads warned.
+    import torch_offload._report as report
+
+    manager = torch_offload.Manager(DEV)
+    with warnings.catch_warnings():
+        warnings.simplefilter("error", torch_offload.OffloadWarning)
+        manager.__enter__()
+        torch._C._autograd._pop_saved_tensors_default_hooks()  # another tool popped ours
+        with pytest.raises(torch_offload.OffloadWarning, match="no longer on torch's stack"):
+            manager.__exit__(None, None, None)
+    assert manager not in report._open

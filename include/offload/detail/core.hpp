@@ -383,11 +383,12 @@ class Core final : public ManagerInterface, public std::enable_shared_from_this<
   // Keeps `t` where it is (detail::KeptTensor), counted under `reason`
   // (with what `packed` already holds: a plan ticket).
   Packed pass(const at::Tensor& t, std::atomic<std::int64_t>& reason) { return pass(t, reason, Packed{}); }
-  // Counts `t` as kept for `reason` (its own bytes where it is on the
-  // manager's device type: Stats::bytes_kept).
+  // Counts `t` as kept for `reason` (a strided tensor's own bytes where it
+  // is on the manager's device type: Stats::bytes_kept; a sparse tensor has
+  // no such figure, nbytes() refuses it).
   Packed pass(const at::Tensor& t, std::atomic<std::int64_t>& reason, Packed packed) {
     reason.fetch_add(1, std::memory_order_relaxed);
-    if (&reason != &pass_.undefined && &reason != &pass_.other_device) {
+    if (&reason != &pass_.undefined && &reason != &pass_.other_device && t.layout() == c10::kStrided) {
       pass_.kept_bytes.fetch_add(static_cast<std::int64_t>(t.nbytes()), std::memory_order_relaxed);
     }
     packed.kept = KeptTensor(t);

@@ -344,8 +344,7 @@ class Planner {
     planned_ = true;
     least_peak_ = r.measured ? bases.needs + reserve_ : -1;
     recorded_peak_ = r.raised_peak() ? r.end_peak + grown : -1;
-    if (bases.needs > target_ - reserve_)
-      return offload_everything(eligible, bases.needs, r.raised_peak() ? r.end_peak : -1);
+    if (bases.needs > target_ - reserve_) return offload_everything(eligible, bases.needs, recorded_peak_);
     // Planned first with the window of the largest eligible storage; again
     // with that of the largest the first plan offloads, kept if it
     // offloads nothing larger.
@@ -463,9 +462,10 @@ class Planner {
 
   // The target cannot be met by the model: every eligible tensor is
   // offloaded; the warning the first time, with the figure compared and the
-  // step's measured peak (`peak`, -1: not measured). A step whose own
-  // measured peak stayed under the target met it whatever the model says:
-  // no warning then (the model's reserve errs high).
+  // step's measured peak (`peak`: with what was allocated since it began,
+  // as recorded_peak(); -1: not measured). A step whose own measured peak
+  // stayed under the target met it whatever the model says: no warning
+  // then (the model's reserve errs high).
   std::string offload_everything(std::int64_t eligible, std::int64_t needs, std::int64_t peak) {
     plan_.assign(plan_bytes_.size(), false);
     planned_offload_ = eligible;
