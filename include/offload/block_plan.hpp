@@ -338,8 +338,6 @@ class BlockPlanner {
   /// its scope, or its scope closed) with the device's peak `forward_peak`
   /// bytes above what was allocated when the step began, or -1 where that
   /// peak is not the step's own (an earlier one was higher) or not known.
-  /// Once per step: a recomputation (recomputing()) that came first ended
-  /// the forward already, at the peak then.
   void end_forward(std::int64_t forward_peak);
 
   /// Replaces the guard's `relieve` callback (empty: none); the manager
@@ -388,8 +386,6 @@ class BlockPlanner {
   // `remeasure_if_unfit`: a planned step's feedback; where nothing fits
   // with its correction, measure again (measure_next_) instead of warning.
   void plan_locked(bool remeasure_if_unfit = false);
-  // A step's forward begins: what was allocated and the peak then.
-  void open_forward(std::int64_t allocated, std::int64_t peak);
   // The guard's sum (next_block()): the most the plan adds to what the
   // device holds as block `index` begins (`input`: its input bytes, held
   // already), until forward ends. What it keeps from there on, and while
@@ -433,12 +429,9 @@ class BlockPlanner {
   std::int32_t open_blocks_ = 0;          // blocks begun and not done
   LinkCost link_{};
   bool have_link_ = false;
-  std::int64_t base_peak_ = -1;                // what the measuring step needed
-  std::int64_t forward_peak_ = -1;             // ... by the end of its forward (-1: not known)
-  std::int64_t step_forward_peak_ = -1;        // end_forward() of this step
-  bool forward_ended_ = false;                 // end_forward() or a recomputation came this step
-  std::int64_t forward_start_allocated_ = -1;  // begin_step()'s allocated and peak (the forward's start)
-  std::int64_t forward_start_peak_ = -1;
+  std::int64_t base_peak_ = -1;              // what the measuring step needed
+  std::int64_t forward_peak_ = -1;           // ... by the end of its forward (-1: not known)
+  std::int64_t step_forward_peak_ = -1;      // end_forward() of this step
   std::int64_t correction_ = 0;              // what planned steps needed beyond the model
   std::int64_t growth_ = 0;                  // allocated since the measuring step began (optimizer state)
   std::int64_t first_block_allocated_ = -1;  // the measuring step: allocated when its first block began

@@ -9,6 +9,7 @@ import operator
 import threading
 import time
 import warnings
+import weakref
 
 import torch
 import torch.utils.checkpoint
@@ -578,6 +579,27 @@ class PlannedCheckpoint:
 _running_lists = threading.local()
 
 
+class _OutsideHook:
+    """A block's forward pre-hook calling its PlannedModuleList's
+    _outside_forward, through a weak reference: a strong one would make a
+    cycle (list -> block -> hook -> list) that keeps a dropped model's
+    device memory until the garbage collector runs. Pickled and copied with
+    its list."""
+
+    __slots__ = ("owner",)
+
+    def __init__(self, owner):
+        self.owner = weakref.ref(owner)
+
+    def __call__(self, block, args):
+        owner = self.owner()
+        if owner is not None:
+            owner._outside_forward(block, args)
+
+    def __reduce__(self):
+        return (_OutsideHook, (self.owner(),))
+
+
 def _load_nested_blocks(state_dict, prefix, *args):
     """Loads a state_dict whose blocks sit under ``blocks.N...`` below the
     list's prefix (as a list nested in a ``.blocks`` module saves them)."""
@@ -637,8 +659,8 @@ class PlannedModuleList(torch.nn.ModuleList):
     def _watch_block(self, block):
         """A forward pre-hook on `block` (once) for _outside_forward."""
         hooks = block._forward_pre_hooks.values()
-        if not any(getattr(h, "__self__", None) is self for h in hooks):
-            block.register_forward_pre_hook(self._outside_forward)
+        if not any(isinstance(h, _OutsideHook) and h.owner() is self for h in hooks):
+            block.register_forward_pre_hook(_OutsideHook(self))
 
     def _outside_forward(self, block, args):
         """Warns once where a block runs forward under the manager's scope

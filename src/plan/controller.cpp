@@ -32,7 +32,7 @@ bool BlockPlanner::begin_step(std::int64_t needed, std::int64_t allocated, std::
     // No planned block ran since the last begin (an evaluation pass under
     // no_grad, another model under the scope): not a step of the plan.
     step_start_ = now;
-    open_forward(allocated, peak);
+    step_forward_peak_ = -1;
     if (measuring_) outside_ = OutsideCost{};
     return false;
   }
@@ -139,7 +139,7 @@ bool BlockPlanner::begin_step(std::int64_t needed, std::int64_t allocated, std::
       }
     }
   }
-  open_forward(allocated, peak);
+  step_forward_peak_ = -1;
   const bool remeasure = measure_next_;
   const bool outside_was_kept = ran_outside_kept_;
   started_ = true;
@@ -345,16 +345,8 @@ bool BlockPlanner::keeps_outside() const {
   return ran_outside_kept_ && open_blocks_ == 0 && !diverged_;
 }
 
-void BlockPlanner::open_forward(std::int64_t allocated, std::int64_t peak) {
-  step_forward_peak_ = -1;
-  forward_ended_ = false;
-  forward_start_allocated_ = allocated;
-  forward_start_peak_ = peak;
-}
-
 void BlockPlanner::end_forward(std::int64_t forward_peak) {
   const std::lock_guard lock(mutex_);
-  if (std::exchange(forward_ended_, true)) return;  // ended already, at the first recomputation
   step_forward_peak_ = forward_peak;
 }
 
@@ -374,13 +366,6 @@ void BlockPlanner::measured(std::int32_t index, const BlockCost& cost) {
 void BlockPlanner::recomputing(std::int32_t index, int device_index) {
   const auto peak = peak_ ? peak_(device_index) : -1;
   const std::lock_guard lock(mutex_);
-  if (!std::exchange(forward_ended_, true)) {
-    // Backward reached a recomputation before the manager saw it begin
-    // (its first unpacks were of tensors it kept without a plan ticket):
-    // the forward ended, at this peak.
-    step_forward_peak_ =
-        peak > forward_start_peak_ && forward_start_allocated_ >= 0 && peak >= 0 ? peak - forward_start_allocated_ : -1;
-  }
   const auto i = static_cast<std::size_t>(index);
   if (!measuring_ || i >= costs_.size()) return;
   // A running peak that never rose above the one from before the step

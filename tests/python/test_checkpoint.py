@@ -285,6 +285,27 @@ def test_planned_module_list_is_a_module_list_whose_state_dict_is_the_models():
     assert torch.equal(got, want)
 
 
+def test_a_dropped_planned_model_frees_its_device_memory_without_the_garbage_collector():
+    # The blocks' hooks once held their list strongly (list -> block ->
+    # hook -> list): a dropped model kept its parameters on the device until
+    # the garbage collector ran, and the next measurement saw them.
+    import gc
+
+    testdevice.synchronize(0)
+    before = testdevice.device_bytes(0)
+    gc.disable()
+    try:
+        model = TinyLM(layers=2).to(DEV)
+        manager = torch_offload.Manager(DEV, device_target_bytes=1 << 30)
+        model.layers = torch_offload.PlannedModuleList(model.layers, manager)
+        assert testdevice.device_bytes(0) > before
+        del model, manager
+        testdevice.synchronize(0)
+        assert testdevice.device_bytes(0) == before
+    finally:
+        gc.enable()
+
+
 def test_a_planned_module_list_iterated_by_the_models_forward_warns_once():
     # As a ModuleList, a forward that iterates it (for layer in self.layers)
     # runs the blocks without the plan: said once, where the list itself
