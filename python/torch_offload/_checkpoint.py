@@ -15,7 +15,7 @@ import torch
 import torch.utils.checkpoint
 from torch.multiprocessing.reductions import StorageWeakRef
 
-from . import _C
+from . import _C, _report
 from ._manager import Manager, OffloadWarning, no_offload
 
 
@@ -642,10 +642,9 @@ class PlannedModuleList(torch.nn.ModuleList):
                 "PlannedModuleList: blocks must be an nn.ModuleList or an iterable of modules (an nn.Sequential: "
                 f"its children), got {type(blocks).__name__}{single}"
             ) from None
-        self.planned = None  # set below: add_module (from ModuleList's constructor) hooks each block
-        self._warned_outside = False
-        super().__init__(modules)
+        super().__init__(modules)  # add_module hooks each block
         self.planned = planned  # not a module: never in the list or its state_dict
+        self._warned_outside = False
         self._register_load_state_dict_pre_hook(_load_nested_blocks)
 
     def add_module(self, name, module):
@@ -666,12 +665,10 @@ class PlannedModuleList(torch.nn.ModuleList):
         """Warns once where a block runs forward under the manager's scope
         outside this list's forward (the model's forward iterates the list):
         it runs without the plan."""
-        if self._warned_outside or torch.compiler.is_compiling() or not torch.is_grad_enabled():
+        if self._warned_outside or not _report.forward_saves_here():
             return
-        if id(self) in getattr(_running_lists, "ids", ()) or torch._C._current_graph_task_id() != -1:
-            return  # in this list's forward, or recomputed in backward
-        if self.planned is None or not self.planned.manager._open_here():
-            return
+        if id(self) in getattr(_running_lists, "ids", ()) or not self.planned.manager._open_here():
+            return  # in this list's forward, or not under the manager's scope
         self._warned_outside = True
         warnings.warn(
             f"torch_offload.PlannedModuleList: a block ({type(block).__name__}) ran forward outside the list's own "

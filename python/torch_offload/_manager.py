@@ -497,7 +497,7 @@ class Manager(_HookRegion):
             marks = self._marks.stack = []
         marks.append(self._impl.on_scope_enter())
         if _report.scope_opened(self) and self._watch is not None:
-            self._watch.begin_step(self._watch.counts())
+            self._watch.begin_step()
         return self
 
     def __exit__(self, *exc):

@@ -90,11 +90,7 @@ class _Hook:
         return self.fn(*args)
 
     def __reduce__(self):
-        return (_inert, ())
-
-
-def _inert():
-    return _nothing
+        return (_Hook, (_nothing,))
 
 
 def _nothing(*args):
@@ -113,6 +109,7 @@ class Watch:
         self._lock = threading.Lock()
         self._local = threading.local()
         self._rows = {}
+        self._start = None  # the manager's counters when the step began
         self._handles = []
         self._watched = weakref.WeakSet()
 
@@ -124,10 +121,6 @@ class Watch:
             label = ".".join(p for p in (name, path) if p) or type(module).__name__
             self._handles.append(module.register_forward_pre_hook(_Hook(self._pre_hook(is_open))))
             self._handles.append(module.register_forward_hook(_Hook(self._post_hook(label)), always_call=True))
-
-    def counts(self):
-        """The manager's counters this accounting reads."""
-        return self._counts()
 
     def _counts(self):
         stats = dict(self._impl.stats())
@@ -178,16 +171,17 @@ class Watch:
             for k in _COUNTED:
                 row[k] += counts[k]
 
-    def begin_step(self, counts):
-        """At the outermost enter: a new step, from the manager's `counts`."""
+    def begin_step(self):
+        """At the manager's first scope: a new step, from its counters now."""
+        start = self._counts()
         with self._lock:
             self._rows = {}
-            self._start = counts
+            self._start = start
 
     def report(self):
         with self._lock:
             rows = {label: dict(row) for label, row in self._rows.items()}
-            start = getattr(self, "_start", None)
+            start = self._start
         if start is not None:  # what no watched module took
             now = self._counts()
             outside = {k: now[k] - start.get(k, 0) - sum(r[k] for r in rows.values()) for k in _COUNTED}
@@ -228,12 +222,18 @@ _open = {}  # manager -> {thread id: open scopes}
 _hook = None
 
 
+def forward_saves_here():
+    """Whether a module's forward starting on this thread now saves tensors
+    for backward as a forward of its own: grad enabled, not a recomputation
+    inside backward, not traced by torch.compile (a constant there, so the
+    hooks that ask add nothing to the graph)."""
+    return not torch.compiler.is_compiling() and torch.is_grad_enabled() and torch._C._current_graph_task_id() == -1
+
+
 def _other_thread_hook(module, args):
-    if not _open or torch.compiler.is_compiling():
-        return  # no scope open; or traced by torch.compile (a constant there: nothing in the graph)
+    if not _open or not forward_saves_here():
+        return  # no scope open, or nothing saved by a forward of its own
     me = threading.get_ident()
-    if not torch.is_grad_enabled() or torch._C._current_graph_task_id() != -1:
-        return  # nothing saved, or a recomputation inside backward
     if torch._C._autograd._top_saved_tensors_default_hooks(True) is not None:
         return  # this thread's saved tensors go through hooks (a scope, no_offload, another tool)
     with _open_lock:

@@ -723,6 +723,21 @@ def _between_offloading_and_recomputing_every_block(steps, backward_inside=False
     return (offload_peaks[-1] + recompute_peaks[-1]) // 2, recompute_peaks
 
 
+def _planned_under(target, steps, **step_options):
+    """`steps` steps of a fresh TinyLM whose layers run through a
+    PlannedModuleList of a blocking manager with `target`: its manager, the
+    losses and peaks, the plan's summary and the "below what ... needs"
+    warnings given."""
+    manager = torch_offload.Manager(DEV, sync="blocking", device_target_bytes=target)
+    model = _fresh_tiny_lm()
+    planned = torch_offload.PlannedModuleList(model.layers, manager)
+    with warnings.catch_warnings(record=True) as caught:
+        warnings.simplefilter("always")
+        losses, peaks = _steps_with_peaks(model, manager, planned, steps=steps, **step_options)
+    below = [str(w.message) for w in caught if "below what" in str(w.message)]
+    return manager, losses, peaks, planned.summary(), below
+
+
 @pytest.mark.parametrize("reset_each_step", [True, False])
 def test_a_plan_tries_offloading_every_block_where_recomputing_every_block_does_not_fit(reset_each_step):
     # With blocking copies an offloaded block's tensors come back one
@@ -736,15 +751,9 @@ def test_a_plan_tries_offloading_every_block_where_recomputing_every_block_does_
     # the choice (it once re-measured and recomputed every block).
     none_losses, _ = _steps_with_peaks(_fresh_tiny_lm(), None, None, steps=7)
     target, recompute_peaks = _between_offloading_and_recomputing_every_block(steps=5)
-    manager = torch_offload.Manager(DEV, sync="blocking", device_target_bytes=target)
-    model = _fresh_tiny_lm()
-    planned = torch_offload.PlannedModuleList(model.layers, manager)
-    with warnings.catch_warnings(record=True) as caught:
-        warnings.simplefilter("always")
-        losses, peaks = _steps_with_peaks(model, manager, planned, steps=7, reset_each_step=reset_each_step)
+    manager, losses, peaks, summary, below = _planned_under(target, 7, reset_each_step=reset_each_step)
     assert losses == none_losses
-    summary = planned.summary()
-    assert not [str(w.message) for w in caught if "below what" in str(w.message)], summary
+    assert not below, summary
     assert "every block offloaded, tried, needed" in summary, summary
     assert manager.stats().blocks_offloaded == 4, summary
     assert manager.stats().bytes_offloaded > 0
@@ -764,15 +773,9 @@ def test_a_plan_meets_its_target_wherever_backward_runs(backward_inside):
     # (test_a_plan_tries_offloading_every_block_...).
     none_losses, _ = _steps_with_peaks(_fresh_tiny_lm(), None, None, steps=6)
     target, recompute_peaks = _between_offloading_and_recomputing_every_block(3, backward_inside)
-    manager = torch_offload.Manager(DEV, sync="blocking", device_target_bytes=target)
-    model = _fresh_tiny_lm()
-    planned = torch_offload.PlannedModuleList(model.layers, manager)
-    with warnings.catch_warnings(record=True) as caught:
-        warnings.simplefilter("always")
-        losses, peaks = _steps_with_peaks(model, manager, planned, steps=6, backward_inside=backward_inside)
+    manager, losses, peaks, summary, below = _planned_under(target, 6, backward_inside=backward_inside)
     assert losses == none_losses
-    summary = planned.summary()
-    assert not [str(w.message) for w in caught if "below what" in str(w.message)], summary
+    assert not below, summary
     assert manager.stats().blocks_recomputed < 4 and manager.stats().bytes_offloaded > 0, summary
     assert all(p <= target * 1.02 for p in peaks[2:]), (peaks, target, recompute_peaks, summary)
 
